@@ -1,0 +1,66 @@
+"""Table locations: URI normalisation and the pyarrow filesystem executors write through."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from urllib.parse import unquote, urlparse
+
+import pyarrow.fs as pafs
+
+__all__ = ["filesystem", "normalize_uri", "join"]
+
+
+def normalize_uri(uri: str) -> str:
+    """Return the canonical form of a table URI.
+
+    Local paths and ``file://`` URIs become absolute paths without a scheme (the form every
+    Delta reader accepts); ``s3a://`` becomes ``s3://``; a trailing slash is dropped.
+    """
+    parsed = urlparse(uri)
+    scheme = parsed.scheme.lower()
+    if scheme == "file":
+        return os.path.abspath(unquote(parsed.path))
+    if scheme in ("",) or len(scheme) == 1:
+        return os.path.abspath(os.path.expanduser(uri))
+    if scheme == "s3a":
+        uri = "s3://" + uri[len("s3a://") :]
+    return uri.rstrip("/")
+
+
+def join(base: str, *parts: str) -> str:
+    """Join path parts with ``/`` (object stores and POSIX paths alike)."""
+    return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
+
+
+def filesystem(uri: str, storage_options: Mapping[str, str]) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow filesystem and the root path (within it) of the table at ``uri``.
+
+    ``uri`` must be normalised (see :func:`normalize_uri`).
+    """
+    parsed = urlparse(uri)
+    scheme = parsed.scheme.lower()
+    if not scheme:
+        return pafs.LocalFileSystem(), uri
+    opts = {k.lower(): v for k, v in storage_options.items()}
+    if scheme == "s3":
+        endpoint = opts.get("aws_endpoint_url") or opts.get("endpoint_url") or opts.get("endpoint")
+        kwargs: dict[str, object] = {}
+        if opts.get("aws_access_key_id"):
+            kwargs["access_key"] = opts["aws_access_key_id"]
+            kwargs["secret_key"] = opts.get("aws_secret_access_key", "")
+            if opts.get("aws_session_token"):
+                kwargs["session_token"] = opts["aws_session_token"]
+        if opts.get("aws_region") or opts.get("region"):
+            kwargs["region"] = opts.get("aws_region") or opts.get("region")
+        if endpoint:
+            kwargs["endpoint_override"] = endpoint
+            if endpoint.startswith("http://"):
+                kwargs["scheme"] = "http"
+        if opts.get("aws_virtual_hosted_style_request", "").lower() == "false" or opts.get(
+            "aws_force_path_style", ""
+        ).lower() in ("true", "1"):
+            kwargs["force_virtual_addressing"] = False
+        return pafs.S3FileSystem(**kwargs), parsed.netloc + parsed.path  # type: ignore[arg-type]
+    fs, path = pafs.FileSystem.from_uri(uri)
+    return fs, path

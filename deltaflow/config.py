@@ -1,0 +1,203 @@
+"""Typed, frozen configuration of the Delta sink.
+
+Spark hands data-source options over as lower-cased strings; :meth:`SinkOptions.from_spark_options`
+turns them into a validated model and :meth:`SinkOptions.to_spark_options` back, so the driver,
+the executors and the commit worker all see the same values.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
+from urllib.parse import urlparse
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from deltaflow.exceptions import ConfigError, UnknownOptionError
+
+__all__ = ["Compression", "SchemaMode", "SinkOptions", "WriteMode", "SUPPORTED_SCHEMES"]
+
+Compression = Literal["snappy", "zstd", "gzip", "lz4", "none"]
+WriteMode = Literal["append", "overwrite"]
+SchemaMode = Literal["strict", "merge"]
+
+#: URI schemes a table may live on. ``s3a`` is accepted for users coming from Hadoop.
+SUPPORTED_SCHEMES = ("file", "s3", "s3a", "gs", "az", "abfs", "abfss")
+
+#: The Delta ``txn`` app id ends up in file names, checkpoint paths and metric labels.
+_PIPELINE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+# Options Spark itself adds to a writeStream/write call; they are accepted and not ours.
+_SPARK_OWNED_OPTIONS = frozenset({"path", "checkpointlocation", "queryname"})
+
+
+class SinkOptions(BaseModel):
+    """Options of the deltaflow Delta sink (names follow Rivven's and Volley's Delta sinks).
+
+    Attributes:
+        table_uri: Where the table lives: a local path, ``file://``, ``s3://``, ``s3a://``,
+            ``gs://``, ``az://``, ``abfs://`` or ``abfss://``.
+        pipeline_id: Stable identity of the writer: the Delta ``txn`` app id, the default
+            checkpoint folder and the metric label. Required for streams.
+        auto_create_table: Create the table from the data's schema on first write.
+        partition_columns: Hive-style partition columns, in directory order.
+        target_file_size_mb: A task starts a new file once the current one reaches this size.
+        max_records_per_file: A task starts a new file after this many rows (0 = no limit).
+        compression: Parquet compression codec.
+        write_mode: ``append`` adds the batch; ``overwrite`` replaces the table's content.
+        max_commit_retries: Attempts after the first failed commit, with exponential backoff.
+        table_properties: Delta table properties applied when the table is created.
+        storage_options: Passed to delta-rs and to pyarrow's filesystem.
+        schema_mode: ``strict`` rejects any schema difference; ``merge`` adds new columns.
+        txn_version: For batch writes: the ``txn`` version recorded with ``pipeline_id``; a
+            write whose version is already committed is skipped (idempotent backfills).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    table_uri: str
+    pipeline_id: str | None = None
+    auto_create_table: bool = True
+    partition_columns: tuple[str, ...] = ()
+    target_file_size_mb: int = Field(default=128, ge=1, le=65536)
+    max_records_per_file: int = Field(default=0, ge=0)
+    compression: Compression = "snappy"
+    write_mode: WriteMode = "append"
+    max_commit_retries: int = Field(default=3, ge=0, le=100)
+    table_properties: Mapping[str, str] = Field(default_factory=dict)
+    storage_options: Mapping[str, str] = Field(default_factory=dict)
+    schema_mode: SchemaMode = "strict"
+    txn_version: int | None = Field(default=None, ge=0)
+
+    @field_validator("table_uri")
+    @classmethod
+    def _check_uri(cls, value: str) -> str:
+        value = value.strip()
+        if not value:
+            raise ValueError("table_uri must not be empty")
+        scheme = urlparse(value).scheme.lower()
+        if scheme and len(scheme) > 1 and scheme not in SUPPORTED_SCHEMES:
+            raise ValueError(
+                f"unsupported URI scheme {scheme!r} in {value!r}; "
+                f"use a local path or one of: {', '.join(s + '://' for s in SUPPORTED_SCHEMES)}"
+            )
+        return value
+
+    @field_validator("pipeline_id")
+    @classmethod
+    def _check_pipeline_id(cls, value: str | None) -> str | None:
+        if value is not None and not _PIPELINE_ID_RE.match(value):
+            raise ValueError(
+                f"pipeline_id {value!r} must be 1-128 characters of letters, digits, '_', '.' "
+                "or '-', starting with a letter or digit"
+            )
+        return value
+
+    @field_validator("partition_columns", mode="before")
+    @classmethod
+    def _split_columns(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return tuple(json.loads(text))
+            return tuple(c.strip() for c in text.split(",") if c.strip())
+        return value
+
+    @field_validator("partition_columns")
+    @classmethod
+    def _unique_columns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        lowered = [c.lower() for c in value]
+        dupes = sorted({c for c in lowered if lowered.count(c) > 1})
+        if dupes:
+            raise ValueError(f"partition column(s) listed twice: {', '.join(dupes)}")
+        return value
+
+    @field_validator("table_properties", "storage_options", mode="before")
+    @classmethod
+    def _parse_mapping(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            parsed = json.loads(value) if value.strip() else {}
+            if not isinstance(parsed, dict):
+                raise ValueError("must be a JSON object of string keys and values")
+            value = parsed
+        if isinstance(value, Mapping):
+            return {str(k): str(v) for k, v in value.items()}
+        return value
+
+    @property
+    def is_local(self) -> bool:
+        """Whether the table lives on the local filesystem."""
+        scheme = urlparse(self.table_uri).scheme.lower()
+        return scheme in ("", "file") or len(scheme) == 1  # len 1: a Windows drive letter
+
+    @property
+    def target_file_size_bytes(self) -> int:
+        """``target_file_size_mb`` in bytes."""
+        return self.target_file_size_mb * 1024 * 1024
+
+    @classmethod
+    def known_options(cls) -> frozenset[str]:
+        """All option names the sink accepts."""
+        return frozenset(cls.model_fields)
+
+    @classmethod
+    def build(cls, values: Mapping[str, Any]) -> SinkOptions:
+        """Validate ``values``, turning pydantic's errors into a :class:`ConfigError`.
+
+        The message names each key, the value received and what is allowed.
+        """
+        unknown = set(values) - cls.known_options()
+        if unknown:
+            raise UnknownOptionError(unknown, cls.known_options())
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            raise ConfigError(_describe(exc), errors=exc.errors(include_url=False)) from None
+        except json.JSONDecodeError as exc:  # pragma: no cover - wrapped by pydantic above
+            raise ConfigError(f"invalid JSON in sink options: {exc}") from None
+
+    @classmethod
+    def from_spark_options(cls, options: Mapping[str, str]) -> SinkOptions:
+        """Build from the (lower-cased, string-valued) options Spark passes to a data source."""
+        values: dict[str, Any] = {}
+        for key, value in options.items():
+            name = key.lower()
+            if name in _SPARK_OWNED_OPTIONS:
+                if name == "path" and value:
+                    values.setdefault("table_uri", value)
+                continue
+            values[name] = value
+        return cls.build(values)
+
+    def to_spark_options(self) -> dict[str, str]:
+        """Serialise to string options for ``DataFrameWriter.options``; round-trips exactly."""
+        out: dict[str, str] = {}
+        for name, value in self.model_dump(exclude_defaults=True).items():
+            if isinstance(value, bool):
+                out[name] = "true" if value else "false"
+            elif isinstance(value, tuple | list):
+                out[name] = json.dumps(list(value))
+            elif isinstance(value, Mapping):
+                out[name] = json.dumps(dict(value))
+            elif value is not None:
+                out[name] = str(value)
+        out["table_uri"] = self.table_uri
+        return out
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False):
+        key = ".".join(str(p) for p in err["loc"]) or "options"
+        received = err.get("input")
+        msg = err["msg"]
+        if err["type"] == "literal_error":
+            allowed = err.get("ctx", {}).get("expected", "")
+            msg = f"must be one of {allowed}"
+        elif err["type"] == "missing":
+            parts.append(f"{key}: required option is missing")
+            continue
+        parts.append(f"{key}: {msg} (received {received!r})")
+    return "invalid sink options: " + "; ".join(parts)

@@ -1,0 +1,113 @@
+"""The exception hierarchy of deltaflow.
+
+Every error deltaflow raises derives from :class:`DeltaflowError`. Two mixins decide what a
+long-running process does with an error:
+
+* :class:`TerminalError`: retrying cannot help (bad configuration, a schema that does not
+  match the table). The pipeline stops and the message says what to change.
+* :class:`TransientError`: the same call may succeed later (a commit conflict that outlived its
+  retries, a storage hiccup). A daemon may restart the pipeline with backoff.
+
+Exceptions keep their context (``pipeline_id``, ``batch_id``, ``table_uri``) as attributes and
+stay picklable, because Spark ships them from Python workers back to the driver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+__all__ = [
+    "CommitError",
+    "ConfigError",
+    "DeltaflowError",
+    "SchemaMismatchError",
+    "TableNotFoundError",
+    "TerminalError",
+    "TransientError",
+    "UnknownOptionError",
+    "WriteValidationError",
+]
+
+
+class DeltaflowError(Exception):
+    """Root of every error raised by deltaflow."""
+
+    def __init__(self, message: str, **context: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.context = context
+        for key, value in context.items():
+            setattr(self, key, value)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keep the context through pickling (Spark moves errors between processes).
+        return (_rebuild, (type(self), self.message, self.context))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _rebuild(cls: type[DeltaflowError], message: str, context: dict[str, Any]) -> DeltaflowError:
+    err = cls.__new__(cls)
+    DeltaflowError.__init__(err, message, **context)
+    return err
+
+
+class TerminalError(DeltaflowError):
+    """Retrying cannot help: the input or the configuration must change."""
+
+
+class TransientError(DeltaflowError):
+    """The operation may succeed if retried later."""
+
+
+class ConfigError(TerminalError, ValueError):
+    """An option has a value that is not allowed."""
+
+
+class UnknownOptionError(ConfigError):
+    """An option name deltaflow does not know (usually a typo)."""
+
+    def __init__(self, names: Iterable[str], known: Iterable[str]) -> None:
+        names = sorted(names)
+        known = sorted(known)
+        hints = []
+        for name in names:
+            close = _closest(name, known)
+            hints.append(f"{name!r}" + (f" (did you mean {close!r}?)" if close else ""))
+        super().__init__(
+            f"unknown sink option(s): {', '.join(hints)}; known options are: {', '.join(known)}",
+            unknown=names,
+            known=known,
+        )
+
+
+class SchemaMismatchError(TerminalError):
+    """A DataFrame's schema does not fit the target table under the chosen ``schema_mode``."""
+
+    def __init__(self, table_uri: str, differences: Sequence[str], *, hint: str = "") -> None:
+        lines = "\n".join(f"  - {d}" for d in differences)
+        message = f"schema of the data does not match the Delta table {table_uri!r}:\n{lines}"
+        if hint:
+            message += f"\n{hint}"
+        super().__init__(message, table_uri=table_uri, differences=list(differences))
+
+
+class TableNotFoundError(TerminalError):
+    """The table does not exist and ``auto_create_table`` is off."""
+
+
+class WriteValidationError(TerminalError):
+    """Files written by the executors are not what their commit messages claim."""
+
+
+class CommitError(TransientError):
+    """A Delta commit failed after all retries; nothing of the batch was committed."""
+
+
+def _closest(name: str, known: Sequence[str]) -> str | None:
+    import difflib
+
+    match = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return match[0] if match else None

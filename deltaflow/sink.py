@@ -1,0 +1,362 @@
+"""The deltaflow Delta sink: a Spark Python data source named ``deltaflow``.
+
+Executors write Parquet files in parallel (:meth:`_DeltaSink.write_task`); the driver commits
+every file of a micro-batch in ONE Delta transaction that also records ``txn(pipeline_id,
+batch_id)`` (:meth:`_DeltaSink.commit_batch`). See ``docs/DESIGN.md`` for the invariants.
+
+Spark builds a fresh writer for the executors and again for the driver-side commit, in
+separate Python workers, so the writer carries nothing but the validated options and the
+schema, and :meth:`DeltaflowDataSource.streamWriter` does no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+
+from deltaflow import __version__
+from deltaflow._faults import maybe_crash
+from deltaflow._parquet import PartitionedFileWriter, WrittenFile, delete_files
+from deltaflow._storage import filesystem, normalize_uri
+from deltaflow.config import SinkOptions
+from deltaflow.exceptions import ConfigError, DeltaflowError, WriteValidationError
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
+__all__ = ["DeltaCommitMessage", "DeltaflowDataSource", "FORMAT_NAME"]
+
+logger = logging.getLogger(__name__)
+
+#: The name to use with ``df.writeStream.format(...)`` after :func:`deltaflow.register`.
+FORMAT_NAME = "deltaflow"
+
+#: Executors compute statistics for every column; the driver trims them to the table's
+#: ``delta.dataSkippingNumIndexedCols`` (only the driver reads the log).
+_ALL_COLUMNS = -1
+
+
+@dataclass
+class DeltaCommitMessage(WriterCommitMessage):
+    """What one task wrote. Never ``None``: an empty task returns an empty file list."""
+
+    files: list[WrittenFile] = field(default_factory=list)
+    partition_id: int = -1
+    attempt: int = 0
+    query_id: str | None = None
+
+
+class DeltaflowDataSource(DataSource):
+    """Spark data source ``deltaflow``: batch and streaming writes to a Delta table."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def writer(self, schema: StructType, overwrite: bool) -> DeltaBatchWriter:
+        sink = _DeltaSink(SinkOptions.from_spark_options(self.options), schema, overwrite)
+        return DeltaBatchWriter(sink)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DeltaStreamWriter:  # noqa: N802
+        options = SinkOptions.from_spark_options(self.options)
+        if not options.pipeline_id:
+            raise ConfigError(
+                "pipeline_id is required for a streaming write: it is the Delta txn app id "
+                "that makes replays idempotent; set .option('pipeline_id', '<stable-name>')",
+                table_uri=options.table_uri,
+            )
+        return DeltaStreamWriter(_DeltaSink(options, schema, overwrite))
+
+
+class DeltaStreamWriter(DataSourceStreamArrowWriter):
+    """Streaming writer: one Delta commit per micro-batch, ``txn`` version = batch id."""
+
+    def __init__(self, sink: _DeltaSink) -> None:
+        self._sink = sink
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> DeltaCommitMessage:
+        return self._sink.write_task(iterator)
+
+    def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        self._sink.commit_batch(messages, batchId)
+
+    def abort(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        self._sink.abort_batch(messages, batchId)
+
+
+class DeltaBatchWriter(DataSourceArrowWriter):
+    """Batch writer: one Delta commit per ``save()``; ``txn`` only when ``txn_version`` is set."""
+
+    def __init__(self, sink: _DeltaSink) -> None:
+        self._sink = sink
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> DeltaCommitMessage:
+        return self._sink.write_task(iterator)
+
+    def commit(self, messages: Sequence[WriterCommitMessage | None]) -> None:
+        self._sink.commit_batch(messages, None)
+
+    def abort(self, messages: Sequence[WriterCommitMessage | None]) -> None:
+        self._sink.abort_batch(messages, None)
+
+
+class _DeltaSink:
+    """State shared by the batch and streaming writers (options and schema, nothing else)."""
+
+    def __init__(self, options: SinkOptions, schema: StructType, overwrite: bool) -> None:
+        from deltaflow._schema import spark_to_arrow
+
+        self.options = options
+        self.table_uri = normalize_uri(options.table_uri)
+        self.schema = spark_to_arrow(schema)
+        self.overwrite = overwrite or options.write_mode == "overwrite"
+        if self.options.partition_columns:
+            from deltaflow._schema import check_partition_columns
+
+            check_partition_columns(self.schema, options.partition_columns, self.table_uri)
+        # A token shared by the files of one batch write (streams use the batch id instead).
+        self._job_token = uuid.uuid4().hex[:8]
+
+    # -- executors ---------------------------------------------------------------------------
+
+    def write_task(self, iterator: Iterator[pa.RecordBatch]) -> DeltaCommitMessage:
+        """Write one task's data into Parquet files under the table root (no log access)."""
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        batch_id = _local_int(ctx, "streaming.sql.batchId")
+        partition_id = ctx.partitionId() if ctx else 0
+        attempt = ctx.attemptNumber() if ctx else 0
+        query_id = ctx.getLocalProperty("sql.streaming.queryId") if ctx else None
+        batch_tag = f"b{batch_id:06d}" if batch_id is not None else f"w{self._job_token}"
+        fs, root = filesystem(self.table_uri, self.options.storage_options)
+        writer = PartitionedFileWriter(
+            fs=fs,
+            root=root,
+            schema=self.schema,
+            partition_columns=self.options.partition_columns,
+            compression=self.options.compression,
+            target_file_size=self.options.target_file_size_bytes,
+            max_records_per_file=self.options.max_records_per_file,
+            file_prefix=f"part-{batch_tag}-p{partition_id:05d}-a{attempt}",
+            indexed_columns=_ALL_COLUMNS,
+        )
+        files = writer.write_batches(iterator)
+        maybe_crash("write", batch_id)
+        return DeltaCommitMessage(files, partition_id, attempt, query_id)
+
+    # -- driver ------------------------------------------------------------------------------
+
+    def commit_batch(self, messages: Sequence[WriterCommitMessage | None], batch_id: int | None) -> None:
+        """Commit one batch. The numbered steps match ``docs/DESIGN.md``.
+
+        Step 1. Collect the files every task reported.
+        Step 2. Load the table afresh; if ``txn(pipeline_id)`` already holds this batch's
+                version, the batch is a replay: delete its new files and stop.
+        Step 3. Check the inputs the commit itself would not: schema against the table
+                (strict or merge), partitioning, and that every file exists with its size.
+        Step 4. Commit all files and ``txn(pipeline_id, batch_id)`` in ONE transaction,
+                retrying with backoff; every retry repeats the replay check first.
+        Step 5. Report. Spark records the batch as done only after this returns.
+        """
+        from deltaflow import delta_log
+        from deltaflow._schema import file_schema
+
+        opts = self.options
+        app_id, version = self._txn(batch_id)
+
+        # Step 1. Collect the files every task reported.
+        files = _collect(messages)
+        maybe_crash("before_commit", batch_id)
+
+        # Step 2. Replay check.
+        table = delta_log.load(self.table_uri, opts.storage_options)
+        if app_id is not None and version is not None:
+            done = delta_log.transaction_version(table, app_id)
+            if done is not None and done >= version:
+                removed = self._delete(files)
+                logger.info(
+                    "batch %s of pipeline %r is already in %s (txn version %s): skipped the "
+                    "replay, deleted %d new file(s)",
+                    version, app_id, self.table_uri, done, removed,
+                )
+                return
+
+        # Step 3. Check the inputs.
+        try:
+            self._check(table, files)
+        except DeltaflowError:
+            self._delete(files)
+            raise
+        if not files and not self.overwrite and table is not None:
+            logger.debug("batch %s of %r wrote no rows: nothing to commit", batch_id, app_id)
+            return
+        indexed = delta_log.indexed_columns(table, opts.table_properties)
+        if indexed >= 0:
+            names = file_schema(self.schema, opts.partition_columns).names
+            files = [_trim_stats(f, frozenset(names[:indexed])) for f in files]
+
+        # Step 4. One transaction: files + txn + commit metadata, with retries.
+        rows = sum(f.num_records for f in files)
+        outcome = delta_log.commit_files(
+            self.table_uri,
+            files,
+            schema=self.schema,
+            partition_by=opts.partition_columns,
+            mode="overwrite" if self.overwrite else "append",
+            app_id=app_id,
+            txn_version=version,
+            metadata=self._commit_metadata(messages, batch_id, rows),
+            storage_options=opts.storage_options,
+            max_retries=opts.max_commit_retries,
+            create_if_missing=opts.auto_create_table,
+            properties=opts.table_properties,
+        )
+        if not outcome.committed:
+            # An earlier attempt landed although it reported an error: these files are extra.
+            self._delete(files)
+            logger.info("batch %s of %r was committed by an earlier attempt", batch_id, app_id)
+            return
+        maybe_crash("after_commit", batch_id)
+
+        # Step 5. Report.
+        logger.info(
+            "committed batch %s of %r to %s: version %s, %d file(s), %d row(s), %d retr%s",
+            batch_id, app_id, self.table_uri, outcome.table_version, len(files), rows,
+            outcome.retries, "y" if outcome.retries == 1 else "ies",
+        )
+
+    def abort_batch(self, messages: Sequence[WriterCommitMessage | None], batch_id: int | None) -> None:
+        """Delete the files of a failed batch, unless its commit landed after all."""
+        from deltaflow import delta_log
+
+        app_id, version = self._txn(batch_id)
+        if app_id is not None and version is not None:
+            table = delta_log.load(self.table_uri, self.options.storage_options)
+            done = delta_log.transaction_version(table, app_id)
+            if done is not None and done >= version:
+                logger.warning("abort of batch %s of %r ignored: it is committed", version, app_id)
+                return
+        files = [f for m in messages if isinstance(m, DeltaCommitMessage) for f in m.files]
+        removed = self._delete(files)
+        logger.warning(
+            "aborted batch %s of %r on %s: deleted %d file(s)", batch_id, app_id, self.table_uri, removed
+        )
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _txn(self, batch_id: int | None) -> tuple[str | None, int | None]:
+        if batch_id is not None:
+            return self.options.pipeline_id, batch_id
+        if self.options.pipeline_id and self.options.txn_version is not None:
+            return self.options.pipeline_id, self.options.txn_version
+        return None, None
+
+    def _check(self, table: Any, files: Sequence[WrittenFile]) -> None:
+        from deltaflow import delta_log
+        from deltaflow._schema import ensure_compatible
+
+        opts = self.options
+        if table is not None:
+            parts = list(table.metadata().partition_columns)
+            if parts != list(opts.partition_columns):
+                raise ConfigError(
+                    f"table {self.table_uri!r} is partitioned by {parts}, the sink was given "
+                    f"partition_columns={list(opts.partition_columns)}; nothing was committed",
+                    table_uri=self.table_uri,
+                )
+            # An overwrite replaces the content, never the schema: the same rules as append.
+            diff = ensure_compatible(
+                table.schema(), self.schema, schema_mode=opts.schema_mode, table_uri=self.table_uri
+            )
+            if diff.new_in_data:
+                new = {n for n, _, _ in diff.new_in_data}
+                delta_log.add_columns(table, [f for f in self.schema if f.name in new])
+        elif not opts.auto_create_table:
+            from deltaflow.exceptions import TableNotFoundError
+
+            raise TableNotFoundError(
+                f"no Delta table at {self.table_uri!r} and auto_create_table is off",
+                table_uri=self.table_uri,
+            )
+        fs, root = filesystem(self.table_uri, opts.storage_options)
+        for f in files:
+            info = fs.get_file_info(f"{root}/{f.path}")
+            if info.size != f.size:
+                raise WriteValidationError(
+                    f"data file {f.path!r} of table {self.table_uri!r} is "
+                    f"{'missing' if info.size is None else f'{info.size} bytes'}, its task "
+                    f"reported {f.size} bytes; nothing was committed",
+                    table_uri=self.table_uri,
+                    path=f.path,
+                )
+            if set(f.partition_values) != set(opts.partition_columns):
+                raise WriteValidationError(
+                    f"data file {f.path!r} carries partition values for "
+                    f"{sorted(f.partition_values)}, expected {list(opts.partition_columns)}",
+                    table_uri=self.table_uri,
+                    path=f.path,
+                )
+
+    def _delete(self, files: Sequence[WrittenFile]) -> int:
+        if not files:
+            return 0
+        fs, root = filesystem(self.table_uri, self.options.storage_options)
+        return delete_files(fs, root, (f.path for f in files))
+
+    def _commit_metadata(
+        self, messages: Sequence[WriterCommitMessage | None], batch_id: int | None, rows: int
+    ) -> dict[str, Any]:
+        query_id = next(
+            (m.query_id for m in messages if isinstance(m, DeltaCommitMessage) and m.query_id), None
+        )
+        meta: dict[str, Any] = {
+            "deltaflow.version": __version__,
+            "deltaflow.rows": rows,
+        }
+        if self.options.pipeline_id:
+            meta["deltaflow.pipeline_id"] = self.options.pipeline_id
+        if batch_id is not None:
+            meta["deltaflow.epoch"] = batch_id
+        if query_id:
+            meta["deltaflow.query_id"] = query_id
+        return meta
+
+
+def _collect(messages: Sequence[WriterCommitMessage | None]) -> list[WrittenFile]:
+    files: list[WrittenFile] = []
+    for m in messages:
+        if not isinstance(m, DeltaCommitMessage):
+            raise WriteValidationError(
+                f"a write task returned {type(m).__name__} instead of a deltaflow commit "
+                "message; nothing was committed"
+            )
+        files.extend(m.files)
+    return files
+
+
+def _trim_stats(f: WrittenFile, keep: frozenset[str]) -> WrittenFile:
+    """Keep statistics for the columns in ``keep`` only (the table's indexed columns)."""
+    stats = json.loads(f.stats)
+    for key in ("minValues", "maxValues", "nullCount"):
+        stats[key] = {k: v for k, v in stats.get(key, {}).items() if k in keep}
+    return replace(f, stats=json.dumps(stats, separators=(",", ":")))
+
+
+def _local_int(ctx: Any, key: str) -> int | None:
+    if ctx is None:
+        return None
+    value = ctx.getLocalProperty(key)
+    return int(value) if value not in (None, "") else None
