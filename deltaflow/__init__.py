@@ -12,10 +12,10 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from typing import TYPE_CHECKING, Any  # noqa: E402
+from typing import TYPE_CHECKING, Any
 
-from deltaflow.config import SinkOptions  # noqa: E402
-from deltaflow.exceptions import (  # noqa: E402
+from deltaflow.config import SinkOptions
+from deltaflow.exceptions import (
     CommitError,
     ConfigError,
     DeltaflowError,

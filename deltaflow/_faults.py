@@ -15,6 +15,7 @@ Points, in the order a micro-batch reaches them:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 
@@ -36,8 +37,6 @@ def maybe_crash(point: str, batch_id: int | None) -> None:
         return
     pgid = os.environ.get(_ENV_PGID)
     if pgid:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(int(pgid), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     os.killpg(os.getpgrp(), signal.SIGKILL)

@@ -7,6 +7,7 @@ time matters) and never touches the Delta log: it only writes files and describe
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import math
@@ -38,7 +39,7 @@ ROW_GROUP_BYTES = 128 * 1024 * 1024
 TASK_BUFFER_BYTES = 512 * 1024 * 1024
 
 # Characters Hive (and Spark) percent-escape in partition directory names.
-_ESCAPE = frozenset('"#%\'*/:=?\\\x7f{[]^') | frozenset(chr(c) for c in range(0x20))
+_ESCAPE = frozenset("\"#%'*/:=?\\\x7f{[]^") | frozenset(chr(c) for c in range(0x20))
 
 
 def escape_path_component(value: str) -> str:
@@ -125,7 +126,9 @@ def stats_json(metadata: pq.FileMetaData, schema: pa.Schema, indexed_columns: in
     """
     limit = len(schema) if indexed_columns < 0 else indexed_columns
     groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
-    positions = {groups[0].column(ci).path_in_schema: ci for ci in range(groups[0].num_columns)} if groups else {}
+    positions = (
+        {groups[0].column(ci).path_in_schema: ci for ci in range(groups[0].num_columns)} if groups else {}
+    )
     mins: dict[str, Any] = {}
     maxs: dict[str, Any] = {}
     nulls: dict[str, int] = {}
@@ -141,8 +144,10 @@ def stats_json(metadata: pq.FileMetaData, schema: pa.Schema, indexed_columns: in
         for rg, st in zip(groups, stats, strict=True):
             if st.has_min_max:
                 bounds.append(
-                    (_stat_value(f.type, st.min, st.min_raw, is_max=False),
-                     _stat_value(f.type, st.max, st.max_raw, is_max=True))
+                    (
+                        _stat_value(f.type, st.min, st.min_raw, is_max=False),
+                        _stat_value(f.type, st.max, st.max_raw, is_max=True),
+                    )
                 )
             elif rg.num_rows > st.null_count:
                 bounds.append((None, None))  # values without bounds: no min/max at all
@@ -333,10 +338,8 @@ class PartitionedFileWriter:
     def discard(self) -> None:
         """Best effort: close and delete every file of this task (used when the task fails)."""
         for f in self._open.values():
-            try:
+            with contextlib.suppress(Exception):  # cleanup must not mask the original error
                 f.stream.close()
-            except Exception:  # noqa: BLE001 - cleanup must not mask the original error
-                pass
         paths = [f.rel_path for f in self._open.values()] + [w.path for w in self._done]
         self._open.clear()
         delete_files(self._fs, self._root, paths)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.types as pat
@@ -11,6 +12,9 @@ from deltalake import Field as DeltaField
 from deltalake import Schema as DeltaSchema
 
 from deltaflow.exceptions import ConfigError, SchemaMismatchError
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
 
 __all__ = [
     "SchemaDiff",
@@ -22,16 +26,16 @@ __all__ = [
 ]
 
 
-def spark_to_arrow(schema: object) -> pa.Schema:
+def spark_to_arrow(schema: StructType) -> pa.Schema:
     """Arrow schema Spark uses for ``schema`` (a ``StructType``), timestamps in UTC."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    return to_arrow_schema(schema, timezone="UTC")  # type: ignore[arg-type]
+    return to_arrow_schema(schema, timezone="UTC")
 
 
 def delta_schema(arrow_schema: pa.Schema) -> DeltaSchema:
     """The Delta schema of an Arrow schema."""
-    return DeltaSchema.from_arrow(arrow_schema)  # type: ignore[arg-type]
+    return DeltaSchema.from_arrow(arrow_schema)
 
 
 def file_schema(arrow_schema: pa.Schema, partition_columns: Sequence[str]) -> pa.Schema:
@@ -42,11 +46,7 @@ def file_schema(arrow_schema: pa.Schema, partition_columns: Sequence[str]) -> pa
 
 def _partition_type_ok(t: pa.DataType) -> bool:
     return bool(
-        pat.is_string(t)
-        or pat.is_large_string(t)
-        or pat.is_integer(t)
-        or pat.is_boolean(t)
-        or pat.is_date(t)
+        pat.is_string(t) or pat.is_large_string(t) or pat.is_integer(t) or pat.is_boolean(t) or pat.is_date(t)
     )
 
 
@@ -100,9 +100,7 @@ class SchemaDiff:
     def lines(self) -> list[str]:
         out = [f"column {n!r} ({t}) is in the table but not in the data" for n, t in self.missing_in_data]
         out += [f"column {n!r} ({t}) is in the data but not in the table" for n, t, _ in self.new_in_data]
-        out += [
-            f"column {n!r} is {tt} in the table but {dt} in the data" for n, tt, dt in self.type_changes
-        ]
+        out += [f"column {n!r} is {tt} in the table but {dt} in the data" for n, tt, dt in self.type_changes]
         return out
 
 
@@ -117,9 +115,7 @@ def compare(table: DeltaSchema, data: pa.Schema) -> SchemaDiff:
     table_fields = {f.name: f for f in table.fields}
     data_fields = {f.name: f for f in data_delta.fields}
     missing = tuple((n, _type_name(f)) for n, f in table_fields.items() if n not in data_fields)
-    new = tuple(
-        (n, _type_name(f), bool(f.nullable)) for n, f in data_fields.items() if n not in table_fields
-    )
+    new = tuple((n, _type_name(f), bool(f.nullable)) for n, f in data_fields.items() if n not in table_fields)
     changed = tuple(
         (n, _type_name(table_fields[n]), _type_name(f))
         for n, f in data_fields.items()
@@ -128,9 +124,7 @@ def compare(table: DeltaSchema, data: pa.Schema) -> SchemaDiff:
     return SchemaDiff(missing, new, changed)
 
 
-def ensure_compatible(
-    table: DeltaSchema, data: pa.Schema, *, schema_mode: str, table_uri: str
-) -> SchemaDiff:
+def ensure_compatible(table: DeltaSchema, data: pa.Schema, *, schema_mode: str, table_uri: str) -> SchemaDiff:
     """Raise :class:`SchemaMismatchError` unless ``data`` may be written to ``table``.
 
     ``strict``: the schemas must be equal. ``merge``: the data may add columns (they become
@@ -144,8 +138,7 @@ def ensure_compatible(
         raise SchemaMismatchError(
             table_uri,
             diff.lines(),
-            hint="nothing was written; align the data's schema or use schema_mode='merge' "
-            "to add new columns",
+            hint="nothing was written; align the data's schema or use schema_mode='merge' to add new columns",
         )
     problems = [
         f"column {n!r} is {tt} in the table but {dt} in the data (types are never changed)"

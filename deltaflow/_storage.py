@@ -61,6 +61,6 @@ def filesystem(uri: str, storage_options: Mapping[str, str]) -> tuple[pafs.FileS
             "aws_force_path_style", ""
         ).lower() in ("true", "1"):
             kwargs["force_virtual_addressing"] = False
-        return pafs.S3FileSystem(**kwargs), parsed.netloc + parsed.path  # type: ignore[arg-type]
+        return pafs.S3FileSystem(**kwargs), parsed.netloc + parsed.path
     fs, path = pafs.FileSystem.from_uri(uri)
     return fs, path

@@ -13,7 +13,7 @@ from deltaflow.sink import FORMAT_NAME, DeltaflowDataSource
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.streaming import StreamingQuery
+    from pyspark.sql.streaming.query import StreamingQuery
 
 __all__ = ["default_checkpoint_location", "register", "write", "write_stream"]
 

@@ -23,8 +23,14 @@ EXIT_TERMINAL = 2
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.version_option(__version__, prog_name="deltaflow")
-@click.option("-v", "--verbose", is_flag=True, envvar="DELTAFLOW_VERBOSE", show_envvar=True,
-              help="Debug logging and full tracebacks.")
+@click.option(
+    "-v",
+    "--verbose",
+    is_flag=True,
+    envvar="DELTAFLOW_VERBOSE",
+    show_envvar=True,
+    help="Debug logging and full tracebacks.",
+)
 @click.pass_context
 def cli(ctx: click.Context, verbose: bool) -> None:
     """deltaflow: exactly-once streaming into Delta Lake tables with PySpark."""
@@ -38,24 +44,57 @@ def cli(ctx: click.Context, verbose: bool) -> None:
 
 
 @cli.command()
-@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("demo-output"), envvar="DELTAFLOW_DEMO_WORKDIR", show_envvar=True,
-              help="Folder for the landing files and the Delta table (recreated).")
-@click.option("--events", type=click.IntRange(min=1), default=300_000,
-              envvar="DELTAFLOW_DEMO_EVENTS", show_envvar=True, help="JSON events to generate.")
-@click.option("--files", type=click.IntRange(min=1), default=12, envvar="DELTAFLOW_DEMO_FILES",
-              show_envvar=True, help="Landing files to spread the events over.")
-@click.option("--files-per-batch", type=click.IntRange(min=1), default=3,
-              envvar="DELTAFLOW_DEMO_FILES_PER_BATCH", show_envvar=True,
-              help="Landing files per micro-batch (Spark's maxFilesPerTrigger).")
-@click.option("--spark-master", default=None, envvar="DELTAFLOW_SPARK_MASTER", show_envvar=True,
-              help="Spark master URL [default: local[*]].")
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("demo-output"),
+    envvar="DELTAFLOW_DEMO_WORKDIR",
+    show_envvar=True,
+    help="Folder for the landing files and the Delta table (recreated).",
+)
+@click.option(
+    "--events",
+    type=click.IntRange(min=1),
+    default=300_000,
+    envvar="DELTAFLOW_DEMO_EVENTS",
+    show_envvar=True,
+    help="JSON events to generate.",
+)
+@click.option(
+    "--files",
+    type=click.IntRange(min=1),
+    default=12,
+    envvar="DELTAFLOW_DEMO_FILES",
+    show_envvar=True,
+    help="Landing files to spread the events over.",
+)
+@click.option(
+    "--files-per-batch",
+    type=click.IntRange(min=1),
+    default=3,
+    envvar="DELTAFLOW_DEMO_FILES_PER_BATCH",
+    show_envvar=True,
+    help="Landing files per micro-batch (Spark's maxFilesPerTrigger).",
+)
+@click.option(
+    "--spark-master",
+    default=None,
+    envvar="DELTAFLOW_SPARK_MASTER",
+    show_envvar=True,
+    help="Spark master URL [default: local[*]].",
+)
 def demo(workdir: Path, events: int, files: int, files_per_batch: int, spark_master: str | None) -> None:
     """Generate JSON events, stream them into a local Delta table, print the result."""
     from deltaflow.demo import run_demo
 
-    result = run_demo(workdir, events=events, files=files, files_per_batch=files_per_batch,
-                      master=spark_master, echo=click.echo)
+    result = run_demo(
+        workdir,
+        events=events,
+        files=files,
+        files_per_batch=files_per_batch,
+        master=spark_master,
+        echo=click.echo,
+    )
     if result.rows != events or result.distinct_ids != events:
         raise click.ClickException("the table does not hold every event exactly once")
 

@@ -21,7 +21,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Transaction
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.exceptions import TableNotFoundError as _DeltaTableNotFound
-from deltalake.transaction import AddAction, create_table_with_add_actions
+from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
 from deltaflow._parquet import WrittenFile
 from deltaflow._schema import delta_schema
@@ -113,9 +113,7 @@ def add_columns(table: DeltaTable, fields: Sequence[pa.Field]) -> None:
     """Add nullable columns to the table (schema_mode='merge'). A commit of its own."""
     nullable = [f.with_nullable(True) for f in fields]
     table.alter.add_columns(list(delta_schema(pa.schema(nullable)).fields))
-    logger.info(
-        "added column(s) %s to %s", [f.name for f in fields], table.table_uri
-    )
+    logger.info("added column(s) %s to %s", [f.name for f in fields], table.table_uri)
 
 
 @dataclass(frozen=True)
@@ -130,8 +128,7 @@ class CommitOutcome:
 
 def _actions(files: Sequence[WrittenFile]) -> list[AddAction]:
     return [
-        AddAction(f.path, f.size, dict(f.partition_values), f.modification_time, True, f.stats)
-        for f in files
+        AddAction(f.path, f.size, dict(f.partition_values), f.modification_time, True, f.stats) for f in files
     ]
 
 
@@ -198,8 +195,9 @@ def commit_files(
                     post_commithook_properties=hooks,
                 )
             else:
+                actions: list[AddAction | RemoveAction] = [*_actions(files)]
                 table.create_write_transaction(
-                    _actions(files),
+                    actions,
                     mode=mode,
                     schema=table.schema(),
                     partition_by=list(partition_by) or None,
@@ -214,7 +212,11 @@ def commit_files(
                 break
             logger.warning(
                 "commit to %s failed (attempt %d of %d): %s; retrying in %.0f ms",
-                table_uri, attempts, max_retries + 1, exc, delay * 1000,
+                table_uri,
+                attempts,
+                max_retries + 1,
+                exc,
+                delay * 1000,
             )
             time.sleep(delay)
             delay = min(delay * 2, COMMIT_BACKOFF_MAX_S)

@@ -190,7 +190,11 @@ class _DeltaSink:
                 logger.info(
                     "batch %s of pipeline %r is already in %s (txn version %s): skipped the "
                     "replay, deleted %d new file(s)",
-                    version, app_id, self.table_uri, done, removed,
+                    version,
+                    app_id,
+                    self.table_uri,
+                    done,
+                    removed,
                 )
                 return
 
@@ -234,8 +238,14 @@ class _DeltaSink:
         # Step 5. Report.
         logger.info(
             "committed batch %s of %r to %s: version %s, %d file(s), %d row(s), %d retr%s",
-            batch_id, app_id, self.table_uri, outcome.table_version, len(files), rows,
-            outcome.retries, "y" if outcome.retries == 1 else "ies",
+            batch_id,
+            app_id,
+            self.table_uri,
+            outcome.table_version,
+            len(files),
+            rows,
+            outcome.retries,
+            "y" if outcome.retries == 1 else "ies",
         )
 
     def abort_batch(self, messages: Sequence[WriterCommitMessage | None], batch_id: int | None) -> None:

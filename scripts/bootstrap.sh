@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Prepare a fresh Debian machine for deltaflow: Java (for Spark), a virtualenv in .venv, and
+# the package with its test extras. Idempotent; fast when nothing changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+apt_install() {
+  export DEBIAN_FRONTEND=noninteractive
+  as_root apt-get update -qq
+  as_root apt-get install -y -qq --no-install-recommends "$@"
+}
+
+PYTHON=${PYTHON:-python3}
+if ! command -v "$PYTHON" >/dev/null; then
+  echo "bootstrap: $PYTHON not found; install Python 3.11+ first" >&2; exit 2
+fi
+"$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || {
+  echo "bootstrap: deltaflow needs Python >= 3.11, $PYTHON is $("$PYTHON" -V 2>&1)" >&2; exit 2; }
+
+if ! command -v java >/dev/null && [ -z "${JAVA_HOME:-}" ]; then
+  echo "bootstrap: installing a Java runtime for Spark"
+  apt_install openjdk-17-jre-headless || apt_install default-jre-headless
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  if ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then
+    echo "bootstrap: installing python3-venv"
+    apt_install python3-venv
+  fi
+  "$PYTHON" -m venv .venv
+fi
+
+stamp=.venv/.deltaflow-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "bootstrap: installing deltaflow and its dependencies into .venv"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e ".[test]"
+  touch "$stamp"
+fi

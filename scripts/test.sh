@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The whole test suite: lint, strict types, then every test against real Spark and delta-rs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/bootstrap.sh
+.venv/bin/ruff check deltaflow tests benchmarks
+.venv/bin/ruff format --check deltaflow tests benchmarks
+.venv/bin/mypy
+exec .venv/bin/pytest "$@"

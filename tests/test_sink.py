@@ -1,0 +1,237 @@
+"""The sink through Spark: batch writes, schema modes, auto-create, validation, streams."""
+
+import datetime as dt
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable
+from pyspark.errors import PySparkException
+from pyspark.sql import functions as F  # noqa: N812
+
+import deltaflow
+from deltaflow.exceptions import ConfigError, SchemaMismatchError, TableNotFoundError, UnknownOptionError
+
+
+def _df(spark, start, count, **extra):
+    df = spark.range(start, start + count).withColumn(
+        "name", F.concat(F.lit("n"), F.col("id").cast("string"))
+    )
+    for name, column in extra.items():
+        df = df.withColumn(name, column)
+    return df
+
+
+def _ids(uri):
+    return sorted(DeltaTable(uri).to_pyarrow_table()["id"].to_pylist())
+
+
+def _adds(uri):
+    return pa.table(DeltaTable(uri).get_add_actions(flatten=True)).to_pylist()
+
+
+def _parquet_files(path):
+    return sorted(p for p in path.rglob("*.parquet") if "_deltaflow" not in p.parts)
+
+
+def test_batch_append_then_overwrite(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    assert deltaflow.write(_df(spark, 0, 100), uri) == 1  # version 0 = create, 1 = data
+    assert deltaflow.write(_df(spark, 100, 50), uri, mode="append") == 2
+    assert _ids(uri) == list(range(150))
+    deltaflow.write(_df(spark, 500, 10), uri, mode="overwrite")
+    table = DeltaTable(uri)
+    assert _ids(uri) == list(range(500, 510))
+    assert table.history(1)[0]["operationParameters"]["mode"] == "Overwrite"
+    # time travel still sees the appended rows
+    assert len(DeltaTable(uri, version=2).to_pyarrow_table()) == 150
+
+
+def test_auto_create_uses_the_dataframe_schema_and_partitions(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    df = _df(spark, 0, 20, day=F.lit(dt.date(2024, 5, 1)), ts=F.current_timestamp())
+    deltaflow.write(df, uri, partition_columns="day", table_properties={"delta.appendOnly": "true"})
+    table = DeltaTable(uri)
+    assert table.metadata().partition_columns == ["day"]
+    assert table.metadata().configuration["delta.appendOnly"] == "true"
+    assert [f.name for f in table.schema().fields] == ["id", "name", "day", "ts"]
+    assert all(p.parent.name == "day=2024-05-01" for p in _parquet_files(tmp_path / "t"))
+
+
+def test_every_add_action_has_stats_and_timestamps_are_micros(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    df = _df(spark, 0, 1000, ts=F.timestamp_seconds(F.col("id") * 60)).repartition(3)
+    deltaflow.write(df, uri)
+    adds = _adds(uri)
+    assert len(adds) == 3
+    assert sum(a["num_records"] for a in adds) == 1000
+    for add in adds:
+        assert add["min.id"] is not None and add["max.id"] is not None and add["null_count.name"] == 0
+        assert add["min.ts"] is not None
+    column = pq.ParquetFile(tmp_path / "t" / adds[0]["path"]).schema.column(2)
+    assert column.physical_type == "INT64"
+    assert "timeUnit=microseconds" in str(column.logical_type)
+
+
+def test_max_records_per_file_rolls_files(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    deltaflow.write(_df(spark, 0, 1000).coalesce(1), uri, max_records_per_file=300, compression="zstd")
+    counts = sorted(a["num_records"] for a in _adds(uri))
+    assert counts == [100, 300, 300, 300]
+    assert all(p.name.endswith(".zstd.parquet") for p in _parquet_files(tmp_path / "t"))
+
+
+def test_strict_schema_rejects_a_mismatch_and_writes_nothing(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    deltaflow.write(_df(spark, 0, 10), uri)
+    before = _parquet_files(tmp_path / "t")
+    bad = _df(spark, 10, 10, extra=F.lit(1)).withColumn("name", F.lit(3))
+    with pytest.raises(SchemaMismatchError) as err:
+        deltaflow.write(bad, uri)
+    message = str(err.value)
+    assert "column 'extra' (integer) is in the data but not in the table" in message
+    assert "column 'name' is string in the table but integer in the data" in message
+    assert "nothing was written" in message
+    assert _parquet_files(tmp_path / "t") == before
+    assert DeltaTable(uri).version() == 1
+
+
+def test_merge_schema_adds_new_nullable_columns(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    deltaflow.write(_df(spark, 0, 5), uri)
+    deltaflow.write(_df(spark, 5, 5, country=F.lit("DE")), uri, schema_mode="merge")
+    rows = DeltaTable(uri).to_pyarrow_table().sort_by("id").to_pylist()
+    assert [r["country"] for r in rows] == [None] * 5 + ["DE"] * 5
+    field = DeltaTable(uri).schema().fields[-1]
+    assert (field.name, field.nullable) == ("country", True)
+
+
+def test_merge_schema_never_changes_a_type(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    deltaflow.write(_df(spark, 0, 5), uri)
+    with pytest.raises(SchemaMismatchError, match="column 'id' is long in the table but string"):
+        deltaflow.write(
+            _df(spark, 0, 5).withColumn("id", F.col("id").cast("string")), uri, schema_mode="merge"
+        )
+
+
+def test_missing_table_without_auto_create(spark, tmp_path):
+    with pytest.raises(TableNotFoundError, match="auto_create_table is off"):
+        deltaflow.write(_df(spark, 0, 5), str(tmp_path / "t"), auto_create_table=False)
+    assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"compresion": "zstd"}, UnknownOptionError, "did you mean 'compression'"),
+        ({"partition_columns": "nope"}, ConfigError, "partition column 'nope' is not in the data's schema"),
+        ({"partition_columns": "Name"}, ConfigError, "did you mean 'name'"),
+        ({"partition_columns": "score"}, ConfigError, "partition column 'score' has type double"),
+        ({"compression": "brotli"}, ConfigError, "compression: must be one of"),
+    ],
+    ids=["unknown-option", "missing-partition-column", "case", "float-partition", "bad-codec"],
+)
+def test_bad_options_fail_before_anything_is_written(spark, tmp_path, options, error, match):
+    df = _df(spark, 0, 5, score=F.lit(1.5))
+    with pytest.raises(error, match=match):
+        deltaflow.write(df, str(tmp_path / "t"), **options)
+    assert not (tmp_path / "t").exists()
+
+
+def test_bad_uri_scheme(spark, tmp_path):
+    with pytest.raises(ConfigError, match="unsupported URI scheme 'hdfs'"):
+        deltaflow.write(_df(spark, 0, 5), "hdfs://namenode/t")
+
+
+def test_partitioning_must_match_the_existing_table(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    deltaflow.write(_df(spark, 0, 5), uri)
+    with pytest.raises(ConfigError, match=r"partitioned by \[\], but partition_columns=\['name'\]"):
+        deltaflow.write(_df(spark, 5, 5), uri, partition_columns="name")
+
+
+def test_batch_write_with_txn_version_is_idempotent(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    for _ in range(2):
+        deltaflow.write(_df(spark, 0, 10), uri, pipeline_id="backfill", txn_version=7)
+    assert _ids(uri) == list(range(10))
+    assert DeltaTable(uri).transaction_version("backfill") == 7
+    # the skipped attempt left no files behind
+    assert len(_parquet_files(tmp_path / "t")) == len(DeltaTable(uri).file_uris())
+
+
+def test_format_entry_point_validates_options_too(spark, tmp_path):
+    with pytest.raises(PySparkException, match="unknown sink option"):
+        _df(spark, 0, 5).write.format("deltaflow").option("table_uri", str(tmp_path / "t")).option(
+            "bogus", "1"
+        ).mode("append").save()
+
+
+def _landing(tmp_path, files, rows):
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    for f in range(files):
+        lines = [json.dumps({"id": f * rows + i, "name": f"n{f * rows + i}"}) for i in range(rows)]
+        (landing / f"f{f:03d}.json").write_text("\n".join(lines) + "\n")
+    return landing
+
+
+def test_stream_through_the_format_entry_point(spark, tmp_path):
+    landing = _landing(tmp_path, 3, 50)
+    uri = str(tmp_path / "t")
+    deltaflow.register(spark)
+    source = (
+        spark.readStream.schema("id LONG, name STRING").option("maxFilesPerTrigger", 1).json(str(landing))
+    )
+    query = (
+        source.writeStream.format("deltaflow")
+        .option("table_uri", uri)
+        .option("pipeline_id", "fmt")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    table = DeltaTable(uri)
+    assert _ids(uri) == list(range(150))
+    assert table.transaction_version("fmt") == 2
+    history = [h for h in table.history() if h.get("deltaflow.pipeline_id") == "fmt"]
+    assert sorted(h["deltaflow.epoch"] for h in history) == [0, 1, 2]
+
+
+def test_stream_requires_a_pipeline_id(spark, tmp_path):
+    landing = _landing(tmp_path, 1, 5)
+    source = spark.readStream.schema("id LONG, name STRING").json(str(landing))
+    query = (
+        source.writeStream.format("deltaflow")
+        .option("table_uri", str(tmp_path / "t"))
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .start()
+    )
+    with pytest.raises(PySparkException, match="pipeline_id is required for a streaming write"):
+        query.awaitTermination(120)
+    assert not (tmp_path / "t").exists()
+    with pytest.raises(ConfigError, match="pipeline_id"):
+        deltaflow.write_stream(source, str(tmp_path / "t"), pipeline_id="")
+
+
+def test_write_stream_defaults_checkpoint_inside_the_table(spark, tmp_path):
+    landing = _landing(tmp_path, 2, 10)
+    uri = str(tmp_path / "t")
+    source = spark.readStream.schema("id LONG, name STRING").json(str(landing))
+    query = deltaflow.write_stream(source, uri, pipeline_id="p1", trigger={"availableNow": True})
+    assert query.awaitTermination(180)
+    assert _ids(uri) == list(range(20))
+    assert (tmp_path / "t" / "_deltaflow" / "checkpoints" / "p1" / "offsets").is_dir()
+
+
+def test_write_stream_rejects_a_batch_dataframe_and_vice_versa(spark, tmp_path):
+    with pytest.raises(ConfigError, match="needs a streaming DataFrame"):
+        deltaflow.write_stream(_df(spark, 0, 1), str(tmp_path / "t"), pipeline_id="p")
+    stream = spark.readStream.format("rate").load()
+    with pytest.raises(ConfigError, match="needs a batch DataFrame"):
+        deltaflow.write(stream, str(tmp_path / "t"))
