@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from deltaflow.config import SinkOptions
 from deltaflow.exceptions import (
+    CheckpointMismatchError,
     CommitError,
     ConfigError,
     DeltaflowError,
@@ -50,6 +51,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "CheckpointMismatchError",
     "CommitError",
     "ConfigError",
     "DeltaflowError",

@@ -221,8 +221,10 @@ def commit_files(
             time.sleep(delay)
             delay = min(delay * 2, COMMIT_BACKOFF_MAX_S)
             continue
-        after = load(table_uri, storage_options)
-        return CommitOutcome(True, after.version() if after else None, attempts, attempts - 1)
+        if table is None:
+            return CommitOutcome(True, 0, attempts, attempts - 1)
+        table.update_incremental()  # reads only the commits since the load: ours, maybe others
+        return CommitOutcome(True, table.version(), attempts, attempts - 1)
     raise CommitError(
         f"commit to {table_uri!r} failed after {attempts} attempt(s): {last_error}; "
         "nothing of this batch was committed, its files are orphans for vacuum",

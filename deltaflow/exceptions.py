@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 __all__ = [
+    "CheckpointMismatchError",
     "CommitError",
     "ConfigError",
     "DeltaflowError",
@@ -100,6 +101,10 @@ class TableNotFoundError(TerminalError):
 
 class WriteValidationError(TerminalError):
     """Files written by the executors are not what their commit messages claim."""
+
+
+class CheckpointMismatchError(TerminalError):
+    """The stream's checkpoint does not match the progress its pipeline recorded in the table."""
 
 
 class CommitError(TransientError):

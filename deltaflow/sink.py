@@ -31,7 +31,12 @@ from deltaflow._faults import maybe_crash
 from deltaflow._parquet import PartitionedFileWriter, WrittenFile, delete_files
 from deltaflow._storage import filesystem, normalize_uri
 from deltaflow.config import SinkOptions
-from deltaflow.exceptions import ConfigError, DeltaflowError, WriteValidationError
+from deltaflow.exceptions import (
+    CheckpointMismatchError,
+    ConfigError,
+    DeltaflowError,
+    WriteValidationError,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -164,7 +169,8 @@ class _DeltaSink:
 
         Step 1. Collect the files every task reported.
         Step 2. Load the table afresh; if ``txn(pipeline_id)`` already holds this batch's
-                version, the batch is a replay: delete its new files and stop.
+                version, the batch is a replay: delete its new files and stop. A txn version
+                beyond this batch means a foreign checkpoint: fail, never skip.
         Step 3. Check the inputs the commit itself would not: schema against the table
                 (strict or merge), partitioning, and that every file exists with its size.
         Step 4. Commit all files and ``txn(pipeline_id, batch_id)`` in ONE transaction,
@@ -185,6 +191,21 @@ class _DeltaSink:
         table = delta_log.load(self.table_uri, opts.storage_options)
         if app_id is not None and version is not None:
             done = delta_log.transaction_version(table, app_id)
+            if done is not None and done > version and batch_id is not None:
+                # Spark only ever replays its LAST batch; an older id means the checkpoint
+                # was lost or swapped. Skipping would drop rows, so stop instead.
+                self._delete(files)
+                raise CheckpointMismatchError(
+                    f"pipeline {app_id!r} has committed batches up to {done} to "
+                    f"{self.table_uri!r}, but the stream now runs batch {batch_id}: its Spark "
+                    "checkpoint is not the one those commits came from (deleted, moved or "
+                    "shared). Restore the checkpoint, or start over deliberately with a new "
+                    "pipeline_id and a new checkpoint location; nothing was committed",
+                    pipeline_id=app_id,
+                    batch_id=batch_id,
+                    table_uri=self.table_uri,
+                    committed_version=done,
+                )
             if done is not None and done >= version:
                 removed = self._delete(files)
                 logger.info(

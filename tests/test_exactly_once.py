@@ -88,7 +88,9 @@ def test_sigkill_at_each_step_then_restart_is_exactly_once(tmp_path, crash_at, c
 
     # Files of the killed attempt that never reached the log are orphans (vacuum's job);
     # files of a replay that was skipped were deleted by the sink.
-    on_disk = {str(p.relative_to(table_dir)) for p in table_dir.rglob("*.parquet") if "_deltaflow" not in p.parts}
+    on_disk = {
+        str(p.relative_to(table_dir)) for p in table_dir.rglob("*.parquet") if "_deltaflow" not in p.parts
+    }
     orphans = on_disk - _committed_paths(table)
     assert len(on_disk) - len(orphans) == len(table.file_uris())
     if crash_at.startswith("after_commit"):

@@ -235,3 +235,33 @@ def test_write_stream_rejects_a_batch_dataframe_and_vice_versa(spark, tmp_path):
     stream = spark.readStream.format("rate").load()
     with pytest.raises(ConfigError, match="needs a batch DataFrame"):
         deltaflow.write(stream, str(tmp_path / "t"))
+
+
+def test_a_lost_checkpoint_stops_the_stream_instead_of_skipping_rows(spark, tmp_path):
+    landing = _landing(tmp_path, 3, 10)
+    uri = str(tmp_path / "t")
+    source = (
+        spark.readStream.schema("id LONG, name STRING").option("maxFilesPerTrigger", 1).json(str(landing))
+    )
+    first = deltaflow.write_stream(
+        source,
+        uri,
+        pipeline_id="p",
+        checkpoint_location=str(tmp_path / "cp1"),
+        trigger={"availableNow": True},
+    )
+    assert first.awaitTermination(180)
+    assert DeltaTable(uri).transaction_version("p") == 2
+    (landing / "f003.json").write_text('{"id": 1000, "name": "late"}\n')
+    again = deltaflow.write_stream(
+        source,
+        uri,
+        pipeline_id="p",
+        checkpoint_location=str(tmp_path / "cp2"),
+        trigger={"availableNow": True},
+    )
+    with pytest.raises(PySparkException, match="has committed batches up to 2") as err:
+        again.awaitTermination(180)
+    assert "Restore the checkpoint" in str(err.value)
+    assert _ids(uri) == list(range(30))
+    assert len(_parquet_files(tmp_path / "t")) == len(DeltaTable(uri).file_uris())

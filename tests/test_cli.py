@@ -1,0 +1,66 @@
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from deltaflow.cli import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_help_lists_commands_and_env_vars_without_starting_spark():
+    started = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-c", "from deltaflow.cli import main; main(['demo', '--help'])"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "DELTAFLOW_DEMO_EVENTS" in out.stdout
+    assert "DELTAFLOW_SPARK_MASTER" in out.stdout
+    probe = subprocess.run(
+        [sys.executable, "-c", "import sys, deltaflow.cli; print('pyspark' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert probe.stdout.strip() == "False"
+    assert time.monotonic() - started < 60
+
+
+def test_bad_flag_value_is_a_usage_error():
+    result = CliRunner().invoke(cli, ["demo", "--events", "0"])
+    assert result.exit_code == 2
+    assert "--events" in result.output
+
+
+def test_demo_streams_every_event_exactly_once(tmp_path):
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "deltaflow.cli",
+            "demo",
+            "--workdir",
+            str(tmp_path),
+            "--events",
+            "5000",
+            "--files",
+            "4",
+            "--files-per-batch",
+            "2",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "rows           5,000 (5,000 distinct event ids)" in out.stdout
+    assert "micro-batches  2" in out.stdout
+    assert "exactly once: OK (5,000 events generated)" in out.stdout
+    assert (tmp_path / "tables" / "events" / "_delta_log").is_dir()
