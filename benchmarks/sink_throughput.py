@@ -51,7 +51,9 @@ def make_input(folder: Path, rows: int, files: int) -> None:
         pq.write_table(table, folder / f"input-{f:03d}.parquet")
 
 
-def run_once(spark, sink: str, source_dir: Path, fmt: str, out: Path, files_per_batch: int) -> float:
+def run_once(
+    spark, sink: str, source_dir: Path, fmt: str, out: Path, files_per_batch: int, write_path: str
+) -> float:
     import deltaflow
 
     shutil.rmtree(out, ignore_errors=True)
@@ -78,6 +80,7 @@ def run_once(spark, sink: str, source_dir: Path, fmt: str, out: Path, files_per_
             pipeline_id="bench",
             checkpoint_location=str(out / "cp"),
             trigger={"availableNow": True},
+            write_path=write_path,
         )
     query.awaitTermination()
     return time.perf_counter() - started
@@ -93,6 +96,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--master", default="local[*]")
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument(
+        "--write-path",
+        choices=("auto", "spark", "arrow"),
+        default="auto",
+        help="the sink's write_path option",
+    )
     parser.add_argument(
         "--format",
         choices=("parquet", "json"),
@@ -118,7 +127,9 @@ def main() -> None:
     best: dict[str, float] = {}
     for i in range(args.repeat):
         for sink in ("parquet", "deltaflow"):
-            seconds = run_once(spark, sink, source, args.format, work / f"out-{sink}", args.files_per_batch)
+            seconds = run_once(
+                spark, sink, source, args.format, work / f"out-{sink}", args.files_per_batch, args.write_path
+            )
             rate = args.rows / seconds
             print(f"run {i + 1} {sink:9s} {seconds:7.2f} s  {rate:12,.0f} rows/s", flush=True)
             best[sink] = min(best.get(sink, float("inf")), seconds)
@@ -139,7 +150,7 @@ def main() -> None:
         f"{batches} micro-batches; best of {args.repeat}"
     )
     print(f"built-in parquet sink : {parquet_rate:12,.0f} rows/s")
-    print(f"deltaflow Delta sink  : {delta_rate:12,.0f} rows/s")
+    print(f"deltaflow Delta sink  : {delta_rate:12,.0f} rows/s (write_path={args.write_path})")
     print(f"ratio deltaflow/parquet: {delta_rate / parquet_rate:.2f}  (target >= 0.85)")
     spark.stop()
     if args.workdir is None:

@@ -124,17 +124,26 @@ def write_stream(
     _prepare_table(df, opts)
     register(df.sparkSession)
     location = checkpoint_location or default_checkpoint_location(opts)
+    if opts.uses_spark_writer:
+        from deltaflow._spark_writer import SparkBatchWriter
+
+        batch_writer = SparkBatchWriter(opts, overwrite=output_mode == "complete")
+        writer = df.writeStream.foreachBatch(batch_writer)
+    else:
+        writer = df.writeStream.format(FORMAT_NAME).options(**opts.to_spark_options())
     writer = (
-        df.writeStream.format(FORMAT_NAME)
-        .options(**opts.to_spark_options())
-        .option("checkpointLocation", location)
+        writer.option("checkpointLocation", location)
         .outputMode(output_mode)
         .queryName(query_name or pipeline_id)
     )
     if trigger:
         writer = writer.trigger(**trigger)
     logger.info(
-        "starting pipeline %r into %s (checkpoint %s)", pipeline_id, normalize_uri(table_uri), location
+        "starting pipeline %r into %s (checkpoint %s, files written by %s)",
+        pipeline_id,
+        normalize_uri(table_uri),
+        location,
+        "Spark" if opts.uses_spark_writer else "Python workers (Arrow)",
     )
     return writer.start()
 

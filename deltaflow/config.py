@@ -17,11 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from deltaflow.exceptions import ConfigError, UnknownOptionError
 
-__all__ = ["Compression", "SchemaMode", "SinkOptions", "WriteMode", "SUPPORTED_SCHEMES"]
+__all__ = ["Compression", "SchemaMode", "SinkOptions", "WriteMode", "WritePath", "SUPPORTED_SCHEMES"]
 
 Compression = Literal["snappy", "zstd", "gzip", "lz4", "none"]
 WriteMode = Literal["append", "overwrite"]
 SchemaMode = Literal["strict", "merge"]
+WritePath = Literal["auto", "spark", "arrow"]
 
 #: URI schemes a table may live on. ``s3a`` is accepted for users coming from Hadoop.
 SUPPORTED_SCHEMES = ("file", "s3", "s3a", "gs", "az", "abfs", "abfss")
@@ -53,6 +54,11 @@ class SinkOptions(BaseModel):
         schema_mode: ``strict`` rejects any schema difference; ``merge`` adds new columns.
         txn_version: For batch writes: the ``txn`` version recorded with ``pipeline_id``; a
             write whose version is already committed is skipped (idempotent backfills).
+        write_path: Who writes the Parquet files of a stream started with ``write_stream``:
+            ``spark`` (Spark's own writer; tables on a filesystem all Spark processes share),
+            ``arrow`` (Python workers with pyarrow; any storage), ``auto`` (``spark`` for
+            local tables, else ``arrow``). ``df.writeStream.format("deltaflow")`` and batch
+            writes always use ``arrow``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -70,6 +76,7 @@ class SinkOptions(BaseModel):
     storage_options: Mapping[str, str] = Field(default_factory=dict)
     schema_mode: SchemaMode = "strict"
     txn_version: int | None = Field(default=None, ge=0)
+    write_path: WritePath = "auto"
 
     @field_validator("table_uri")
     @classmethod
@@ -131,6 +138,11 @@ class SinkOptions(BaseModel):
         """Whether the table lives on the local filesystem."""
         scheme = urlparse(self.table_uri).scheme.lower()
         return scheme in ("", "file") or len(scheme) == 1  # len 1: a Windows drive letter
+
+    @property
+    def uses_spark_writer(self) -> bool:
+        """Whether ``write_stream`` writes files with Spark's own Parquet writer."""
+        return self.write_path == "spark" or (self.write_path == "auto" and self.is_local)
 
     @property
     def target_file_size_bytes(self) -> int:

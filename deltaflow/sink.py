@@ -71,11 +71,11 @@ class DeltaflowDataSource(DataSource):
         return FORMAT_NAME
 
     def writer(self, schema: StructType, overwrite: bool) -> DeltaBatchWriter:
-        sink = _DeltaSink(SinkOptions.from_spark_options(self.options), schema, overwrite)
+        sink = _DeltaSink(_arrow_options(self.options), schema, overwrite)
         return DeltaBatchWriter(sink)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DeltaStreamWriter:  # noqa: N802
-        options = SinkOptions.from_spark_options(self.options)
+        options = _arrow_options(self.options)
         if not options.pipeline_id:
             raise ConfigError(
                 "pipeline_id is required for a streaming write: it is the Delta txn app id "
@@ -364,6 +364,17 @@ class _DeltaSink:
         if query_id:
             meta["deltaflow.query_id"] = query_id
         return meta
+
+
+def _arrow_options(spark_options: Any) -> SinkOptions:
+    options = SinkOptions.from_spark_options(spark_options)
+    if options.write_path == "spark":
+        raise ConfigError(
+            "write_path='spark' is only available through deltaflow.write_stream(); "
+            "the deltaflow format writes through Python workers (write_path='arrow' or 'auto')",
+            table_uri=options.table_uri,
+        )
+    return options
 
 
 def _collect(messages: Sequence[WriterCommitMessage | None]) -> list[WrittenFile]:

@@ -17,10 +17,12 @@ ROWS = 3000
 REGIONS = ["eu west", "us:east", "ap-south"]  # a space and a colon in partition values
 
 
-@pytest.fixture(scope="module")
-def table(spark, tmp_path_factory):
-    """A partitioned table with a timestamp column, several files per partition."""
-    uri = str(tmp_path_factory.mktemp("interop") / "events")
+@pytest.fixture(scope="module", params=["spark", "arrow"])
+def table(request, spark, tmp_path_factory):
+    """A partitioned table with a timestamp column, several files per partition, streamed
+    through each write path (Spark's Parquet writer / Python workers with pyarrow)."""
+    folder = tmp_path_factory.mktemp(f"interop-{request.param}")
+    uri = str(folder / "events")
     df = (
         spark.range(ROWS)
         .withColumn(
@@ -33,7 +35,18 @@ def table(spark, tmp_path_factory):
         )
         .repartitionByRange(4, "id")
     )
-    deltaflow.write(df, uri, partition_columns="region", max_records_per_file=250)
+    df.write.parquet(str(folder / "landing"))
+    source = spark.readStream.schema(df.schema).parquet(str(folder / "landing"))
+    query = deltaflow.write_stream(
+        source,
+        uri,
+        pipeline_id="interop",
+        partition_columns=["region"],
+        max_records_per_file=250,
+        write_path=request.param,
+        trigger={"availableNow": True},
+    )
+    assert query.awaitTermination(300)
     return uri
 
 

@@ -237,7 +237,8 @@ def test_write_stream_rejects_a_batch_dataframe_and_vice_versa(spark, tmp_path):
         deltaflow.write(stream, str(tmp_path / "t"))
 
 
-def test_a_lost_checkpoint_stops_the_stream_instead_of_skipping_rows(spark, tmp_path):
+@pytest.mark.parametrize("write_path", ["spark", "arrow"])
+def test_a_lost_checkpoint_stops_the_stream_instead_of_skipping_rows(spark, tmp_path, write_path):
     landing = _landing(tmp_path, 3, 10)
     uri = str(tmp_path / "t")
     source = (
@@ -249,6 +250,7 @@ def test_a_lost_checkpoint_stops_the_stream_instead_of_skipping_rows(spark, tmp_
         pipeline_id="p",
         checkpoint_location=str(tmp_path / "cp1"),
         trigger={"availableNow": True},
+        write_path=write_path,
     )
     assert first.awaitTermination(180)
     assert DeltaTable(uri).transaction_version("p") == 2
@@ -259,9 +261,17 @@ def test_a_lost_checkpoint_stops_the_stream_instead_of_skipping_rows(spark, tmp_
         pipeline_id="p",
         checkpoint_location=str(tmp_path / "cp2"),
         trigger={"availableNow": True},
+        write_path=write_path,
     )
     with pytest.raises(PySparkException, match="has committed batches up to 2") as err:
         again.awaitTermination(180)
     assert "Restore the checkpoint" in str(err.value)
     assert _ids(uri) == list(range(30))
     assert len(_parquet_files(tmp_path / "t")) == len(DeltaTable(uri).file_uris())
+
+
+def test_spark_write_path_is_refused_by_the_format_entry_point(spark, tmp_path):
+    with pytest.raises(PySparkException, match="write_path='spark' is only available through"):
+        _df(spark, 0, 5).write.format("deltaflow").option("table_uri", str(tmp_path / "t")).option(
+            "write_path", "spark"
+        ).mode("append").save()

@@ -1,6 +1,6 @@
 """A streaming job for the crash tests, run as its own process (its own driver and JVM).
 
-    python -m tests.jobs.stream_job LANDING TABLE
+    python -m tests.jobs.stream_job LANDING TABLE WRITE_PATH
 
 Streams JSON files (one file per micro-batch) into TABLE with the deltaflow sink until all
 available input is committed. The crash tests set DELTAFLOW_TEST_CRASH_AT to have the sink
@@ -15,7 +15,7 @@ import sys
 import deltaflow
 
 
-def main(landing: str, table: str) -> None:
+def main(landing: str, table: str, write_path: str) -> None:
     # The sink's crash hook kills this process group: this driver and its JVM.
     os.environ["DELTAFLOW_TEST_KILL_PGID"] = str(os.getpgrp())
     spark = deltaflow.spark_session(
@@ -31,6 +31,7 @@ def main(landing: str, table: str) -> None:
         table,
         pipeline_id="crash-test",
         partition_columns=["part"],
+        write_path=write_path,
         trigger={"availableNow": True},
     )
     query.awaitTermination()
@@ -38,4 +39,4 @@ def main(landing: str, table: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], sys.argv[3])

@@ -1,0 +1,149 @@
+"""The ``spark`` write path: Spark's own Parquet writer inside ``foreachBatch``.
+
+For tables on a filesystem every Spark process shares (local disk, NFS), Spark's native
+Parquet writer is faster than handing rows to Python workers as Arrow (see BENCHMARKS.md):
+the JVM writes the files, the driver then moves them into the table and commits them with the
+same commit sequence as the Arrow sink (:meth:`deltaflow.sink._DeltaSink.commit_batch`).
+
+Sequence for micro-batch N (the sink's steps 1-5 follow):
+
+a. Replay check BEFORE writing: if ``txn(pipeline_id)`` ≥ N nothing is written at all.
+b. Spark writes the batch under ``<table>/_deltaflow/staging/<pipeline_id>/b<N>`` (cleared
+   first: a crashed attempt may have left files there; Delta readers and vacuum ignore it).
+c. Each file is renamed into its Hive partition folder of the table as
+   ``part-b<N>-<spark's name>`` and described (size, partition values, footer statistics).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import unquote
+
+import pyarrow.parquet as pq
+
+from deltaflow._faults import maybe_crash
+from deltaflow._parquet import HIVE_NULL, WrittenFile, stats_json
+from deltaflow._schema import file_schema
+from deltaflow._storage import normalize_uri
+from deltaflow.config import SinkOptions
+from deltaflow.exceptions import CheckpointMismatchError
+from deltaflow.sink import DeltaCommitMessage, _DeltaSink
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["SparkBatchWriter", "STAGING_DIR"]
+
+logger = logging.getLogger(__name__)
+
+#: Where Spark writes a batch before its files move into the table (under the table root).
+STAGING_DIR = "_deltaflow/staging"
+
+
+class SparkBatchWriter:
+    """``foreachBatch`` function: Spark writes Parquet, the driver commits to Delta."""
+
+    def __init__(self, options: SinkOptions, *, overwrite: bool = False) -> None:
+        if not options.pipeline_id:
+            raise ValueError("pipeline_id is required")  # validated by the caller already
+        self._options = options
+        self._overwrite = overwrite
+        self._root = Path(normalize_uri(options.table_uri))
+        self._staging_root = self._root / STAGING_DIR / options.pipeline_id
+        # Bytes per row seen in the last batch: turns target_file_size_mb into Spark's
+        # maxRecordsPerFile (Spark itself cannot roll files by size).
+        self._bytes_per_row: float | None = None
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        from deltaflow import delta_log
+
+        opts = self._options
+        sink = _DeltaSink(opts, batch.schema, self._overwrite)
+
+        # a. Replay check before writing anything.
+        table = delta_log.load(sink.table_uri, opts.storage_options)
+        done = delta_log.transaction_version(table, opts.pipeline_id or "")
+        if done is not None and done > batch_id:
+            raise CheckpointMismatchError(
+                f"pipeline {opts.pipeline_id!r} has committed batches up to {done} to "
+                f"{sink.table_uri!r}, but the stream now runs batch {batch_id}: its Spark "
+                "checkpoint is not the one those commits came from (deleted, moved or shared). "
+                "Restore the checkpoint, or start over deliberately with a new pipeline_id and "
+                "a new checkpoint location; nothing was committed",
+                pipeline_id=opts.pipeline_id,
+                batch_id=batch_id,
+                table_uri=sink.table_uri,
+                committed_version=done,
+            )
+        if done is not None and done == batch_id:
+            logger.info("batch %s of %r is already committed: replay skipped", batch_id, opts.pipeline_id)
+            return
+
+        # b. Spark writes the batch into the staging folder.
+        staging = self._staging_root / f"b{batch_id:06d}"
+        shutil.rmtree(staging, ignore_errors=True)
+        started = time.monotonic()
+        self._spark_write(batch, staging)
+        files = self._move_into_table(staging, sink, batch_id)
+        shutil.rmtree(staging, ignore_errors=True)
+        maybe_crash("write", batch_id)
+        logger.debug(
+            "batch %s: Spark wrote %d file(s) in %.2f s", batch_id, len(files), time.monotonic() - started
+        )
+
+        # Steps 1-5 of the sink: the same checks and the same single commit.
+        sink.commit_batch([DeltaCommitMessage(files, 0, 0, None)], batch_id)
+
+    def _spark_write(self, batch: DataFrame, staging: Path) -> None:
+        opts = self._options
+        spark = batch.sparkSession
+        # INT96 timestamps carry no statistics; UTC keeps partition values stable.
+        spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+        writer = batch.write.mode("overwrite").option(
+            "compression", "uncompressed" if opts.compression == "none" else opts.compression
+        )
+        limit = opts.max_records_per_file
+        if self._bytes_per_row:
+            by_size = max(1, int(opts.target_file_size_bytes / self._bytes_per_row))
+            limit = min(limit, by_size) if limit else by_size
+        if limit:
+            writer = writer.option("maxRecordsPerFile", limit)
+        if opts.partition_columns:
+            writer = writer.partitionBy(*opts.partition_columns)
+        writer.parquet(str(staging))
+
+    def _move_into_table(self, staging: Path, sink: _DeltaSink, batch_id: int) -> list[WrittenFile]:
+        opts = self._options
+        schema = file_schema(sink.schema, opts.partition_columns)
+        files: list[WrittenFile] = []
+        for path in sorted(staging.rglob("*.parquet")):
+            rel_dir = path.parent.relative_to(staging)
+            values: dict[str, str | None] = {}
+            for part in rel_dir.parts:
+                key, _, raw = part.partition("=")
+                values[unquote(key)] = None if raw == HIVE_NULL else unquote(raw)
+            metadata = pq.read_metadata(path)
+            size = path.stat().st_size
+            name = f"part-b{batch_id:06d}-{path.name.removeprefix('part-')}"
+            target_dir = self._root / rel_dir
+            target_dir.mkdir(parents=True, exist_ok=True)
+            os.replace(path, target_dir / name)
+            files.append(
+                WrittenFile(
+                    path=str(rel_dir / name) if rel_dir.parts else name,
+                    size=size,
+                    partition_values=values,
+                    num_records=metadata.num_rows,
+                    stats=stats_json(metadata, schema, -1),
+                    modification_time=int(time.time() * 1000),
+                )
+            )
+        rows = sum(f.num_records for f in files)
+        if rows:
+            self._bytes_per_row = sum(f.size for f in files) / rows
+        return files
