@@ -31,8 +31,7 @@ from deltaflow._parquet import HIVE_NULL, WrittenFile, stats_json
 from deltaflow._schema import file_schema
 from deltaflow._storage import normalize_uri
 from deltaflow.config import SinkOptions
-from deltaflow.exceptions import CheckpointMismatchError
-from deltaflow.sink import DeltaCommitMessage, _DeltaSink
+from deltaflow.sink import DeltaCommitMessage, _DeltaSink, is_committed
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -67,20 +66,7 @@ class SparkBatchWriter:
 
         # a. Replay check before writing anything.
         table = delta_log.load(sink.table_uri, opts.storage_options)
-        done = delta_log.transaction_version(table, opts.pipeline_id or "")
-        if done is not None and done > batch_id:
-            raise CheckpointMismatchError(
-                f"pipeline {opts.pipeline_id!r} has committed batches up to {done} to "
-                f"{sink.table_uri!r}, but the stream now runs batch {batch_id}: its Spark "
-                "checkpoint is not the one those commits came from (deleted, moved or shared). "
-                "Restore the checkpoint, or start over deliberately with a new pipeline_id and "
-                "a new checkpoint location; nothing was committed",
-                pipeline_id=opts.pipeline_id,
-                batch_id=batch_id,
-                table_uri=sink.table_uri,
-                committed_version=done,
-            )
-        if done is not None and done == batch_id:
+        if is_committed(table, sink.table_uri, opts.pipeline_id, batch_id, streaming=True):
             logger.info("batch %s of %r is already committed: replay skipped", batch_id, opts.pipeline_id)
             return
 

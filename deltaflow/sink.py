@@ -189,35 +189,21 @@ class _DeltaSink:
 
         # Step 2. Replay check.
         table = delta_log.load(self.table_uri, opts.storage_options)
-        if app_id is not None and version is not None:
-            done = delta_log.transaction_version(table, app_id)
-            if done is not None and done > version and batch_id is not None:
-                # Spark only ever replays its LAST batch; an older id means the checkpoint
-                # was lost or swapped. Skipping would drop rows, so stop instead.
-                self._delete(files)
-                raise CheckpointMismatchError(
-                    f"pipeline {app_id!r} has committed batches up to {done} to "
-                    f"{self.table_uri!r}, but the stream now runs batch {batch_id}: its Spark "
-                    "checkpoint is not the one those commits came from (deleted, moved or "
-                    "shared). Restore the checkpoint, or start over deliberately with a new "
-                    "pipeline_id and a new checkpoint location; nothing was committed",
-                    pipeline_id=app_id,
-                    batch_id=batch_id,
-                    table_uri=self.table_uri,
-                    committed_version=done,
-                )
-            if done is not None and done >= version:
-                removed = self._delete(files)
-                logger.info(
-                    "batch %s of pipeline %r is already in %s (txn version %s): skipped the "
-                    "replay, deleted %d new file(s)",
-                    version,
-                    app_id,
-                    self.table_uri,
-                    done,
-                    removed,
-                )
-                return
+        try:
+            replay = is_committed(table, self.table_uri, app_id, version, streaming=batch_id is not None)
+        except CheckpointMismatchError:
+            self._delete(files)
+            raise
+        if replay:
+            removed = self._delete(files)
+            logger.info(
+                "batch %s of pipeline %r is already in %s: skipped the replay, deleted %d new file(s)",
+                version,
+                app_id,
+                self.table_uri,
+                removed,
+            )
+            return
 
         # Step 3. Check the inputs.
         try:
@@ -274,12 +260,10 @@ class _DeltaSink:
         from deltaflow import delta_log
 
         app_id, version = self._txn(batch_id)
-        if app_id is not None and version is not None:
-            table = delta_log.load(self.table_uri, self.options.storage_options)
-            done = delta_log.transaction_version(table, app_id)
-            if done is not None and done >= version:
-                logger.warning("abort of batch %s of %r ignored: it is committed", version, app_id)
-                return
+        table = delta_log.load(self.table_uri, self.options.storage_options)
+        if is_committed(table, self.table_uri, app_id, version, streaming=False):
+            logger.warning("abort of batch %s of %r: its txn is in the log, files kept", version, app_id)
+            return
         files = [f for m in messages if isinstance(m, DeltaCommitMessage) for f in m.files]
         removed = self._delete(files)
         logger.warning(
@@ -364,6 +348,38 @@ class _DeltaSink:
         if query_id:
             meta["deltaflow.query_id"] = query_id
         return meta
+
+
+def is_committed(
+    table: Any, table_uri: str, app_id: str | None, version: int | None, *, streaming: bool
+) -> bool:
+    """Whether ``txn(app_id)`` in ``table`` already holds ``version`` (the batch is a replay).
+
+    Raises:
+        CheckpointMismatchError: for a stream whose batch is OLDER than the txn version. Spark
+            only ever replays its last batch, so an older id means the checkpoint was lost or
+            swapped; skipping would drop rows, so the stream must stop instead.
+    """
+    from deltaflow import delta_log
+
+    if app_id is None or version is None:
+        return False
+    done = delta_log.transaction_version(table, app_id)
+    if done is None:
+        return False
+    if streaming and done > version:
+        raise CheckpointMismatchError(
+            f"pipeline {app_id!r} has committed batches up to {done} to {table_uri!r}, but the "
+            f"stream now runs batch {version}: its Spark checkpoint is not the one those commits "
+            "came from (deleted, moved or shared). Restore the checkpoint, or start over "
+            "deliberately with a new pipeline_id and a new checkpoint location; nothing was "
+            "committed",
+            pipeline_id=app_id,
+            batch_id=version,
+            table_uri=table_uri,
+            committed_version=done,
+        )
+    return bool(done >= version)
 
 
 def _arrow_options(spark_options: Any) -> SinkOptions:

@@ -1,6 +1,5 @@
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -11,7 +10,6 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_help_lists_commands_and_env_vars_without_starting_spark():
-    started = time.monotonic()
     out = subprocess.run(
         [sys.executable, "-c", "from deltaflow.cli import main; main(['demo', '--help'])"],
         capture_output=True,
@@ -28,7 +26,6 @@ def test_help_lists_commands_and_env_vars_without_starting_spark():
         check=True,
     )
     assert probe.stdout.strip() == "False"
-    assert time.monotonic() - started < 60
 
 
 def test_bad_flag_value_is_a_usage_error():

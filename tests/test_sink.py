@@ -275,3 +275,13 @@ def test_spark_write_path_is_refused_by_the_format_entry_point(spark, tmp_path):
         _df(spark, 0, 5).write.format("deltaflow").option("table_uri", str(tmp_path / "t")).option(
             "write_path", "spark"
         ).mode("append").save()
+
+
+def test_stats_follow_the_tables_indexed_column_count(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    deltaflow.write(
+        _df(spark, 0, 10).coalesce(1), uri, table_properties={"delta.dataSkippingNumIndexedCols": "1"}
+    )
+    (add,) = _adds(uri)
+    assert add["min.id"] == 0 and add["max.id"] == 9
+    assert "min.name" not in add and "null_count.name" not in add
