@@ -31,6 +31,7 @@ from deltaflow._parquet import HIVE_NULL, WrittenFile, stats_json
 from deltaflow._schema import file_schema
 from deltaflow._storage import normalize_uri
 from deltaflow.config import SinkOptions
+from deltaflow.exceptions import ConfigError
 from deltaflow.sink import DeltaCommitMessage, _DeltaSink, is_committed
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ class SparkBatchWriter:
 
     def __init__(self, options: SinkOptions, *, overwrite: bool = False) -> None:
         if not options.pipeline_id:
-            raise ValueError("pipeline_id is required")  # validated by the caller already
+            raise ConfigError("pipeline_id is required for a streaming write", table_uri=options.table_uri)
         self._options = options
         self._overwrite = overwrite
         self._root = Path(normalize_uri(options.table_uri))

@@ -121,9 +121,9 @@ def write_stream(
     if not df.isStreaming:
         raise ConfigError("write_stream() needs a streaming DataFrame; use deltaflow.write()")
     opts = SinkOptions.build({"table_uri": table_uri, "pipeline_id": pipeline_id, **options})
+    location = checkpoint_location or default_checkpoint_location(opts)
     _prepare_table(df, opts)
     register(df.sparkSession)
-    location = checkpoint_location or default_checkpoint_location(opts)
     if opts.uses_spark_writer:
         from deltaflow._spark_writer import SparkBatchWriter
 

@@ -285,3 +285,9 @@ def test_stats_follow_the_tables_indexed_column_count(spark, tmp_path):
     (add,) = _adds(uri)
     assert add["min.id"] == 0 and add["max.id"] == 9
     assert "min.name" not in add and "null_count.name" not in add
+
+
+def test_object_store_table_needs_an_explicit_checkpoint(spark, tmp_path):
+    source = spark.readStream.format("rate").load()
+    with pytest.raises(ConfigError, match="pass checkpoint_location="):
+        deltaflow.write_stream(source, "s3://bucket/t", pipeline_id="p")
