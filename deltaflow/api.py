@@ -25,8 +25,17 @@ STATE_DIR = "_deltaflow"
 
 
 def register(spark: SparkSession) -> None:
-    """Register the ``deltaflow`` format with ``spark`` (idempotent)."""
+    """Register deltaflow's data sources with ``spark``, once per session.
+
+    ``deltaflow`` (the Delta sink) and ``deltaflow-kafka`` (the Kafka source).
+    """
+    if getattr(spark, "_deltaflow_registered", False):
+        return
+    from deltaflow.sources.kafka import KafkaDataSource
+
     spark.dataSource.register(DeltaflowDataSource)
+    spark.dataSource.register(KafkaDataSource)
+    spark._deltaflow_registered = True  # type: ignore[attr-defined]
 
 
 def default_checkpoint_location(options: SinkOptions) -> str:

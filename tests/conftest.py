@@ -1,1 +1,1 @@
-pytest_plugins = ["tests.fixtures.spark", "tests.fixtures.readers"]
+pytest_plugins = ["tests.fixtures.spark", "tests.fixtures.readers", "tests.fixtures.kafka"]

@@ -1,0 +1,404 @@
+"""Kafka as a Spark streaming source, on confluent-kafka through the Python Data Source API.
+
+No JVM jar: the driver side plans micro-batches from broker metadata and watermarks, and each
+executor task reads one Kafka partition's offset range with its own consumer, yielding Arrow
+record batches. Offsets are ``{"<topic>": {"<partition>": <next offset>}}``.
+
+Use it after :func:`deltaflow.register` as ``spark.readStream.format("deltaflow-kafka")`` with
+the options of :class:`KafkaSourceOptions`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from deltaflow.exceptions import ConfigError, TransientError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql.types import StructType
+
+__all__ = ["FORMAT_NAME", "KAFKA_SCHEMA", "KafkaDataSource", "KafkaSourceOptions", "Offsets"]
+
+logger = logging.getLogger(__name__)
+
+#: ``spark.readStream.format(...)`` name (Spark reserves ``kafka`` for its own connector).
+FORMAT_NAME = "deltaflow-kafka"
+
+#: The rows this source produces, as Spark's own Kafka source names them.
+KAFKA_SCHEMA = (
+    "key BINARY, value BINARY, topic STRING, partition INT, offset LONG, timestamp TIMESTAMP, "
+    "timestamp_type INT, headers ARRAY<STRUCT<key: STRING, value: BINARY>>"
+)
+
+#: Messages asked from librdkafka per consume() call, and rows per Arrow batch handed to Spark.
+CONSUME_CHUNK = 10_000
+#: A task that sees no progress for this long fails (the broker is gone): Spark retries it.
+READ_STALL_TIMEOUT_S = 60.0
+#: Metadata and watermark requests from the driver.
+METADATA_TIMEOUT_S = 15.0
+#: Consumer settings for bulk reads (DELTA_NOTES: 145k msgs/s with defaults, 350k+ with these).
+_FAST_CONSUMER = {
+    "queued.min.messages": 200_000,
+    "fetch.wait.max.ms": 50,
+    "fetch.queue.backoff.ms": 0,
+    "enable.auto.commit": False,
+    "enable.auto.offset.store": False,
+    "enable.partition.eof": False,
+}
+#: Settings whose values are never logged or shown.
+_SECRET_SETTINGS = re.compile(r"password|secret|token|key\.pem|keystore|jaas", re.IGNORECASE)
+
+Offsets = dict[str, dict[str, int]]
+
+
+class KafkaSourceOptions(BaseModel):
+    """Options of the Kafka source.
+
+    Attributes:
+        bootstrap_servers: ``host:port[,host:port]`` of the brokers.
+        topic: One topic, or several separated by commas.
+        topic_pattern: A regular expression over topic names (instead of ``topic``).
+        starting_offsets: ``earliest``, ``latest``, or JSON ``{"topic": {"0": 42}}`` (the next
+            offset to read; partitions left out start at the earliest offset).
+        max_messages_per_batch: Admission control: at most this many messages per micro-batch,
+            shared among partitions by their backlog (0 = no limit).
+        kafka_settings: librdkafka settings passed through (``security.protocol``,
+            ``sasl.mechanism``, ...). Values of secret settings are masked when printed.
+        sasl_password: SASL password, kept out of logs (``sasl.password`` for librdkafka).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bootstrap_servers: str
+    topic: tuple[str, ...] = ()
+    topic_pattern: str | None = None
+    starting_offsets: Literal["earliest", "latest"] | dict[str, dict[str, int]] = "earliest"
+    max_messages_per_batch: int = Field(default=0, ge=0)
+    kafka_settings: dict[str, SecretStr] = Field(default_factory=dict)
+    sasl_password: SecretStr | None = None
+
+    @field_validator("topic", mode="before")
+    @classmethod
+    def _split_topics(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(t.strip() for t in value.split(",") if t.strip())
+        return value
+
+    @field_validator("starting_offsets", mode="before")
+    @classmethod
+    def _parse_offsets(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().startswith("{"):
+            return json.loads(value)
+        return value
+
+    @field_validator("kafka_settings", mode="before")
+    @classmethod
+    def _parse_settings(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return json.loads(value) if value.strip() else {}
+        return value
+
+    @field_validator("topic_pattern")
+    @classmethod
+    def _check_pattern(cls, value: str | None) -> str | None:
+        if value is not None:
+            re.compile(value)
+        return value
+
+    def client_config(self) -> dict[str, Any]:
+        """librdkafka configuration with the secrets revealed (never log this)."""
+        conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers}
+        conf.update({k: v.get_secret_value() for k, v in self.kafka_settings.items()})
+        if self.sasl_password is not None:
+            conf["sasl.password"] = self.sasl_password.get_secret_value()
+        return conf
+
+    def describe(self) -> dict[str, Any]:
+        """The options for logs and config dumps, secrets masked."""
+        out = self.model_dump(exclude={"kafka_settings", "sasl_password"})
+        out["kafka_settings"] = {
+            k: "**********" if _SECRET_SETTINGS.search(k) else v.get_secret_value()
+            for k, v in self.kafka_settings.items()
+        }
+        if self.sasl_password is not None:
+            out["sasl_password"] = "**********"
+        return out
+
+    @classmethod
+    def from_spark_options(cls, options: Mapping[str, str]) -> KafkaSourceOptions:
+        """Validate Spark's (lower-cased) option strings; ``kafka.<setting>`` keys pass through."""
+        values: dict[str, Any] = {}
+        settings: dict[str, str] = {}
+        for key, value in options.items():
+            name = key.lower()
+            if name.startswith("kafka."):
+                settings[name[len("kafka.") :]] = value
+            elif name != "path":
+                values[name] = value
+        if settings:
+            merged = dict(json.loads(values.get("kafka_settings") or "{}"))
+            merged.update(settings)
+            values["kafka_settings"] = merged
+        unknown = set(values) - set(cls.model_fields)
+        if unknown:
+            from deltaflow.exceptions import UnknownOptionError
+
+            raise UnknownOptionError(unknown, cls.model_fields)
+        try:
+            opts = cls(**values)
+        except ValidationError as exc:
+            raise ConfigError(f"invalid Kafka source options: {exc}") from None
+        if bool(opts.topic) == bool(opts.topic_pattern):
+            raise ConfigError("set exactly one of 'topic' and 'topic_pattern' for the Kafka source")
+        return opts
+
+
+@dataclass(frozen=True)
+class KafkaPartitionRange(InputPartition):
+    """One Kafka partition's offsets ``[start, end)`` to read in one Spark task."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:  # the config holds credentials
+        return f"KafkaPartitionRange({self.topic}[{self.partition}] {self.start}..{self.end})"
+
+
+class KafkaDataSource(DataSource):
+    """Spark data source ``deltaflow-kafka`` (streaming reads)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def schema(self) -> str:
+        return KAFKA_SCHEMA
+
+    def streamReader(self, schema: StructType) -> KafkaStreamReader:  # noqa: N802
+        return KafkaStreamReader(KafkaSourceOptions.from_spark_options(self.options), schema)
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Plans micro-batches on the driver; :meth:`read` runs on executors."""
+
+    def __init__(self, options: KafkaSourceOptions, schema: StructType) -> None:
+        self._options = options
+        self._schema = schema
+        self._admin: Any = None
+        self._target: Offsets | None = None  # availableNow: never read beyond these offsets
+
+    # -- driver: planning --------------------------------------------------------------------
+
+    def _client(self) -> Any:
+        if self._admin is None:
+            from confluent_kafka.admin import AdminClient
+
+            self._admin = AdminClient(self._options.client_config())
+        return self._admin
+
+    def _topic_partitions(self) -> dict[str, list[int]]:
+        meta = self._client().list_topics(timeout=METADATA_TIMEOUT_S)
+        if self._options.topic_pattern:
+            pattern = re.compile(self._options.topic_pattern)
+            names = [t for t in meta.topics if pattern.fullmatch(t) and not t.startswith("__")]
+        else:
+            names = list(self._options.topic)
+        found: dict[str, list[int]] = {}
+        for name in names:
+            topic = meta.topics.get(name)
+            if topic is None or topic.error is not None or not topic.partitions:
+                raise ConfigError(
+                    f"Kafka topic {name!r} does not exist on {self._options.bootstrap_servers} "
+                    f"({getattr(topic, 'error', None) or 'no partitions'})",
+                    topic=name,
+                )
+            found[name] = sorted(topic.partitions)
+        return found
+
+    def _watermarks(self, layout: Mapping[str, Sequence[int]], which: str) -> Offsets:
+        from confluent_kafka import TopicPartition
+        from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
+
+        spec = OffsetSpec.earliest() if which == "earliest" else OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        request = {TopicPartition(t, p): spec for t, parts in layout.items() for p in parts}
+        out: Offsets = {t: {} for t in layout}
+        if not request:
+            return out
+        futures = self._client().list_offsets(request, request_timeout=METADATA_TIMEOUT_S)
+        for tp, future in futures.items():
+            out[tp.topic][str(tp.partition)] = int(future.result().offset)
+        return out
+
+    def initialOffset(self) -> Offsets:  # noqa: N802
+        layout = self._topic_partitions()
+        start = self._options.starting_offsets
+        if start == "latest":
+            return self._watermarks(layout, "latest")
+        offsets = self._watermarks(layout, "earliest")
+        if isinstance(start, dict):
+            for topic, parts in start.items():
+                for part, value in parts.items():
+                    if topic in offsets and str(part) in offsets[topic]:
+                        offsets[topic][str(part)] = max(int(value), offsets[topic][str(part)])
+        logger.info("Kafka source starts at %s", offsets)
+        return offsets
+
+    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
+        self._target = self._watermarks(self._topic_partitions(), "latest")
+
+    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
+        if self._options.max_messages_per_batch:
+            return ReadMaxRows(self._options.max_messages_per_batch)
+        return ReadAllAvailable()
+
+    def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:  # noqa: N802
+        layout = self._topic_partitions()
+        latest = self._target or self._watermarks(layout, "latest")
+        earliest: Offsets | None = None
+        end: Offsets = {}
+        for topic, parts in layout.items():
+            end[topic] = {}
+            for p in parts:
+                key = str(p)
+                begin = start.get(topic, {}).get(key)
+                if begin is None:  # a partition (or topic) that appeared since the last batch
+                    earliest = earliest or self._watermarks(layout, "earliest")
+                    begin = earliest[topic][key]
+                end[topic][key] = max(begin, latest.get(topic, {}).get(key, begin))
+        if isinstance(limit, ReadMaxRows):
+            end = _admit(start, end, limit.max_rows)
+        return end
+
+    def reportLatestOffset(self) -> Offsets | None:  # noqa: N802
+        return None
+
+    def partitions(self, start: Offsets, end: Offsets) -> list[KafkaPartitionRange]:
+        config = self._options.client_config()
+        ranges = []
+        for topic, parts in end.items():
+            for key, stop in parts.items():
+                begin = start.get(topic, {}).get(key, stop)
+                if stop > begin:
+                    ranges.append(KafkaPartitionRange(topic, int(key), begin, stop, config))
+        return ranges
+
+    def commit(self, end: Offsets) -> None:
+        pass  # progress lives in Spark's checkpoint (and, for ingest, in the Delta log)
+
+    def stop(self) -> None:
+        self._admin = None
+
+    # -- executors: reading ------------------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, KafkaPartitionRange)
+        yield from read_range(partition, self._schema)
+
+
+def _admit(start: Offsets, end: Offsets, budget: int) -> Offsets:
+    """Cap the batch at ``budget`` messages, shared among partitions by their backlog."""
+    lags = {(t, k): end[t][k] - start.get(t, {}).get(k, end[t][k]) for t in end for k in end[t]}
+    total = sum(v for v in lags.values() if v > 0)
+    if total <= budget:
+        return end
+    capped: Offsets = {t: dict(parts) for t, parts in end.items()}
+    given = 0
+    for (t, k), lag in sorted(lags.items(), key=lambda kv: -kv[1]):
+        if lag <= 0:
+            continue
+        share = min(lag, max(1, budget * lag // total))
+        share = min(share, budget - given)
+        capped[t][k] = end[t][k] - lag + share
+        given += share
+    return capped
+
+
+def read_range(task: KafkaPartitionRange, schema: StructType) -> Iterator[pa.RecordBatch]:
+    """Read ``[task.start, task.end)`` of one partition as Arrow batches of the source schema."""
+    import pyarrow as pa
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+    from deltaflow._schema import spark_to_arrow
+
+    arrow_schema = spark_to_arrow(schema)
+    conf = {**_FAST_CONSUMER, **task.config}
+    conf.setdefault("group.id", "deltaflow-reader")
+    consumer = Consumer(conf)
+    try:
+        consumer.assign([TopicPartition(task.topic, task.partition, task.start)])
+        next_offset = task.start
+        last_progress = time.monotonic()
+        while next_offset < task.end:
+            messages = consumer.consume(num_messages=min(CONSUME_CHUNK, task.end - next_offset), timeout=1.0)
+            rows: list[Any] = []
+            for m in messages:
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise KafkaException(err)
+                offset = m.offset()
+                if offset is None or offset >= task.end:
+                    break
+                rows.append(m)
+            if rows:
+                next_offset = rows[-1].offset() + 1
+                last_progress = time.monotonic()
+                yield _to_arrow(rows, task, arrow_schema, pa)
+                continue
+            (position,) = consumer.position([TopicPartition(task.topic, task.partition)])
+            if position.offset >= task.end:
+                break  # the rest of the range holds no records (transaction markers, compaction)
+            if time.monotonic() - last_progress > READ_STALL_TIMEOUT_S:
+                raise TransientError(
+                    f"no progress reading {task.topic}[{task.partition}] at offset {next_offset} "
+                    f"(range ends at {task.end}) for {READ_STALL_TIMEOUT_S:.0f} s; is the broker up?",
+                    topic=task.topic,
+                    partition=task.partition,
+                    offset=next_offset,
+                )
+    finally:
+        consumer.close()
+
+
+def _to_arrow(rows: Sequence[Any], task: KafkaPartitionRange, schema: pa.Schema, pa: Any) -> pa.RecordBatch:
+    n = len(rows)
+    stamps = [m.timestamp() for m in rows]
+    headers = [m.headers() for m in rows]
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([m.key() for m in rows], pa.binary()),
+            pa.array([m.value() for m in rows], pa.binary()),
+            pa.array([task.topic] * n, pa.string()),
+            pa.array([task.partition] * n, pa.int32()),
+            pa.array([m.offset() for m in rows], pa.int64()),
+            pa.array([s[1] * 1000 if s[0] else None for s in stamps], pa.int64()).cast(
+                schema.field("timestamp").type
+            ),
+            pa.array([s[0] for s in stamps], pa.int32()),
+            pa.array(
+                [[{"key": k, "value": v} for k, v in h] if h else [] for h in headers],
+                schema.field("headers").type,
+            ),
+        ],
+        schema=schema,
+    )

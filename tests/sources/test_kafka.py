@@ -1,0 +1,163 @@
+"""The Kafka source against a real Kafka-protocol broker (tansu), through Spark into Delta."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.compute as pc
+import pytest
+from deltalake import DeltaTable
+
+import deltaflow
+from deltaflow.exceptions import ConfigError, UnknownOptionError
+from deltaflow.sources.kafka import KafkaSourceOptions, _admit
+
+
+def test_options_mask_secrets_and_pass_kafka_settings_through():
+    opts = KafkaSourceOptions.from_spark_options(
+        {
+            "bootstrap_servers": "b:9092",
+            "topic": "a, b",
+            "kafka.security.protocol": "SASL_SSL",
+            "kafka.sasl.username": "svc",
+            "kafka.ssl.key.password": "hunter2",
+            "sasl_password": "s3cret",
+            "starting_offsets": '{"a": {"0": 5}}',
+        }
+    )
+    assert opts.topic == ("a", "b")
+    assert opts.starting_offsets == {"a": {"0": 5}}
+    conf = opts.client_config()
+    assert conf["sasl.password"] == "s3cret" and conf["ssl.key.password"] == "hunter2"
+    shown = json.dumps(opts.describe())
+    assert "s3cret" not in shown and "hunter2" not in shown
+    assert "SASL_SSL" in shown and "svc" in shown
+    assert "s3cret" not in repr(opts)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"bootstrap_servers": "b:1"}, ConfigError, "exactly one of 'topic' and 'topic_pattern'"),
+        ({"bootstrap_servers": "b:1", "topic": "a", "topic_pattern": "a.*"}, ConfigError, "exactly one"),
+        ({"bootstrap_servers": "b:1", "topic": "a", "max_messages": "5"}, UnknownOptionError, "max_messages"),
+        (
+            {"bootstrap_servers": "b:1", "topic": "a", "starting_offsets": "middle"},
+            ConfigError,
+            "starting_offsets",
+        ),
+    ],
+    ids=["no-topic", "both", "unknown", "bad-start"],
+)
+def test_bad_options(options, error, match):
+    with pytest.raises(error, match=match):
+        KafkaSourceOptions.from_spark_options(options)
+
+
+def test_admission_control_shares_the_budget_by_backlog():
+    start = {"t": {"0": 0, "1": 100, "2": 50}}
+    end = {"t": {"0": 900, "1": 200, "2": 50}}
+    capped = _admit(start, end, 500)
+    taken = {k: capped["t"][k] - start["t"][k] for k in start["t"]}
+    assert sum(taken.values()) == 500
+    assert taken == {"0": 450, "1": 50, "2": 0}
+    assert _admit(start, end, 10_000) == end
+
+
+def _stream(spark, kafka, topic, tmp_path, *, pipeline="k", **source_options):
+    reader = spark.readStream.format("deltaflow-kafka").option("bootstrap_servers", kafka.bootstrap)
+    reader = reader.option("topic", topic)
+    for key, value in source_options.items():
+        reader = reader.option(key, value)
+    query = deltaflow.write_stream(
+        reader.load(),
+        str(tmp_path / "t"),
+        pipeline_id=pipeline,
+        checkpoint_location=str(tmp_path / "cp"),
+        trigger={"availableNow": True},
+    )
+    assert query.awaitTermination(300)
+    return query
+
+
+def test_multi_partition_topic_lands_exactly_once_with_metadata(spark, kafka, tmp_path):
+    topic = kafka.create_topic(partitions=3)
+    kafka.produce(topic, [json.dumps({"n": i}).encode() for i in range(3000)], partitions=3)
+    query = _stream(spark, kafka, topic, tmp_path, max_messages_per_batch="1000")
+    assert len([p for p in query.recentProgress if p["numInputRows"]]) >= 3  # admission control
+
+    data = DeltaTable(str(tmp_path / "t")).to_pyarrow_table()
+    assert data.num_rows == 3000
+    assert [f.name for f in data.schema] == [
+        "key",
+        "value",
+        "topic",
+        "partition",
+        "offset",
+        "timestamp",
+        "timestamp_type",
+        "headers",
+    ]
+    rows = sorted(data.to_pylist(), key=lambda r: int(r["key"]))
+    for i, row in enumerate(rows):
+        assert json.loads(row["value"]) == {"n": i}
+        assert (row["topic"], row["partition"], row["offset"]) == (topic, i % 3, i // 3)
+        assert row["headers"] == [{"key": "seq", "value": str(i).encode()}]
+        assert row["timestamp"] is not None and row["timestamp_type"] == 1
+    pairs = pc.unique(
+        pc.binary_join_element_wise(
+            pc.cast(data["partition"], "string"), pc.cast(data["offset"], "string"), ":"
+        )
+    )
+    assert len(pairs) == 3000
+
+
+def test_restart_reads_only_new_messages(spark, kafka, tmp_path):
+    topic = kafka.create_topic(partitions=2)
+    kafka.produce(topic, [b"a"] * 100, partitions=2)
+    _stream(spark, kafka, topic, tmp_path)
+    kafka.produce(topic, [b"b"] * 50, partitions=2)
+    _stream(spark, kafka, topic, tmp_path)
+    values = DeltaTable(str(tmp_path / "t")).to_pyarrow_table()["value"].to_pylist()
+    assert sorted(values) == [b"a"] * 100 + [b"b"] * 50
+
+
+def test_starting_offsets_json_and_latest(spark, kafka, tmp_path):
+    topic = kafka.create_topic(partitions=2)
+    kafka.produce(topic, [str(i).encode() for i in range(20)], partitions=2)
+    _stream(spark, kafka, topic, tmp_path / "json", starting_offsets=json.dumps({topic: {"0": 7}}))
+    data = DeltaTable(str(tmp_path / "json" / "t")).to_pyarrow_table()
+    offsets = sorted(zip(data["partition"].to_pylist(), data["offset"].to_pylist(), strict=True))
+    assert offsets == [(0, o) for o in range(7, 10)] + [(1, o) for o in range(10)]
+
+    _stream(spark, kafka, topic, tmp_path / "latest", starting_offsets="latest")
+    assert DeltaTable(str(tmp_path / "latest" / "t")).to_pyarrow_table().num_rows == 0
+
+
+def test_topic_pattern_reads_every_matching_topic(spark, kafka, tmp_path):
+    prefix = kafka.create_topic(partitions=1)
+    first, second = kafka.create_topic(1, f"{prefix}-x"), kafka.create_topic(2, f"{prefix}-y")
+    kafka.produce(first, [b"1"] * 5, partitions=1)
+    kafka.produce(second, [b"2"] * 6, partitions=2)
+    reader = (
+        spark.readStream.format("deltaflow-kafka")
+        .option("bootstrap_servers", kafka.bootstrap)
+        .option("topic_pattern", f"{prefix}-.*")
+    )
+    query = deltaflow.write_stream(
+        reader.load(),
+        str(tmp_path / "t"),
+        pipeline_id="pat",
+        checkpoint_location=str(tmp_path / "cp"),
+        trigger={"availableNow": True},
+    )
+    assert query.awaitTermination(300)
+    data = DeltaTable(str(tmp_path / "t")).to_pyarrow_table()
+    assert sorted(data["topic"].to_pylist()) == [first] * 5 + [second] * 6
+
+
+def test_missing_topic_is_a_clear_error(spark, kafka, tmp_path):
+    from pyspark.errors import PySparkException
+
+    with pytest.raises(PySparkException, match="does not exist"):
+        _stream(spark, kafka, "no-such-topic", tmp_path)
