@@ -67,7 +67,9 @@ class SparkBatchWriter:
 
         # a. Replay check before writing anything.
         table = delta_log.load(sink.table_uri, opts.storage_options)
-        if is_committed(table, sink.table_uri, opts.pipeline_id, batch_id, streaming=True):
+        if not opts.kafka_offsets and is_committed(
+            table, sink.table_uri, opts.pipeline_id, batch_id, streaming=True
+        ):
             logger.info("batch %s of %r is already committed: replay skipped", batch_id, opts.pipeline_id)
             return
 

@@ -131,6 +131,7 @@ def write_stream(
         raise ConfigError("write_stream() needs a streaming DataFrame; use deltaflow.write()")
     opts = SinkOptions.build({"table_uri": table_uri, "pipeline_id": pipeline_id, **options})
     location = checkpoint_location or default_checkpoint_location(opts)
+    opts = opts.model_copy(update={"checkpoint_location": location})
     _prepare_table(df, opts)
     register(df.sparkSession)
     if opts.uses_spark_writer:

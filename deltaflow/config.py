@@ -32,6 +32,7 @@ _PIPELINE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 # Options Spark itself adds to a writeStream/write call; they are accepted and not ours.
 _SPARK_OWNED_OPTIONS = frozenset({"path", "checkpointlocation", "queryname"})
+_SPARK_OPTION_ALIASES = {"path": "table_uri", "checkpointlocation": "checkpoint_location"}
 
 
 class SinkOptions(BaseModel):
@@ -54,6 +55,13 @@ class SinkOptions(BaseModel):
         schema_mode: ``strict`` rejects any schema difference; ``merge`` adds new columns.
         txn_version: For batch writes: the ``txn`` version recorded with ``pipeline_id``; a
             write whose version is already committed is skipped (idempotent backfills).
+        kafka_offsets: The stream reads one ``deltaflow-kafka`` source: record its progress in
+            the Delta log as one ``txn`` per partition (``<pipeline_id>-<topic>-<partition>``,
+            version = last offset written) in each batch's commit, instead of the batch-id
+            txn. With the source's ``delta_table_uri`` set, the pipeline then resumes from the
+            table, even without its Spark checkpoint.
+        checkpoint_location: The query's Spark checkpoint (set by Spark or ``write_stream``);
+            ``kafka_offsets`` reads each batch's source offsets from its offset log.
         write_path: Who writes the Parquet files of a stream started with ``write_stream``:
             ``spark`` (Spark's own writer; tables on a filesystem all Spark processes share),
             ``arrow`` (Python workers with pyarrow; any storage), ``auto`` (``spark`` for
@@ -77,6 +85,8 @@ class SinkOptions(BaseModel):
     schema_mode: SchemaMode = "strict"
     txn_version: int | None = Field(default=None, ge=0)
     write_path: WritePath = "auto"
+    kafka_offsets: bool = False
+    checkpoint_location: str | None = None
 
     @field_validator("table_uri")
     @classmethod
@@ -177,8 +187,8 @@ class SinkOptions(BaseModel):
         for key, value in options.items():
             name = key.lower()
             if name in _SPARK_OWNED_OPTIONS:
-                if name == "path" and value:
-                    values.setdefault("table_uri", value)
+                if name in _SPARK_OPTION_ALIASES and value:
+                    values.setdefault(_SPARK_OPTION_ALIASES[name], value)
                 continue
             values[name] = value
         return cls.build(values)

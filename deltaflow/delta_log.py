@@ -29,6 +29,8 @@ from deltaflow.exceptions import CommitError, TableNotFoundError
 
 __all__ = [
     "CommitOutcome",
+    "kafka_progress",
+    "kafka_txn_id",
     "add_columns",
     "commit_files",
     "create_table",
@@ -63,6 +65,26 @@ def transaction_version(table: DeltaTable | None, app_id: str) -> int | None:
     if table is None:
         return None
     return table.transaction_version(app_id)
+
+
+def kafka_txn_id(app_id: str, topic: str, partition: int | str) -> str:
+    """The txn app id that records a Kafka partition's progress (kafka-delta-ingest's scheme)."""
+    return f"{app_id}-{topic}-{partition}"
+
+
+def kafka_progress(
+    table: DeltaTable | None, app_id: str, layout: Mapping[str, Sequence[int | str]]
+) -> dict[str, dict[str, int]]:
+    """Last committed offset per Kafka partition of ``layout`` (absent when never committed)."""
+    out: dict[str, dict[str, int]] = {}
+    if table is None:
+        return out
+    for topic, partitions in layout.items():
+        for p in partitions:
+            version = table.transaction_version(kafka_txn_id(app_id, topic, p))
+            if version is not None:
+                out.setdefault(topic, {})[str(p)] = int(version)
+    return out
 
 
 def indexed_columns(table: DeltaTable | None, properties: Mapping[str, str] | None = None) -> int:
@@ -146,6 +168,7 @@ def commit_files(
     max_retries: int,
     create_if_missing: bool,
     properties: Mapping[str, str],
+    source_txns: Mapping[str, int] | None = None,
 ) -> CommitOutcome:
     """Commit ``files`` in ONE transaction with ``txn(app_id, txn_version)``.
 
@@ -153,7 +176,8 @@ def commit_files(
     version is already committed (a replay, or an earlier attempt that landed although it
     raised), nothing is committed. Failed attempts back off exponentially; after
     ``max_retries`` retries :class:`CommitError` is raised and nothing of the batch is in
-    the log.
+    the log. ``source_txns`` (app id -> version) are recorded in the same transaction: the
+    source progress that lets a pipeline resume from the table (one per Kafka partition).
     """
     attempts = 0
     delay = COMMIT_BACKOFF_S
@@ -165,14 +189,14 @@ def commit_files(
             done = transaction_version(table, app_id)
             if done is not None and done >= txn_version:
                 return CommitOutcome(False, table.version() if table else None, attempts, attempts - 1)
+        now_ms = int(time.time() * 1000)
+        txns = [Transaction(a, v, now_ms) for a, v in (source_txns or {}).items()]
+        if app_id is not None and txn_version is not None:
+            txns.append(Transaction(app_id, txn_version, now_ms))
         props = CommitProperties(
             custom_metadata=dict(metadata),
             max_commit_retries=DELTA_RS_COMMIT_RETRIES,
-            app_transactions=(
-                [Transaction(app_id, txn_version, int(time.time() * 1000))]
-                if app_id is not None and txn_version is not None
-                else None
-            ),
+            app_transactions=txns or None,
         )
         hooks = PostCommitHookProperties(create_checkpoint=True)
         try:

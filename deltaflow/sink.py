@@ -16,6 +16,7 @@ import logging
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -211,7 +212,18 @@ class _DeltaSink:
         except DeltaflowError:
             self._delete(files)
             raise
-        if not files and not self.overwrite and table is not None:
+        source_txns: dict[str, int] = {}
+        if opts.kafka_offsets and batch_id is not None:
+            source_txns = self._kafka_txns(table, batch_id)
+            if files and not source_txns:
+                # Every partition of this batch is already in the log: a replay the source did
+                # not clamp (its delta_table_uri option is unset). Never commit it twice.
+                removed = self._delete(files)
+                logger.info(
+                    "batch %s: its Kafka offsets are committed already; deleted %d file(s)", batch_id, removed
+                )
+                return
+        if not files and not self.overwrite and table is not None and not source_txns:
             logger.debug("batch %s of %r wrote no rows: nothing to commit", batch_id, app_id)
             return
         indexed = delta_log.indexed_columns(table, opts.table_properties)
@@ -234,6 +246,7 @@ class _DeltaSink:
             max_retries=opts.max_commit_retries,
             create_if_missing=opts.auto_create_table,
             properties=opts.table_properties,
+            source_txns=source_txns,
         )
         if not outcome.committed:
             # An earlier attempt landed although it reported an error: these files are extra.
@@ -274,10 +287,27 @@ class _DeltaSink:
 
     def _txn(self, batch_id: int | None) -> tuple[str | None, int | None]:
         if batch_id is not None:
-            return self.options.pipeline_id, batch_id
+            # With kafka_offsets the partitions' txns carry the progress; a batch-id txn would
+            # tie the table to one checkpoint, which is what they free it from.
+            return (None, None) if self.options.kafka_offsets else (self.options.pipeline_id, batch_id)
         if self.options.pipeline_id and self.options.txn_version is not None:
             return self.options.pipeline_id, self.options.txn_version
         return None, None
+
+    def _kafka_txns(self, table: Any, batch_id: int) -> dict[str, int]:
+        """Txns ``<pipeline_id>-<topic>-<partition>`` = last offset of batch ``batch_id``, for the
+        partitions it advances beyond what the log holds (versions never move back)."""
+        from deltaflow import delta_log
+
+        end = read_batch_offsets(self.options, batch_id)
+        app = self.options.pipeline_id or ""
+        done = delta_log.kafka_progress(table, app, {t: list(parts) for t, parts in end.items()})
+        return {
+            delta_log.kafka_txn_id(app, topic, p): stop - 1
+            for topic, parts in end.items()
+            for p, stop in parts.items()
+            if stop > 0 and stop - 1 > done.get(topic, {}).get(p, -1)
+        }
 
     def _check(self, table: Any, files: Sequence[WrittenFile]) -> None:
         from deltaflow import delta_log
@@ -348,6 +378,27 @@ class _DeltaSink:
         if query_id:
             meta["deltaflow.query_id"] = query_id
         return meta
+
+
+def read_batch_offsets(options: SinkOptions, batch_id: int) -> dict[str, dict[str, int]]:
+    """The end offsets of the query's single source for ``batch_id``, from Spark's offset log.
+
+    Spark writes ``<checkpoint>/offsets/<batch_id>`` (a write-ahead log) before it runs the
+    batch: ``v1``, a metadata line, then one line of offsets per source.
+    """
+    if not options.checkpoint_location:
+        raise ConfigError("kafka_offsets needs the query's checkpoint location", table_uri=options.table_uri)
+    path = Path(normalize_uri(options.checkpoint_location)) / "offsets" / str(batch_id)
+    lines = path.read_text().splitlines()
+    sources = [line for line in lines[2:] if line.strip()]
+    if len(sources) != 1 or not sources[0].startswith("{"):
+        raise ConfigError(
+            f"kafka_offsets needs a query with exactly one deltaflow-kafka source; {path} lists "
+            f"{len(sources)} source offset(s)",
+            table_uri=options.table_uri,
+        )
+    parsed = json.loads(sources[0])
+    return {str(t): {str(p): int(o) for p, o in parts.items()} for t, parts in parsed.items()}
 
 
 def is_committed(

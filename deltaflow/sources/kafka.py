@@ -81,6 +81,12 @@ class KafkaSourceOptions(BaseModel):
         kafka_settings: librdkafka settings passed through (``security.protocol``,
             ``sasl.mechanism``, ...). Values of secret settings are masked when printed.
         sasl_password: SASL password, kept out of logs (``sasl.password`` for librdkafka).
+        delta_table_uri: The Delta table the pipeline writes with ``kafka_offsets``: the source
+            then starts after the offsets committed there (``<delta_app_id>-<topic>-<partition>``
+            txns) and never reads an offset the table already holds, so a lost or replaced
+            Spark checkpoint neither duplicates nor loses rows.
+        delta_app_id: The pipeline id whose txns to read (the sink's ``pipeline_id``).
+        delta_storage_options: Storage options for reading that table (JSON object).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -92,6 +98,9 @@ class KafkaSourceOptions(BaseModel):
     max_messages_per_batch: int = Field(default=0, ge=0)
     kafka_settings: dict[str, SecretStr] = Field(default_factory=dict)
     sasl_password: SecretStr | None = None
+    delta_table_uri: str | None = None
+    delta_app_id: str | None = None
+    delta_storage_options: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("topic", mode="before")
     @classmethod
@@ -107,7 +116,7 @@ class KafkaSourceOptions(BaseModel):
             return json.loads(value)
         return value
 
-    @field_validator("kafka_settings", mode="before")
+    @field_validator("kafka_settings", "delta_storage_options", mode="before")
     @classmethod
     def _parse_settings(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -131,7 +140,7 @@ class KafkaSourceOptions(BaseModel):
 
     def describe(self) -> dict[str, Any]:
         """The options for logs and config dumps, secrets masked."""
-        out = self.model_dump(exclude={"kafka_settings", "sasl_password"})
+        out = self.model_dump(exclude={"kafka_settings", "sasl_password", "delta_storage_options"})
         out["kafka_settings"] = {
             k: "**********" if _SECRET_SETTINGS.search(k) else v.get_secret_value()
             for k, v in self.kafka_settings.items()
@@ -166,6 +175,10 @@ class KafkaSourceOptions(BaseModel):
             raise ConfigError(f"invalid Kafka source options: {exc}") from None
         if bool(opts.topic) == bool(opts.topic_pattern):
             raise ConfigError("set exactly one of 'topic' and 'topic_pattern' for the Kafka source")
+        if bool(opts.delta_table_uri) != bool(opts.delta_app_id):
+            raise ConfigError(
+                "set both 'delta_table_uri' and 'delta_app_id' (or neither) for the Kafka source"
+            )
         return opts
 
 
@@ -248,18 +261,37 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             out[tp.topic][str(tp.partition)] = int(future.result().offset)
         return out
 
+    def _committed(self, layout: Mapping[str, Sequence[int | str]]) -> Offsets:
+        """Next offset to read per partition according to the Delta table (if configured)."""
+        if not self._options.delta_table_uri or not self._options.delta_app_id:
+            return {}
+        from deltaflow import delta_log
+        from deltaflow._storage import normalize_uri
+
+        table = delta_log.load(
+            normalize_uri(self._options.delta_table_uri), self._options.delta_storage_options
+        )
+        done = delta_log.kafka_progress(table, self._options.delta_app_id, layout)
+        return {t: {p: v + 1 for p, v in parts.items()} for t, parts in done.items()}
+
     def initialOffset(self) -> Offsets:  # noqa: N802
         layout = self._topic_partitions()
         start = self._options.starting_offsets
+        committed = self._committed(layout)
         if start == "latest":
-            return self._watermarks(layout, "latest")
-        offsets = self._watermarks(layout, "earliest")
-        if isinstance(start, dict):
-            for topic, parts in start.items():
-                for part, value in parts.items():
-                    if topic in offsets and str(part) in offsets[topic]:
-                        offsets[topic][str(part)] = max(int(value), offsets[topic][str(part)])
-        logger.info("Kafka source starts at %s", offsets)
+            offsets = self._watermarks(layout, "latest")
+        else:
+            offsets = self._watermarks(layout, "earliest")
+            if isinstance(start, dict):
+                for topic, parts in start.items():
+                    for part, value in parts.items():
+                        if topic in offsets and str(part) in offsets[topic]:
+                            offsets[topic][str(part)] = max(int(value), offsets[topic][str(part)])
+        for topic, parts in committed.items():  # the table's progress wins over any start rule
+            for part, value in parts.items():
+                if topic in offsets and part in offsets[topic]:
+                    offsets[topic][part] = value
+        logger.info("Kafka source starts at %s (from the Delta log: %s)", offsets, committed or "nothing")
         return offsets
 
     def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
@@ -293,10 +325,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: Offsets, end: Offsets) -> list[KafkaPartitionRange]:
         config = self._options.client_config()
+        # Never read what the table already holds: a batch replayed after its commit landed, or
+        # planned from a checkpoint older than the table, reads only the rest.
+        committed = self._committed({t: list(parts) for t, parts in end.items()})
         ranges = []
         for topic, parts in end.items():
             for key, stop in parts.items():
                 begin = start.get(topic, {}).get(key, stop)
+                begin = max(begin, committed.get(topic, {}).get(key, begin))
                 if stop > begin:
                     ranges.append(KafkaPartitionRange(topic, int(key), begin, stop, config))
         return ranges

@@ -1,0 +1,88 @@
+"""Kafka -> Delta exactly once with the progress in the Delta log: crashes at each step of the
+commit sequence, and a deleted Spark checkpoint, against a real broker."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+ROOT = Path(__file__).resolve().parents[2]
+PARTITIONS = 3
+MESSAGES = 900  # 300 per micro-batch: 3 batches
+
+
+def _run(kafka, topic, table, checkpoint, write_path, crash_at=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DELTAFLOW_TEST_")}
+    if crash_at:
+        env["DELTAFLOW_TEST_CRASH_AT"] = crash_at
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.jobs.kafka_job",
+            kafka.bootstrap,
+            topic,
+            str(table),
+            str(checkpoint),
+            write_path,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        start_new_session=True,
+    )
+
+
+def _assert_exactly_once(table: Path, topic: str, produced: int) -> None:
+    delta = DeltaTable(str(table))
+    data = delta.to_pyarrow_table()
+    values = sorted(int(v) for v in data["value"].to_pylist())
+    assert values == list(range(produced))
+    coords = set(zip(data["partition"].to_pylist(), data["offset"].to_pylist(), strict=True))
+    assert len(coords) == produced
+    for p in range(PARTITIONS):
+        last = max(o for q, o in coords if q == p)
+        assert delta.transaction_version(f"kafka-crash-{topic}-{p}") == last  # progress in the log
+    assert delta.transaction_version("kafka-crash") is None  # no batch-id txn: no checkpoint tie
+
+
+@pytest.mark.parametrize(
+    "crash_at",
+    ["before_commit:1", "after_commit:1", "write:2"],
+    ids=["before-commit", "after-commit", "next-batch"],
+)
+@pytest.mark.parametrize("write_path", ["spark", "arrow"])
+def test_kill_and_restart_is_exactly_once(kafka, tmp_path, write_path, crash_at):
+    topic = kafka.create_topic(partitions=PARTITIONS)
+    kafka.produce(topic, [str(i).encode() for i in range(MESSAGES)], partitions=PARTITIONS)
+    table, checkpoint = tmp_path / "t", tmp_path / "cp"
+
+    crashed = _run(kafka, topic, table, checkpoint, write_path, crash_at)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    restarted = _run(kafka, topic, table, checkpoint, write_path)
+    assert restarted.returncode == 0, restarted.stderr[-3000:]
+    _assert_exactly_once(table, topic, MESSAGES)
+
+
+@pytest.mark.parametrize("write_path", ["spark", "arrow"])
+def test_deleted_checkpoint_neither_duplicates_nor_loses(kafka, tmp_path, write_path):
+    topic = kafka.create_topic(partitions=PARTITIONS)
+    kafka.produce(topic, [str(i).encode() for i in range(600)], partitions=PARTITIONS)
+    table, checkpoint = tmp_path / "t", tmp_path / "cp"
+    first = _run(kafka, topic, table, checkpoint, write_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+
+    shutil.rmtree(checkpoint)  # a new machine, or a lost volume
+    kafka.produce(topic, [str(i).encode() for i in range(600, MESSAGES)], partitions=PARTITIONS)
+    second = _run(kafka, topic, table, tmp_path / "new-cp", write_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    _assert_exactly_once(table, topic, MESSAGES)
