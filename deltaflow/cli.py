@@ -99,6 +99,219 @@ def demo(workdir: Path, events: int, files: int, files_per_batch: int, spark_mas
         raise click.ClickException("the table does not hold every event exactly once")
 
 
+def _key_values(values: tuple[str, ...], flag: str) -> dict[str, str]:
+    out = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{item!r} must look like key=value", param_hint=flag)
+        out[key.strip()] = value.strip()
+    return out
+
+
+@cli.command()
+@click.argument("topic", envvar="KAFKA_TOPIC")
+@click.argument("table_uri", envvar="TABLE_URI")
+@click.option(
+    "--kafka",
+    "brokers",
+    default="localhost:9092",
+    envvar="KAFKA_BROKERS",
+    show_envvar=True,
+    help="Kafka bootstrap servers.",
+)
+@click.option(
+    "--app_id",
+    default="kafka_delta_ingest",
+    envvar="APP_ID",
+    show_envvar=True,
+    help="Stable pipeline id: the Delta txn prefix <app_id>-<topic>-<partition> and checkpoint name.",
+)
+@click.option(
+    "--consumer_group_id",
+    "--consumer_group",
+    "consumer_group",
+    default=None,
+    envvar="KAFKA_CONSUMER_GROUP_ID",
+    show_envvar=True,
+    help="Kafka group.id of the reading consumers.",
+)
+@click.option(
+    "--allowed_latency",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    envvar="ALLOWED_LATENCY",
+    show_envvar=True,
+    help="Seconds between commits (the micro-batch trigger interval).",
+)
+@click.option(
+    "--max_messages_per_batch",
+    type=click.IntRange(min=0),
+    default=500_000,
+    envvar="MAX_MESSAGES_PER_BATCH",
+    show_envvar=True,
+    help="Admission control per micro-batch (0 = no limit).",
+)
+@click.option(
+    "--auto_offset_reset",
+    type=click.Choice(["earliest", "latest"]),
+    default="earliest",
+    envvar="AUTO_OFFSET_RESET",
+    show_envvar=True,
+    help="Where to start when the table holds no progress for a partition.",
+)
+@click.option(
+    "--seek_offsets",
+    default=None,
+    envvar="SEEK_OFFSETS",
+    show_envvar=True,
+    help="""Start offsets per partition as JSON, e.g. '{"0":123}'.""",
+)
+@click.option(
+    "-t",
+    "--transform",
+    "transforms",
+    multiple=True,
+    envvar="TRANSFORMS",
+    show_envvar=True,
+    help="'target.path: source' (repeatable): kafka.<partition|offset|topic|timestamp|key|headers>, "
+    "a JSON field path, substr(path, `0`, `10`), epoch_seconds_to_iso8601(path), "
+    "epoch_millis_to_iso8601(path), or 'sql: <expr>'.",
+)
+@click.option(
+    "-K",
+    "--kafka_setting",
+    "kafka_settings",
+    multiple=True,
+    envvar="KAFKA_SETTINGS",
+    show_envvar=True,
+    help="librdkafka setting key=value (repeatable).",
+)
+@click.option(
+    "--ends_at_latest_offsets",
+    is_flag=True,
+    envvar="ENDS_AT_LATEST_OFFSETS",
+    show_envvar=True,
+    help="Read up to the offsets at start, commit, exit 0.",
+)
+@click.option(
+    "--checkpoints",
+    is_flag=True,
+    envvar="CHECKPOINTS",
+    show_envvar=True,
+    help="Write Delta log checkpoints (always done: every 10 commits, at delta-rs' interval).",
+)
+@click.option(
+    "--json", "value_format", flag_value="json", default=True, help="Values are JSON objects (default)."
+)
+@click.option("--raw", "value_format", flag_value="raw", help="Store the value bytes as they are.")
+@click.option(
+    "--schema",
+    default=None,
+    envvar="VALUE_SCHEMA",
+    show_envvar=True,
+    help="JSON value schema as Spark DDL ('id LONG, ts TIMESTAMP'); default: the table's, "
+    "or inferred from the topic.",
+)
+@click.option(
+    "--partition_by",
+    multiple=True,
+    envvar="PARTITION_BY",
+    show_envvar=True,
+    help="Partition column of a new table (repeatable).",
+)
+@click.option(
+    "--checkpoint_location",
+    default=None,
+    envvar="CHECKPOINT_LOCATION",
+    show_envvar=True,
+    help="Spark checkpoint folder [default: <table>/_deltaflow/checkpoints/<app_id>].",
+)
+@click.option(
+    "--spark_master",
+    default=None,
+    envvar="DELTAFLOW_SPARK_MASTER",
+    show_envvar=True,
+    help="Spark master URL [default: local[*]].",
+)
+def ingest(
+    topic: str,
+    table_uri: str,
+    brokers: str,
+    app_id: str,
+    consumer_group: str | None,
+    allowed_latency: float,
+    max_messages_per_batch: int,
+    auto_offset_reset: str,
+    seek_offsets: str | None,
+    transforms: tuple[str, ...],
+    kafka_settings: tuple[str, ...],
+    ends_at_latest_offsets: bool,
+    checkpoints: bool,
+    value_format: str,
+    schema: str | None,
+    partition_by: tuple[str, ...],
+    checkpoint_location: str | None,
+    spark_master: str | None,
+) -> None:
+    """Ingest a Kafka TOPIC into the Delta table at TABLE_URI, exactly once.
+
+    Each micro-batch is one Delta commit holding its rows and, per partition, the last
+    offset written (txn <app_id>-<topic>-<partition>); a restart resumes from the table.
+    """
+    import json as _json
+    import signal
+
+    from deltaflow.ingest import IngestConfig
+    from deltaflow.ingest import ingest as start_ingest
+    from deltaflow.transforms import parse_transform
+
+    try:
+        seek = {str(k): int(v) for k, v in _json.loads(seek_offsets).items()} if seek_offsets else None
+    except (ValueError, AttributeError) as exc:
+        raise click.BadParameter(
+            f"not a JSON object of partition -> offset: {exc}", param_hint="--seek_offsets"
+        ) from None
+    for t in transforms:
+        parse_transform(t)  # reject a bad transform before Spark starts
+    config = IngestConfig(
+        topic=topic,
+        table_uri=table_uri,
+        brokers=brokers,
+        app_id=app_id,
+        allowed_latency=allowed_latency,
+        max_messages_per_batch=max_messages_per_batch,
+        auto_offset_reset=auto_offset_reset,  # type: ignore[arg-type]
+        seek_offsets=seek,
+        transforms=transforms,
+        value_format=value_format,  # type: ignore[arg-type]
+        schema=schema,
+        ends_at_latest_offsets=ends_at_latest_offsets,
+        checkpoint_location=checkpoint_location,
+        partition_by=partition_by,
+        kafka_settings=_key_values(kafka_settings, "--kafka_setting"),
+        consumer_group=consumer_group,
+    )
+    import deltaflow
+
+    spark = deltaflow.spark_session(spark_master)
+    query = start_ingest(spark, config)
+
+    def _stop(signum: int, _frame: object) -> None:
+        click.echo(f"received signal {signum}: stopping after the current batch", err=True)
+        query.stop()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    query.awaitTermination()
+    progress = [p for p in query.recentProgress if p.get("numInputRows")]
+    click.echo(
+        f"ingested {sum(p['numInputRows'] for p in progress):,} message(s) in {len(progress)} batch(es) "
+        f"into {table_uri}"
+    )
+    spark.stop()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: runs the CLI and maps exceptions to exit codes and short messages."""
     verbose = "-v" in (argv or sys.argv) or "--verbose" in (argv or sys.argv)

@@ -1,0 +1,126 @@
+"""``deltaflow ingest``: Kafka -> Delta with decoding, transforms and progress in the log."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+from deltalake import DeltaTable
+
+from deltaflow.cli import cli
+from deltaflow.ingest import IngestConfig, ingest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _events(start, count):
+    return [
+        json.dumps(
+            {
+                "id": i,
+                "user": f"u{i % 7}",
+                "meta": {"producer": {"timestamp": f"2026-11-{20 + i % 3}T10:00:00Z"}},
+            }
+        ).encode()
+        for i in range(start, start + count)
+    ]
+
+
+def test_ingest_decodes_transforms_and_resumes(spark, kafka, tmp_path):
+    topic = kafka.create_topic(partitions=2)
+    kafka.produce(topic, _events(0, 400), partitions=2)
+    config = IngestConfig(
+        topic=topic,
+        table_uri=str(tmp_path / "t"),
+        brokers=kafka.bootstrap,
+        app_id="ingest-test",
+        ends_at_latest_offsets=True,
+        max_messages_per_batch=150,
+        transforms=[
+            "date: substr(meta.producer.timestamp, `0`, `10`)",
+            "meta.kafka.offset: kafka.offset",
+            "meta.kafka.partition: kafka.partition",
+            "meta.kafka.topic: kafka.topic",
+        ],
+        partition_by=["date"],
+    )
+    assert ingest(spark, config).awaitTermination(300)
+    kafka.produce(topic, _events(400, 100), partitions=2)
+    assert ingest(spark, config).awaitTermination(300)  # the table's schema decodes the rest
+
+    table = DeltaTable(str(tmp_path / "t"))
+    rows = sorted(table.to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
+    assert [r["id"] for r in rows] == list(range(500))
+    assert table.metadata().partition_columns == ["date"]
+    for r in rows[:400]:
+        assert r["date"] == f"2026-11-{20 + r['id'] % 3}"
+        assert r["user"] == f"u{r['id'] % 7}"
+        assert r["meta"]["kafka"] == {"offset": r["id"] // 2, "partition": r["id"] % 2, "topic": topic}
+    assert table.transaction_version(f"ingest-test-{topic}-0") == 249
+    assert table.transaction_version(f"ingest-test-{topic}-1") == 249
+
+
+def test_help_shows_kafka_delta_ingest_flags_and_env_vars():
+    result = CliRunner().invoke(cli, ["ingest", "--help"])
+    assert result.exit_code == 0
+    for flag, env in [
+        ("--kafka", "KAFKA_BROKERS"),
+        ("--app_id", "APP_ID"),
+        ("--allowed_latency", "ALLOWED_LATENCY"),
+        ("--max_messages_per_batch", "MAX_MESSAGES_PER_BATCH"),
+        ("--auto_offset_reset", "AUTO_OFFSET_RESET"),
+        ("--seek_offsets", "SEEK_OFFSETS"),
+        ("--transform", "TRANSFORMS"),
+        ("--ends_at_latest_offsets", "ENDS_AT_LATEST_OFFSETS"),
+        ("--kafka_setting", "KAFKA_SETTINGS"),
+    ]:
+        assert flag in result.output and env in result.output
+
+
+def test_bad_transform_is_refused_before_spark_starts(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "deltaflow.cli", "ingest", "topic", str(tmp_path / "t"), "-t", "oops"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 2
+    assert "transform 'oops' must look like 'target.path: source'" in out.stderr
+    assert not (tmp_path / "t").exists()
+
+
+def test_cli_ends_at_latest_offsets(kafka, tmp_path):
+    topic = kafka.create_topic(partitions=3)
+    kafka.produce(topic, _events(0, 300), partitions=3)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "deltaflow.cli",
+            "ingest",
+            topic,
+            str(tmp_path / "t"),
+            "--kafka",
+            kafka.bootstrap,
+            "--app_id",
+            "cli",
+            "--ends_at_latest_offsets",
+            "-t",
+            "meta.kafka.offset: kafka.offset",
+            "--schema",
+            "id LONG, user STRING, meta STRUCT<producer: STRUCT<timestamp: STRING>>",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "ingested 300 message(s)" in out.stdout
+    assert DeltaTable(str(tmp_path / "t")).to_pyarrow_table().num_rows == 300

@@ -1,0 +1,45 @@
+import pytest
+from pyspark.sql import functions as F  # noqa: N812
+
+from deltaflow.exceptions import ConfigError
+from deltaflow.transforms import apply_transforms, parse_transform
+
+
+@pytest.mark.parametrize("text", ["no colon", ": kafka.offset", "a.b:", "bad target!: kafka.offset"])
+def test_malformed_transforms_are_rejected(text):
+    with pytest.raises(ConfigError, match=r"must look like 'target\.path: source'"):
+        parse_transform(text)
+
+
+def test_unknown_source_names_the_accepted_forms(spark):
+    with pytest.raises(ConfigError, match=r"use kafka.<partition\|offset"):
+        parse_transform("x: lower(name)").column()
+
+
+def test_transforms_compile_to_spark_columns(spark):
+    df = spark.createDataFrame(
+        [({"producer": {"timestamp": "2021-07-20T05:59:55Z"}}, 1626760795, 1626760795123, "Ada")],
+        "meta STRUCT<producer: STRUCT<timestamp: STRING>>, secs LONG, millis LONG, name STRING",
+    ).withColumn("kafka", F.struct(F.lit(3).alias("partition"), F.lit(42).cast("long").alias("offset")))
+    transforms = [
+        parse_transform(t)
+        for t in [
+            "date: substr(meta.producer.timestamp, `0`, `10`)",
+            "meta.kafka.offset: kafka.offset",
+            "meta.kafka.partition: kafka.partition",
+            "audit.kafka.offset: kafka.offset",
+            "seen_at: epoch_seconds_to_iso8601(secs)",
+            "seen_at_ms: epoch_millis_to_iso8601(millis)",
+            "shout: sql: upper(name)",
+        ]
+    ]
+    row = apply_transforms(df, transforms).drop("kafka").collect()[0].asDict(recursive=True)
+    assert row["date"] == "2021-07-20"
+    assert row["meta"] == {
+        "producer": {"timestamp": "2021-07-20T05:59:55Z"},
+        "kafka": {"offset": 42, "partition": 3},
+    }
+    assert row["audit"] == {"kafka": {"offset": 42}}
+    assert row["seen_at"] == "2021-07-20T05:59:55Z"
+    assert row["seen_at_ms"] == "2021-07-20T05:59:55.123Z"
+    assert row["shout"] == "ADA"
