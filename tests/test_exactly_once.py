@@ -8,19 +8,16 @@ hook SIGKILLs that whole process group, as a machine failure would.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
 
+from tests.jobs import run_job
+
 FILES = 5  # one micro-batch per file
 ROWS = 200
-ROOT = Path(__file__).resolve().parent.parent
-JOB_TIMEOUT_S = 300
 
 
 def _landing(path: Path) -> Path:
@@ -34,21 +31,8 @@ def _landing(path: Path) -> Path:
     return path
 
 
-def _run(
-    landing: Path, table: Path, write_path: str, crash_at: str | None
-) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DELTAFLOW_TEST_")}
-    if crash_at:
-        env["DELTAFLOW_TEST_CRASH_AT"] = crash_at
-    return subprocess.run(
-        [sys.executable, "-m", "tests.jobs.stream_job", str(landing), str(table), write_path],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=JOB_TIMEOUT_S,
-        start_new_session=True,  # its own process group: the crash kills only the job
-    )
+def _run(landing: Path, table: Path, write_path: str, crash_at: str | None):
+    return run_job("stream_job", str(landing), str(table), write_path, crash_at=crash_at)
 
 
 def _committed_paths(table: DeltaTable) -> set[str]:

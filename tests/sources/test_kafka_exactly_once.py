@@ -3,42 +3,22 @@ commit sequence, and a deleted Spark checkpoint, against a real broker."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.jobs import run_job
+
 PARTITIONS = 3
 MESSAGES = 900  # 300 per micro-batch: 3 batches
 
 
 def _run(kafka, topic, table, checkpoint, write_path, crash_at=None):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DELTAFLOW_TEST_")}
-    if crash_at:
-        env["DELTAFLOW_TEST_CRASH_AT"] = crash_at
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tests.jobs.kafka_job",
-            kafka.bootstrap,
-            topic,
-            str(table),
-            str(checkpoint),
-            write_path,
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        start_new_session=True,
+    return run_job(
+        "kafka_job", kafka.bootstrap, topic, str(table), str(checkpoint), write_path, crash_at=crash_at
     )
 
 
