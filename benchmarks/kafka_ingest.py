@@ -89,9 +89,10 @@ def run_reference(bootstrap: str, topic: str, total: int, table: str) -> float:
     )
     consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
     seen, buffer = 0, []
+    total += PARTITIONS  # the end markers
     while seen < total:
         batch = consumer.consume(num_messages=min(10_000, total - seen), timeout=1.0)
-        buffer.extend(m.value() for m in batch if m.error() is None)
+        buffer.extend(v for m in batch if m.error() is None and (v := m.value()) != b"__end__")
         seen += len(batch)
         if len(buffer) >= REFERENCE_ROWS_PER_COMMIT or (seen >= total and buffer):
             data = pajson.read_json(
@@ -115,7 +116,7 @@ def run_deltaflow(spark, bootstrap: str, topic: str, total: int, table: str, tri
     )  # fmt: skip
     started = time.perf_counter()
     query = ingest(spark, config)
-    per_partition = total // PARTITIONS
+    per_partition = total // PARTITIONS + 1  # + the end marker
     while True:
         time.sleep(0.2)
         if query.exception() is not None:
@@ -128,6 +129,12 @@ def run_deltaflow(spark, bootstrap: str, topic: str, total: int, table: str, tri
         if all(v is not None and v >= per_partition - 1 for v in versions):
             break
     elapsed = time.perf_counter() - started
+    for p in query.recentProgress:
+        if p["numInputRows"]:
+            print(
+                f"  batch {p['batchId']}: {p['numInputRows']:,} rows, durations ms {p['durationMs']}",
+                flush=True,
+            )
     query.stop()
     return elapsed
 
@@ -151,7 +158,7 @@ def main() -> None:
         payload = messages(total)
         print(f"producing {total:,} messages of ~{sum(map(len, payload)) // total} bytes ...", flush=True)
         t0 = time.perf_counter()
-        broker.produce(topic, payload, partitions=PARTITIONS, keys=False)
+        broker.produce(topic, payload, partitions=PARTITIONS, keys=False, batched=True)  # + 1 end marker each
         print(f"  produced in {time.perf_counter() - t0:.1f} s", flush=True)
         del payload
 
@@ -162,7 +169,8 @@ def main() -> None:
         print(f"deltaflow ingest    : {df_s:7.2f} s  {total / df_s:10,.0f} msgs/s", flush=True)
         from deltalake import DeltaTable
 
-        assert DeltaTable(str(work / "deltaflow")).count() == total
+        landed = DeltaTable(str(work / "deltaflow")).to_pyarrow_table(columns=["id"])["id"]
+        assert len(landed) - landed.null_count == total  # the end markers decode to NULL rows
         print()
         print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
               f"Spark {spark.version}; {dt.date.today()}; trigger {args.trigger} s")  # fmt: skip

@@ -55,26 +55,52 @@ class Broker:
         )
         return name
 
-    def produce(self, topic: str, values: Sequence[bytes], *, partitions: int, keys: bool = True) -> None:
+    def produce(
+        self,
+        topic: str,
+        values: Sequence[bytes],
+        *,
+        partitions: int,
+        keys: bool = True,
+        batched: bool = False,
+    ) -> None:
         """Produce ``values`` round-robin over ``partitions``, message i to partition i % n.
 
-        One record per produce request batch: tansu reports a partition's high watermark as the
-        base offset of its last record batch + 1, so multi-record batches hide their tail
-        from watermark readers until more data arrives.
+        tansu reports a partition's high watermark as the base offset of its last record batch
+        + 1, so the tail of a multi-record batch stays invisible to watermark readers until more
+        data arrives. By default every record is its own batch (exact, ~4k msgs/s); with
+        ``batched`` records are batched (fast) and one single-record ``b"__end__"`` message per
+        partition is appended so that every value before it is visible.
         """
         from confluent_kafka import Producer
 
-        producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 0, "batch.num.messages": 1})
+        settings = (
+            {"linger.ms": 20, "batch.num.messages": 10_000}
+            if batched
+            else {"linger.ms": 0, "batch.num.messages": 1}
+        )
+        producer = Producer({"bootstrap.servers": self.bootstrap, **settings})
+
+        def send(
+            value: bytes, partition: int, key: bytes | None, headers: list[tuple[str, str | bytes | None]]
+        ) -> None:
+            while True:
+                try:
+                    producer.produce(topic, value=value, key=key, partition=partition, headers=headers)
+                    return
+                except BufferError:  # local queue full: let deliveries drain
+                    producer.poll(0.1)
+
         for i, value in enumerate(values):
-            producer.produce(
-                topic,
-                value=value,
-                key=str(i).encode() if keys else None,
-                partition=i % partitions,
-                headers=[("seq", str(i).encode())],
-            )
+            send(value, i % partitions, str(i).encode() if keys else None, [("seq", str(i).encode())])
             if i % 1000 == 0:
                 producer.poll(0)
+        if batched:
+            assert producer.flush(120) == 0
+            single = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 0, "batch.num.messages": 1})
+            for p in range(partitions):
+                single.produce(topic, value=b"__end__", partition=p)
+            assert single.flush(30) == 0
         assert producer.flush(30) == 0
 
 
