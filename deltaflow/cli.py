@@ -19,6 +19,8 @@ __all__ = ["main"]
 #: Exit codes: 0 ok, 1 a failure that may pass on retry, 2 bad input or configuration.
 EXIT_TRANSIENT = 1
 EXIT_TERMINAL = 2
+#: How often the daemon loop checks for a stop signal while a query runs.
+STOP_POLL_S = 1
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -297,13 +299,19 @@ def ingest(
     spark = deltaflow.spark_session(spark_master)
     query = start_ingest(spark, config)
 
+    stop_requested: list[int] = []
+
     def _stop(signum: int, _frame: object) -> None:
-        click.echo(f"received signal {signum}: stopping after the current batch", err=True)
-        query.stop()
+        # Only note it: a py4j call from inside a handler would interrupt the one in progress.
+        stop_requested.append(signum)
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    query.awaitTermination()
+    while not query.awaitTermination(STOP_POLL_S):
+        if stop_requested:
+            click.echo(f"received signal {stop_requested[0]}: stopping the query", err=True)
+            query.stop()  # the current batch is abandoned uncommitted or was committed whole
+            break
     progress = [p for p in query.recentProgress if p.get("numInputRows")]
     click.echo(
         f"ingested {sum(p['numInputRows'] for p in progress):,} message(s) in {len(progress)} batch(es) "

@@ -124,3 +124,48 @@ def test_cli_ends_at_latest_offsets(kafka, tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "ingested 300 message(s)" in out.stdout
     assert DeltaTable(str(tmp_path / "t")).to_pyarrow_table().num_rows == 300
+
+
+SCHEMA = "id LONG, user STRING, meta STRUCT<producer: STRUCT<timestamp: STRING>>"
+
+
+def _rows(table: Path) -> int:
+    try:
+        return DeltaTable(str(table)).to_pyarrow_table(columns=["id"]).num_rows
+    except Exception:  # noqa: BLE001 - not created yet
+        return -1
+
+
+def test_sigterm_stops_cleanly_and_the_next_start_resumes_exactly(kafka, tmp_path):
+    import signal
+    import time
+
+    topic = kafka.create_topic(partitions=2)
+    kafka.produce(topic, _events(0, 200), partitions=2)
+    table = str(tmp_path / "t")
+    base = [sys.executable, "-m", "deltaflow.cli", "ingest", topic, table, "--kafka", kafka.bootstrap]
+    base += ["--app_id", "sig", "--schema", SCHEMA]
+    daemon = subprocess.Popen(
+        [*base, "--allowed_latency", "1"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 240
+    while _rows(tmp_path / "t") < 200 and daemon.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)  # condition poll: the daemon commits in the background
+    assert _rows(tmp_path / "t") == 200
+    kafka.produce(topic, _events(200, 100), partitions=2)
+    daemon.send_signal(signal.SIGTERM)
+    _out, err = daemon.communicate(timeout=180)
+    assert daemon.returncode == 0, err[-3000:]
+    assert "received signal" in err
+
+    rest = subprocess.run(
+        [*base, "--ends_at_latest_offsets"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert rest.returncode == 0, rest.stderr[-3000:]
+    ids = sorted(DeltaTable(str(tmp_path / "t")).to_pyarrow_table()["id"].to_pylist())
+    assert ids == list(range(300))
