@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.types as pat
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SchemaDiff",
+    "check_against_table",
     "check_partition_columns",
     "compare",
     "delta_schema",
@@ -122,6 +123,22 @@ def compare(table: DeltaSchema, data: pa.Schema) -> SchemaDiff:
         if n in table_fields and table_fields[n].type != f.type
     )
     return SchemaDiff(missing, new, changed)
+
+
+def check_against_table(
+    table: Any, data: pa.Schema, *, partition_columns: Sequence[str], schema_mode: str, table_uri: str
+) -> SchemaDiff:
+    """Raise unless ``data`` may be written to the existing ``table`` (a ``DeltaTable``):
+    the same partitioning, and a schema allowed by ``schema_mode`` (see :func:`ensure_compatible`).
+    """
+    parts = list(table.metadata().partition_columns)
+    if parts != list(partition_columns):
+        raise ConfigError(
+            f"table {table_uri!r} is partitioned by {parts}, but partition_columns="
+            f"{list(partition_columns)} was given; nothing was written",
+            table_uri=table_uri,
+        )
+    return ensure_compatible(table.schema(), data, schema_mode=schema_mode, table_uri=table_uri)
 
 
 def ensure_compatible(table: DeltaSchema, data: pa.Schema, *, schema_mode: str, table_uri: str) -> SchemaDiff:

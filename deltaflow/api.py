@@ -61,7 +61,7 @@ def _prepare_table(df: DataFrame, options: SinkOptions) -> None:
     Runs on the driver before anything is written, so bad input fails with nothing on disk.
     """
     from deltaflow import delta_log
-    from deltaflow._schema import check_partition_columns, ensure_compatible, spark_to_arrow
+    from deltaflow._schema import check_against_table, check_partition_columns, spark_to_arrow
 
     uri = normalize_uri(options.table_uri)
     schema = spark_to_arrow(df.schema)
@@ -82,14 +82,13 @@ def _prepare_table(df: DataFrame, options: SinkOptions) -> None:
             storage_options=options.storage_options,
         )
         return
-    parts = list(table.metadata().partition_columns)
-    if parts != list(options.partition_columns):
-        raise ConfigError(
-            f"table {uri!r} is partitioned by {parts}, but partition_columns="
-            f"{list(options.partition_columns)} was given; nothing was written",
-            table_uri=uri,
-        )
-    ensure_compatible(table.schema(), schema, schema_mode=options.schema_mode, table_uri=uri)
+    check_against_table(
+        table,
+        schema,
+        partition_columns=options.partition_columns,
+        schema_mode=options.schema_mode,
+        table_uri=uri,
+    )
 
 
 def write_stream(

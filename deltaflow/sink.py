@@ -311,20 +311,17 @@ class _DeltaSink:
 
     def _check(self, table: Any, files: Sequence[WrittenFile]) -> None:
         from deltaflow import delta_log
-        from deltaflow._schema import ensure_compatible
+        from deltaflow._schema import check_against_table
 
         opts = self.options
         if table is not None:
-            parts = list(table.metadata().partition_columns)
-            if parts != list(opts.partition_columns):
-                raise ConfigError(
-                    f"table {self.table_uri!r} is partitioned by {parts}, the sink was given "
-                    f"partition_columns={list(opts.partition_columns)}; nothing was committed",
-                    table_uri=self.table_uri,
-                )
             # An overwrite replaces the content, never the schema: the same rules as append.
-            diff = ensure_compatible(
-                table.schema(), self.schema, schema_mode=opts.schema_mode, table_uri=self.table_uri
+            diff = check_against_table(
+                table,
+                self.schema,
+                partition_columns=opts.partition_columns,
+                schema_mode=opts.schema_mode,
+                table_uri=self.table_uri,
             )
             if diff.new_in_data:
                 new = {n for n, _, _ in diff.new_in_data}
