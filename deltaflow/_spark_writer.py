@@ -1,29 +1,38 @@
-"""The ``spark`` write path: Spark's own Parquet writer inside ``foreachBatch``.
+"""The ``foreachBatch`` writer: one micro-batch DataFrame -> files -> one Delta commit.
 
-For tables on a filesystem every Spark process shares (local disk, NFS), Spark's native
-Parquet writer is faster than handing rows to Python workers as Arrow (see BENCHMARKS.md):
-the JVM writes the files, the driver then moves them into the table and commits them with the
-same commit sequence as the Arrow sink (:meth:`deltaflow.sink._DeltaSink.commit_batch`).
+Used by ``write_stream(write_path="spark")`` and by pipelines that write a batch to several
+tables (``deltaflow ingest`` with a dead-letter table). Files are written one of two ways:
 
-Sequence for micro-batch N (the sink's steps 1-5 follow):
+* ``spark`` (tables on a filesystem every Spark process shares: local disk, NFS): Spark's
+  native Parquet writer, faster than handing rows to Python workers as Arrow (BENCHMARKS.md).
+* ``arrow`` (any storage, object stores included): ``mapInArrow`` tasks write the files with
+  pyarrow, exactly as the ``deltaflow`` data source's executors do, and return what they wrote.
+
+Either way the driver commits them with the sink's commit sequence
+(:meth:`deltaflow.sink._DeltaSink.commit_batch`). Sequence for micro-batch N (the sink's
+steps 1-5 follow):
 
 a. Replay check BEFORE writing: if ``txn(pipeline_id)`` ≥ N nothing is written at all.
-b. Spark writes the batch under ``<table>/_deltaflow/staging/<pipeline_id>/b<N>`` (cleared
-   first: a crashed attempt may have left files there; Delta readers and vacuum ignore it).
-c. Each file is renamed into its Hive partition folder of the table as
+b. ``spark``: Spark writes the batch under ``<table>/_deltaflow/staging/<pipeline_id>/b<N>``
+   (cleared first: a crashed attempt may have left files there; Delta readers and vacuum
+   ignore it); each file is renamed into its Hive partition folder of the table as
    ``part-b<N>-<spark's name>`` and described (size, partition values, footer statistics).
+   ``arrow``: each task writes ``part-b<N>-p<task>-a<attempt>-*.parquet`` into the table.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import pickle
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from deltaflow._faults import maybe_crash
@@ -41,6 +50,9 @@ __all__ = ["SparkBatchWriter", "STAGING_DIR"]
 
 logger = logging.getLogger(__name__)
 
+#: What an ``arrow`` write task returns to the driver: its pickled commit message.
+_MESSAGE_SCHEMA = pa.schema([("m", pa.binary())])
+
 #: Where Spark writes a batch before its files move into the table (under the table root).
 STAGING_DIR = "_deltaflow/staging"
 
@@ -53,7 +65,7 @@ class SparkBatchWriter:
             raise ConfigError("pipeline_id is required for a streaming write", table_uri=options.table_uri)
         self._options = options
         self._overwrite = overwrite
-        self._root = Path(normalize_uri(options.table_uri))
+        self._root = Path(normalize_uri(options.table_uri))  # used by the spark way only
         self._staging_root = self._root / STAGING_DIR / options.pipeline_id
         # Bytes per row seen in the last batch: turns target_file_size_mb into Spark's
         # maxRecordsPerFile (Spark itself cannot roll files by size).
@@ -73,20 +85,26 @@ class SparkBatchWriter:
             logger.info("batch %s of %r is already committed: replay skipped", batch_id, opts.pipeline_id)
             return
 
-        # b. Spark writes the batch into the staging folder.
-        staging = self._staging_root / f"b{batch_id:06d}"
-        shutil.rmtree(staging, ignore_errors=True)
+        # b. Write the files.
         started = time.monotonic()
-        self._spark_write(batch, staging)
-        files = self._move_into_table(staging, sink, batch_id)
-        shutil.rmtree(staging, ignore_errors=True)
-        maybe_crash("write", batch_id)
+        if opts.uses_spark_writer:
+            staging = self._staging_root / f"b{batch_id:06d}"
+            shutil.rmtree(staging, ignore_errors=True)
+            self._spark_write(batch, staging)
+            messages = [DeltaCommitMessage(self._move_into_table(staging, sink, batch_id), 0, 0, None)]
+            shutil.rmtree(staging, ignore_errors=True)
+            maybe_crash("write", batch_id)
+        else:
+            messages = _arrow_write(batch, sink, batch_id)
         logger.debug(
-            "batch %s: Spark wrote %d file(s) in %.2f s", batch_id, len(files), time.monotonic() - started
+            "batch %s: wrote %d file(s) in %.2f s",
+            batch_id,
+            sum(len(m.files) for m in messages),
+            time.monotonic() - started,
         )
 
         # Steps 1-5 of the sink: the same checks and the same single commit.
-        sink.commit_batch([DeltaCommitMessage(files, 0, 0, None)], batch_id)
+        sink.commit_batch(messages, batch_id)
 
     def _spark_write(self, batch: DataFrame, staging: Path) -> None:
         opts = self._options
@@ -136,3 +154,14 @@ class SparkBatchWriter:
         if rows:
             self._bytes_per_row = sum(f.size for f in files) / rows
         return files
+
+
+def _arrow_write(batch: DataFrame, sink: _DeltaSink, batch_id: int) -> list[DeltaCommitMessage]:
+    """Write ``batch`` with pyarrow in its tasks; return every task's commit message."""
+
+    def write(iterator: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        message = sink.write_task(iterator, batch_id)
+        yield pa.RecordBatch.from_pydict({"m": [pickle.dumps(message)]}, schema=_MESSAGE_SCHEMA)
+
+    rows = batch.mapInArrow(write, "m BINARY").collect()
+    return [pickle.loads(r.m) for r in rows]

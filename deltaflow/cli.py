@@ -47,20 +47,36 @@ def cli(ctx: click.Context, verbose: bool) -> None:
 
 @cli.command()
 @click.option(
+    "--source",
+    type=click.Choice(["kafka", "files"]),
+    default="kafka",
+    envvar="DELTAFLOW_DEMO_SOURCE",
+    show_envvar=True,
+    help="kafka: an embedded broker and `deltaflow ingest`; files: a landing folder of JSON files.",
+)
+@click.option(
     "--workdir",
     type=click.Path(file_okay=False, path_type=Path),
     default=Path("demo-output"),
     envvar="DELTAFLOW_DEMO_WORKDIR",
     show_envvar=True,
-    help="Folder for the landing files and the Delta table (recreated).",
+    help="Folder for the landing files and the Delta tables (recreated).",
 )
 @click.option(
     "--events",
     type=click.IntRange(min=1),
-    default=300_000,
+    default=None,
     envvar="DELTAFLOW_DEMO_EVENTS",
     show_envvar=True,
-    help="JSON events to generate.",
+    help="JSON events to generate [default: 100,000 for kafka, 300,000 for files].",
+)
+@click.option(
+    "--partitions",
+    type=click.IntRange(min=1),
+    default=4,
+    envvar="DELTAFLOW_DEMO_PARTITIONS",
+    show_envvar=True,
+    help="kafka: partitions of the demo topic.",
 )
 @click.option(
     "--files",
@@ -68,7 +84,7 @@ def cli(ctx: click.Context, verbose: bool) -> None:
     default=12,
     envvar="DELTAFLOW_DEMO_FILES",
     show_envvar=True,
-    help="Landing files to spread the events over.",
+    help="files: landing files to spread the events over.",
 )
 @click.option(
     "--files-per-batch",
@@ -76,7 +92,7 @@ def cli(ctx: click.Context, verbose: bool) -> None:
     default=3,
     envvar="DELTAFLOW_DEMO_FILES_PER_BATCH",
     show_envvar=True,
-    help="Landing files per micro-batch (Spark's maxFilesPerTrigger).",
+    help="files: landing files per micro-batch (Spark's maxFilesPerTrigger).",
 )
 @click.option(
     "--spark-master",
@@ -85,10 +101,26 @@ def cli(ctx: click.Context, verbose: bool) -> None:
     show_envvar=True,
     help="Spark master URL [default: local[*]].",
 )
-def demo(workdir: Path, events: int, files: int, files_per_batch: int, spark_master: str | None) -> None:
-    """Generate JSON events, stream them into a local Delta table, print the result."""
-    from deltaflow.demo import run_demo
+def demo(
+    source: str,
+    workdir: Path,
+    events: int | None,
+    partitions: int,
+    files: int,
+    files_per_batch: int,
+    spark_master: str | None,
+) -> None:
+    """The main job on embedded defaults: clickstream events into a local Delta table."""
+    from deltaflow.demo import run_demo, run_kafka_demo
 
+    if source == "kafka":
+        outcome = run_kafka_demo(
+            workdir, events=events or 100_000, partitions=partitions, master=spark_master, echo=click.echo
+        )
+        if not outcome.exactly_once:
+            raise click.ClickException("the tables do not hold every message exactly once")
+        return
+    events = events or 300_000
     result = run_demo(
         workdir,
         events=events,
@@ -208,6 +240,62 @@ def _key_values(values: tuple[str, ...], flag: str) -> dict[str, str]:
 )
 @click.option("--raw", "value_format", flag_value="raw", help="Store the value bytes as they are.")
 @click.option(
+    "--avro",
+    default=None,
+    envvar="AVRO",
+    show_envvar=True,
+    help="Values are Avro: a schema registry URL (Confluent wire format) or an .avsc file (bare datums).",
+)
+@click.option(
+    "--decompress_gzip",
+    is_flag=True,
+    envvar="DECOMPRESS_GZIP",
+    show_envvar=True,
+    help="Values are gzip-compressed: decompress before decoding.",
+)
+@click.option(
+    "--dlq_table_location",
+    default=None,
+    envvar="DLQ_TABLE_LOCATION",
+    show_envvar=True,
+    help="Delta table for messages that fail decoding or a transform (raw bytes in base64, error, "
+    "coordinates). Without it they are counted, logged and skipped.",
+)
+@click.option(
+    "--dlq_transform",
+    "dlq_transforms",
+    multiple=True,
+    envvar="DLQ_TRANSFORMS",
+    show_envvar=True,
+    help="'target: source' transform of dead-letter rows (repeatable), over their columns "
+    "(topic, partition, offset, kafka_timestamp, key_base64, value_base64, error, dead_lettered_at).",
+)
+@click.option(
+    "--min_bytes_per_file",
+    type=click.IntRange(min=1),
+    default=None,
+    envvar="MIN_BYTES_PER_FILE",
+    show_envvar=True,
+    help="Target size of the Parquet files written [default: 128 MiB]; commits still happen every "
+    "--allowed_latency.",
+)
+@click.option(
+    "--commit_to_group",
+    is_flag=True,
+    envvar="COMMIT_TO_GROUP",
+    show_envvar=True,
+    help="After each Delta commit, commit the offsets to --consumer_group_id too (lag monitoring "
+    "with standard Kafka tools; progress is always read from the Delta log).",
+)
+@click.option(
+    "--write_path",
+    type=click.Choice(["auto", "spark", "arrow"]),
+    default="auto",
+    envvar="WRITE_PATH",
+    show_envvar=True,
+    help="Who writes the Parquet files: Spark (local tables) or pyarrow in the tasks (any storage).",
+)
+@click.option(
     "--schema",
     default=None,
     envvar="VALUE_SCHEMA",
@@ -251,6 +339,13 @@ def ingest(
     ends_at_latest_offsets: bool,
     checkpoints: bool,
     value_format: str,
+    avro: str | None,
+    decompress_gzip: bool,
+    dlq_table_location: str | None,
+    dlq_transforms: tuple[str, ...],
+    min_bytes_per_file: int | None,
+    commit_to_group: bool,
+    write_path: str,
     schema: str | None,
     partition_by: tuple[str, ...],
     checkpoint_location: str | None,
@@ -266,7 +361,6 @@ def ingest(
 
     from deltaflow.ingest import IngestConfig
     from deltaflow.ingest import ingest as start_ingest
-    from deltaflow.transforms import parse_transform
 
     try:
         seek = {str(k): int(v) for k, v in _json.loads(seek_offsets).items()} if seek_offsets else None
@@ -274,8 +368,8 @@ def ingest(
         raise click.BadParameter(
             f"not a JSON object of partition -> offset: {exc}", param_hint="--seek_offsets"
         ) from None
-    for t in transforms:
-        parse_transform(t)  # reject a bad transform before Spark starts
+    if avro:
+        value_format = "avro"
     config = IngestConfig(
         topic=topic,
         table_uri=table_uri,
@@ -293,31 +387,29 @@ def ingest(
         partition_by=partition_by,
         kafka_settings=_key_values(kafka_settings, "--kafka_setting"),
         consumer_group=consumer_group,
-    )
+        avro=avro,
+        decompress_gzip=decompress_gzip,
+        dlq_table_location=dlq_table_location,
+        dlq_transforms=dlq_transforms,
+        min_bytes_per_file=min_bytes_per_file,
+        commit_to_group=commit_to_group,
+        write_path=write_path,  # type: ignore[arg-type]
+    )  # validates every flag (and parses the transforms) before Spark starts
     import deltaflow
 
     spark = deltaflow.spark_session(spark_master)
-    query = start_ingest(spark, config)
+    from deltaflow.daemon import run_until_stopped
 
-    stop_requested: list[int] = []
-
-    def _stop(signum: int, _frame: object) -> None:
-        # Only note it: a py4j call from inside a handler would interrupt the one in progress.
-        stop_requested.append(signum)
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    while not query.awaitTermination(STOP_POLL_S):
-        if stop_requested:
-            click.echo(f"received signal {stop_requested[0]}: stopping the query", err=True)
-            query.stop()  # the current batch is abandoned uncommitted or was committed whole
-            break
-    progress = [p for p in query.recentProgress if p.get("numInputRows")]
-    click.echo(
-        f"ingested {sum(p['numInputRows'] for p in progress):,} message(s) in {len(progress)} batch(es) "
-        f"into {table_uri}"
-    )
-    spark.stop()
+    try:
+        # Restarts the query with backoff when the broker goes away; stops on SIGTERM/SIGINT.
+        summary = run_until_stopped(lambda: start_ingest(spark, config), name=app_id, poll_s=STOP_POLL_S)
+    finally:
+        spark.stop()
+    if summary.signal is not None:
+        click.echo(f"stopped by {signal.Signals(summary.signal).name}", err=True)
+    if summary.restarts:
+        click.echo(f"the query was restarted {summary.restarts} time(s) after transient failures", err=True)
+    click.echo(f"ingested {summary.messages:,} message(s) in {summary.batches} batch(es) into {table_uri}")
 
 
 def main(argv: list[str] | None = None) -> None:

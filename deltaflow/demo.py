@@ -1,8 +1,10 @@
-"""The README's main job: JSON events in a landing folder, streamed by Spark into Delta.
+"""The README's main job, on embedded defaults: clickstream events into a Delta table.
 
-It generates clickstream events as JSON-lines files, runs a streaming query (Spark's file
-source, one micro-batch per few files) into a partitioned Delta table through the deltaflow
-sink, and reports what landed, reading the table back with delta-rs.
+``run_kafka_demo`` (the default of ``deltaflow demo``) starts an embedded Kafka-protocol broker
+(tansu), produces JSON clickstream events (a few of them malformed), and runs
+``deltaflow ingest`` into a partitioned local table with a dead-letter table.
+``run_demo`` does the same from JSON-lines files in a landing folder (Spark's file source).
+Both read the tables back with delta-rs and check that every event landed exactly once.
 """
 
 from __future__ import annotations
@@ -17,13 +19,33 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["DemoResult", "generate_events", "run_demo"]
+__all__ = ["DemoResult", "generate_events", "run_demo", "run_kafka_demo"]
 
 logger = logging.getLogger(__name__)
 
 _EVENT_TYPES = ("page_view", "click", "add_to_cart", "purchase", "search")
 _COUNTRIES = ("DE", "FR", "US", "BR", "IN", "JP", "NG", "GB")
 _PAGES = ("/", "/search", "/product/{}", "/cart", "/checkout", "/help")
+
+
+def event_json(i: int, events: int, rng: random.Random) -> str:
+    """Clickstream event ``i`` of ``events`` (spread over two days) as compact JSON."""
+    start = dt.datetime(2026, 11, 20, tzinfo=dt.UTC)
+    ts = start + dt.timedelta(seconds=i * 172_800 / events, microseconds=rng.randrange(1000))
+    kind = rng.choice(_EVENT_TYPES)
+    return json.dumps(
+        {
+            "event_id": i,
+            "user_id": rng.randrange(50_000),
+            "session_id": f"s{rng.randrange(1 << 30):08x}",
+            "event_type": kind,
+            "page": rng.choice(_PAGES).format(rng.randrange(1000)),
+            "country": rng.choice(_COUNTRIES),
+            "amount": round(rng.uniform(1, 500), 2) if kind == "purchase" else None,
+            "ts": ts.isoformat().replace("+00:00", "Z"),
+        },
+        separators=(",", ":"),
+    )
 
 
 def generate_events(landing: Path, *, events: int, files: int, seed: int = 7) -> None:
@@ -34,31 +56,12 @@ def generate_events(landing: Path, *, events: int, files: int, seed: int = 7) ->
     """
     landing.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
-    start = dt.datetime(2026, 11, 20, tzinfo=dt.UTC)
     per_file = -(-events // files)
     for f in range(files):
         lo, hi = f * per_file, min(events, (f + 1) * per_file)
         if lo >= hi:
             break
-        lines = []
-        for i in range(lo, hi):
-            ts = start + dt.timedelta(seconds=i * 172_800 / events, microseconds=rng.randrange(1000))
-            kind = rng.choice(_EVENT_TYPES)
-            lines.append(
-                json.dumps(
-                    {
-                        "event_id": i,
-                        "user_id": rng.randrange(50_000),
-                        "session_id": f"s{rng.randrange(1 << 30):08x}",
-                        "event_type": kind,
-                        "page": rng.choice(_PAGES).format(rng.randrange(1000)),
-                        "country": rng.choice(_COUNTRIES),
-                        "amount": round(rng.uniform(1, 500), 2) if kind == "purchase" else None,
-                        "ts": ts.isoformat().replace("+00:00", "Z"),
-                    },
-                    separators=(",", ":"),
-                )
-            )
+        lines = [event_json(i, events, rng) for i in range(lo, hi)]
         tmp = landing / f".events-{f:04d}.json.tmp"
         tmp.write_text("\n".join(lines) + "\n")
         tmp.rename(landing / f"events-{f:04d}.json")  # the file source must never see half a file
@@ -152,4 +155,121 @@ def run_demo(
     ok = result.rows == events == result.distinct_ids
     echo(f"\nexactly once: {'OK' if ok else 'MISMATCH'} ({events:,} events generated)")
     spark.stop()
+    return result
+
+
+#: Every this many events, the demo produces a malformed one (to show the dead-letter table).
+DEMO_BAD_EVERY = 1000
+DEMO_SCHEMA = (
+    "event_id BIGINT, user_id BIGINT, session_id STRING, event_type STRING, page STRING, "
+    "country STRING, amount DOUBLE, ts TIMESTAMP"
+)
+
+
+@dataclass(frozen=True)
+class KafkaDemoResult:
+    """What the Kafka demo produced and read back."""
+
+    table_uri: str
+    dlq_uri: str
+    produced: int
+    rows: int
+    distinct_ids: int
+    dead_letters: int
+    seconds: float
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.rows == self.distinct_ids and self.rows + self.dead_letters == self.produced
+
+
+def run_kafka_demo(
+    workdir: Path,
+    *,
+    events: int = 100_000,
+    partitions: int = 4,
+    master: str | None = None,
+    echo: Callable[[str], None] = print,
+) -> KafkaDemoResult:
+    """Embedded broker -> JSON events (some malformed) -> ``deltaflow ingest`` -> Delta."""
+    import pyarrow.compute as pc
+
+    import deltaflow
+    from deltaflow.ingest import IngestConfig, ingest
+    from deltaflow.testing import start_broker
+
+    tables = workdir / "tables"
+    shutil.rmtree(tables, ignore_errors=True)
+    table_uri, dlq_uri = tables / "clickstream", tables / "clickstream_dead_letters"
+    echo("starting an embedded Kafka-protocol broker (tansu, 127.0.0.1) ...")
+    broker = start_broker()
+    try:
+        topic = broker.create_topic(partitions=partitions, name="clickstream")
+        rng = random.Random(7)
+        values = [
+            b'{"event_id": %d, "truncated' % i
+            if i % DEMO_BAD_EVERY == DEMO_BAD_EVERY - 1
+            # the rest are well-formed events
+            else event_json(i, events, rng).encode()
+            for i in range(events)
+        ]
+        echo(f"producing {events:,} JSON events to topic {topic!r} ({partitions} partitions) ...")
+        marker = b"end-of-produce marker"
+        broker.produce(topic, values, partitions=partitions, batched=True, end_marker=marker)
+        produced = events + partitions
+        echo("starting Spark (embedded, local[*]) and `deltaflow ingest` ...")
+        spark = deltaflow.spark_session(master)
+        started = time.monotonic()
+        config = IngestConfig(
+            topic=topic,
+            table_uri=str(table_uri),
+            brokers=broker.bootstrap,
+            app_id="demo-clickstream",
+            schema=DEMO_SCHEMA,
+            transforms=["event_date: substr(ts, `0`, `10`)", "kafka_offset: kafka.offset"],
+            partition_by=["event_date"],
+            dlq_table_location=str(dlq_uri),
+            max_messages_per_batch=max(10_000, events // 4),
+            ends_at_latest_offsets=True,
+        )
+        query = ingest(spark, config)
+        query.awaitTermination()
+        seconds = time.monotonic() - started
+        batches = len([p for p in query.recentProgress if p.get("numInputRows")])
+        spark.stop()
+    finally:
+        broker.stop()
+
+    from deltalake import DeltaTable
+
+    table = DeltaTable(str(table_uri))
+    data = table.to_pyarrow_table()
+    dead = DeltaTable(str(dlq_uri)).to_pyarrow_table()
+    result = KafkaDemoResult(
+        table_uri=str(table_uri),
+        dlq_uri=str(dlq_uri),
+        produced=produced,
+        rows=data.num_rows,
+        distinct_ids=len(pc.unique(data.column("event_id"))),
+        dead_letters=dead.num_rows,
+        seconds=seconds,
+    )
+    echo(f"\nDelta table {result.table_uri}")
+    echo(f"  version        {table.version()} ({batches} micro-batches in {seconds:.1f} s)")
+    echo(f"  data files     {len(table.file_uris())}")
+    echo(f"  rows           {result.rows:,} ({result.distinct_ids:,} distinct event ids)")
+    per_day = data.group_by("event_date").aggregate([("event_id", "count")]).sort_by("event_date")
+    for row in per_day.to_pylist():
+        echo(f"    {row['event_date']}  {row['event_id_count']:,} rows")
+    echo("  sample:")
+    for row in data.sort_by("event_id").slice(0, 3).to_pylist():
+        echo("    " + json.dumps(row, default=str))
+    echo(f"\ndead-letter table {result.dlq_uri}: {result.dead_letters:,} message(s)")
+    for row in dead.sort_by("offset").slice(0, 2).to_pylist():
+        echo(f"    partition {row['partition']} offset {row['offset']}: {row['error']}")
+    echo(
+        f"\nexactly once: {'OK' if result.exactly_once else 'MISMATCH'} ({produced:,} messages = "
+        f"{result.rows:,} rows + {result.dead_letters:,} dead letters: {events // DEMO_BAD_EVERY:,} "
+        f"malformed events and {partitions} end-of-produce markers)"
+    )
     return result

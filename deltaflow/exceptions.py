@@ -22,6 +22,7 @@ __all__ = [
     "CommitError",
     "ConfigError",
     "DeltaflowError",
+    "QueryFailedError",
     "SchemaMismatchError",
     "TableNotFoundError",
     "TerminalError",
@@ -109,6 +110,10 @@ class CheckpointMismatchError(TerminalError):
 
 class CommitError(TransientError):
     """A Delta commit failed after all retries; nothing of the batch was committed."""
+
+
+class QueryFailedError(TerminalError):
+    """A streaming query failed with an error deltaflow does not know to be transient."""
 
 
 def _closest(name: str, known: Sequence[str]) -> str | None:

@@ -1,33 +1,58 @@
 """Kafka topic -> Delta table, exactly once, with kafka-delta-ingest's knobs (``deltaflow ingest``).
 
-The pipeline: the ``deltaflow-kafka`` source (resuming from the table's per-partition txns) ->
-JSON decoding of the value -> transforms -> the Delta sink with ``kafka_offsets``: every
-micro-batch is one commit holding the rows and each partition's last offset.
+The pipeline: the ``deltaflow-kafka`` source (resuming from the table's per-partition txns,
+decoding JSON or Avro values to Arrow in its tasks) -> transforms -> :class:`IngestWriter`,
+which per micro-batch commits the messages that failed (decoding or a transform) to the
+dead-letter table, then the good rows with each partition's last offset to the main table.
+
+Two Delta tables cannot share one transaction, so each carries its own progress: the
+dead-letter table commits txns ``<app_id>-dlq-<topic>-<partition>`` and only ever takes
+messages beyond them; the main table commits ``<app_id>-<topic>-<partition>``. A crash
+between the two commits replays the batch: the dead-letter rows are recognised as
+committed, the main rows land. See docs/DESIGN.md (invariant 9).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import reduce
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from deltaflow._storage import normalize_uri
+from deltaflow.config import SinkOptions
 from deltaflow.exceptions import ConfigError
 from deltaflow.transforms import Transform, apply_transforms, parse_transform
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
     from pyspark.sql.types import StructType
 
-__all__ = ["IngestConfig", "build_ingest_frame", "ingest"]
+__all__ = ["DLQ_COLUMNS", "IngestConfig", "IngestWriter", "build_ingest_frame", "ingest"]
 
 logger = logging.getLogger(__name__)
 
 #: Messages sampled per partition to infer the JSON schema of a table that does not exist yet.
 SCHEMA_SAMPLE_PER_PARTITION = 1000
+#: The column carrying each row's decoding/transform outcome until the rows are split.
+META = "_deltaflow"
+#: Columns of the dead-letter table (before ``--dlq_transform``s).
+DLQ_COLUMNS = (
+    "topic",
+    "partition",
+    "offset",
+    "kafka_timestamp",
+    "key_base64",
+    "value_base64",
+    "error",
+    "dead_lettered_at",
+)
 
 
 @dataclass(frozen=True)
@@ -43,17 +68,68 @@ class IngestConfig:
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     seek_offsets: Mapping[str, int] | None = None
     transforms: Sequence[str] = ()
-    value_format: Literal["json", "raw"] = "json"
+    value_format: Literal["json", "raw", "avro"] = "json"
     schema: str | None = None
+    avro: str | None = None
+    decompress_gzip: bool = False
+    dlq_table_location: str | None = None
+    dlq_transforms: Sequence[str] = ()
+    min_bytes_per_file: int | None = None
     ends_at_latest_offsets: bool = False
     checkpoint_location: str | None = None
     partition_by: Sequence[str] = ()
     kafka_settings: Mapping[str, str] = field(default_factory=dict)
     consumer_group: str | None = None
+    commit_to_group: bool = False
     write_path: Literal["auto", "spark", "arrow"] = "auto"
+
+    def __post_init__(self) -> None:
+        if self.value_format == "avro" and not self.avro:
+            raise ConfigError("Avro values need --avro <schema registry URL or .avsc file>")
+        if self.decompress_gzip and self.value_format == "raw":
+            raise ConfigError("--decompress_gzip applies to decoded values (--json or --avro), not --raw")
+        if self.commit_to_group and not self.consumer_group:
+            raise ConfigError("committing offsets to the consumer group needs --consumer_group")
+        if self.min_bytes_per_file is not None and self.min_bytes_per_file < 1:
+            raise ConfigError("--min_bytes_per_file must be positive")
+        self.parsed_transforms()
+        self.parsed_dlq_transforms()
 
     def parsed_transforms(self) -> list[Transform]:
         return [parse_transform(t) for t in self.transforms]
+
+    def parsed_dlq_transforms(self) -> list[Transform]:
+        return [parse_transform(t) for t in self.dlq_transforms]
+
+    def sink_options(self, checkpoint_location: str | None) -> SinkOptions:
+        """The main table's sink options."""
+        values: dict[str, Any] = {
+            "table_uri": self.table_uri,
+            "pipeline_id": self.app_id,
+            "kafka_offsets": True,
+            "partition_columns": list(self.partition_by),
+            "schema_mode": "merge",
+            "write_path": self.write_path,
+            "checkpoint_location": checkpoint_location,
+        }
+        if self.min_bytes_per_file:
+            values["target_file_size_mb"] = max(1, self.min_bytes_per_file // (1024 * 1024))
+        return SinkOptions.build(values)
+
+    def dlq_options(self, checkpoint_location: str) -> SinkOptions | None:
+        """The dead-letter table's sink options (its own txn app id)."""
+        if not self.dlq_table_location:
+            return None
+        return SinkOptions.build(
+            {
+                "table_uri": self.dlq_table_location,
+                "pipeline_id": f"{self.app_id}-dlq",
+                "kafka_offsets": True,
+                "schema_mode": "merge",
+                "write_path": self.write_path,
+                "checkpoint_location": checkpoint_location,
+            }
+        )
 
 
 def _starting_offsets(config: IngestConfig) -> str:
@@ -91,6 +167,8 @@ def _value_schema(spark: SparkSession, config: IngestConfig) -> StructType:
             topic=config.topic,
         )
     inferred = spark.read.json(spark.sparkContext.parallelize(samples)).schema
+    # Spark keeps unparsable samples in a column of its own: those messages are dead letters.
+    inferred = StructType([f for f in inferred.fields if f.name != "_corrupt_record"])
     logger.info("inferred the JSON schema from %d message(s): %s", len(samples), inferred.simpleString())
     return inferred
 
@@ -121,15 +199,29 @@ def _sample_values(config: IngestConfig) -> list[str]:
                     break
                 got += len(batch)
                 values += [
-                    v.decode("utf-8", "replace") for m in batch if m.error() is None and (v := m.value())
+                    text
+                    for m in batch
+                    if m.error() is None and (text := _sample_text(m.value(), config.decompress_gzip))
                 ]
         return values
     finally:
         consumer.close()
 
 
+def _sample_text(value: bytes | None, gzipped: bool) -> str | None:
+    if not value:
+        return None
+    if gzipped:
+        try:
+            value = gzip.decompress(value)
+        except (OSError, EOFError, zlib.error):
+            return None  # a dead letter, not a sample
+    return value.decode("utf-8", "replace")
+
+
 def build_ingest_frame(spark: SparkSession, config: IngestConfig) -> DataFrame:
-    """The streaming DataFrame ``ingest`` writes: decoded, transformed rows."""
+    """The streaming DataFrame ``ingest`` writes: decoded, transformed rows with the ``kafka``
+    struct and the ``_deltaflow`` struct (error, unknown_fields, raw key and value)."""
     from pyspark.sql import functions as F  # noqa: N812
 
     from deltaflow.api import register
@@ -149,39 +241,193 @@ def build_ingest_frame(spark: SparkSession, config: IngestConfig) -> DataFrame:
         settings["group.id"] = config.consumer_group
     if settings:
         reader = reader.option("kafka_settings", json.dumps(settings))
+    if config.commit_to_group:
+        reader = reader.option("commit_to_group", "true")
+    if config.decompress_gzip:
+        reader = reader.option("value_compression", "gzip")
+    transforms = config.parsed_transforms()
+    if config.dlq_table_location and any(t.failure() is not None for t in transforms):
+        reader = reader.option("keep_value", "true")  # a transform may still reject a message
+    if config.value_format == "json":
+        reader = reader.option("value_format", "json").option(
+            "value_schema", _value_schema(spark, config).json()
+        )
+    elif config.value_format == "avro":
+        reader = reader.option("value_format", "avro")
+        assert config.avro is not None
+        if config.avro.startswith(("http://", "https://")):
+            reader = reader.option("schema_registry_url", config.avro)
+        else:
+            try:
+                reader = reader.option("avro_schema", Path(config.avro).read_text())
+            except OSError as exc:
+                raise ConfigError(f"cannot read the Avro schema file {config.avro!r}: {exc}") from None
     raw = reader.load()
     kafka = F.struct(
         "partition", "offset", "topic", "timestamp", F.col("key").cast("string").alias("key"), "headers"
     ).alias("kafka")
     if config.value_format == "raw":
-        decoded = raw.select(F.col("value"), kafka)
-    else:
-        schema = _value_schema(spark, config)
-        decoded = raw.select(F.from_json(F.col("value").cast("string"), schema).alias("_v"), kafka).select(
-            "_v.*", "kafka"
+        meta = F.struct(
+            F.lit(None).cast("string").alias("error"),
+            F.lit(None).cast("array<string>").alias("unknown_fields"),
+            F.col("key"),
+            F.col("value"),
         )
-    return apply_transforms(decoded, config.parsed_transforms()).drop("kafka")
+        decoded = raw.select(F.col("value"), kafka, meta.alias(META))
+    else:
+        meta = F.struct("error", "unknown_fields", "key", "value")
+        decoded = raw.select("data.*", kafka, meta.alias(META))
+    out = apply_transforms(decoded, transforms)
+    failures = [c for t in transforms if (c := t.failure()) is not None]
+    if failures:
+        error = F.coalesce(F.col(f"{META}.error"), *failures)
+        out = out.withColumn(META, F.col(META).withField("error", error))
+    return out
+
+
+def main_rows(frame: DataFrame) -> DataFrame:
+    """The rows for the main table: decoded and transformed without an error."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    return frame.filter(F.col(f"{META}.error").isNull()).drop(META, "kafka")
+
+
+def dead_letters(frame: DataFrame, transforms: Sequence[Transform] = ()) -> DataFrame:
+    """The rows for the dead-letter table: the failed messages, raw bytes in base64."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    out = frame.filter(F.col(f"{META}.error").isNotNull()).select(
+        F.col("kafka.topic").alias("topic"),
+        F.col("kafka.partition").alias("partition"),
+        F.col("kafka.offset").alias("offset"),
+        F.col("kafka.timestamp").alias("kafka_timestamp"),
+        F.base64(F.col(f"{META}.key")).alias("key_base64"),
+        F.base64(F.col(f"{META}.value")).alias("value_base64"),
+        F.col(f"{META}.error").alias("error"),
+        F.current_timestamp().alias("dead_lettered_at"),
+        F.col("kafka"),
+    )
+    return apply_transforms(out, transforms).drop("kafka")
+
+
+class IngestWriter:
+    """``foreachBatch`` function of ``ingest``: dead letters first, then the main table.
+
+    Both commits are idempotent on their own txns, so the order only decides what a crash
+    between them leaves: dead letters committed, main rows not yet, and a replay that skips
+    the former and lands the latter (never a main row whose failed neighbours are lost).
+    """
+
+    def __init__(
+        self, main: SinkOptions, dlq: SinkOptions | None, dlq_transforms: Sequence[Transform]
+    ) -> None:
+        from deltaflow._spark_writer import SparkBatchWriter
+
+        self._main = SparkBatchWriter(main)
+        self._dlq = SparkBatchWriter(dlq) if dlq else None
+        self._dlq_options = dlq
+        self._dlq_transforms = list(dlq_transforms)
+        self.failed_total = 0
+        self.unknown_total = 0
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        from pyspark.sql import functions as F  # noqa: N812
+
+        batch = batch.persist()
+        try:
+            stats = batch.agg(
+                F.count(F.col(f"{META}.error")).alias("failed"),
+                F.first(F.col(f"{META}.error"), ignorenulls=True).alias("first_error"),
+                F.count(F.col(f"{META}.unknown_fields")).alias("unknown"),
+                F.array_distinct(F.flatten(F.collect_set(F.col(f"{META}.unknown_fields")))).alias("names"),
+            ).first()
+            assert stats is not None
+            if stats["unknown"]:
+                self.unknown_total += stats["unknown"]
+                logger.warning(
+                    "batch %s: %d message(s) carry fields the table lacks, not stored: %s (enable "
+                    "them by adding the columns to the table or to --schema)",
+                    batch_id,
+                    stats["unknown"],
+                    ", ".join(sorted(stats["names"])[:20]),
+                )
+            if stats["failed"]:
+                self.failed_total += stats["failed"]
+                self._dead_letter(batch, batch_id, stats["failed"], stats["first_error"])
+            self._main(main_rows(batch), batch_id)
+        finally:
+            batch.unpersist()
+
+    def _dead_letter(self, batch: DataFrame, batch_id: int, failed: int, first_error: str) -> None:
+        if self._dlq is None or self._dlq_options is None:
+            logger.warning(
+                "batch %s: %d message(s) could not be decoded or transformed and are skipped (no "
+                "dead-letter table; set --dlq_table_location to keep them). First error: %s",
+                batch_id,
+                failed,
+                first_error,
+            )
+            return
+        rows = dead_letters(batch, self._dlq_transforms)
+        seen = _already_dead_lettered(self._dlq_options, batch_id)
+        if seen is not None:
+            rows = rows.filter(~seen)
+        logger.info(
+            "batch %s: %d message(s) to the dead-letter table; first error: %s", batch_id, failed, first_error
+        )
+        self._dlq(rows, batch_id)
+
+
+def _already_dead_lettered(options: SinkOptions, batch_id: int) -> Column | None:
+    """Rows of this batch the dead-letter table holds already (its per-partition txns).
+
+    A batch planned from a lost checkpoint can start before the dead-letter table's progress
+    (the source only knows the main table's); those rows must not land twice.
+    """
+    from pyspark.sql import functions as F  # noqa: N812
+
+    from deltaflow import delta_log
+    from deltaflow.sink import read_batch_offsets
+
+    table = delta_log.load(normalize_uri(options.table_uri), options.storage_options)
+    layout = {t: list(parts) for t, parts in read_batch_offsets(options, batch_id).items()}
+    done = delta_log.kafka_progress(table, options.pipeline_id or "", layout)
+    conditions = [
+        (F.col("topic") == topic) & (F.col("partition") == int(p)) & (F.col("offset") <= last)
+        for topic, parts in done.items()
+        for p, last in parts.items()
+    ]
+    return reduce(lambda a, b: a | b, conditions) if conditions else None
 
 
 def ingest(spark: SparkSession, config: IngestConfig) -> StreamingQuery:
     """Start ingesting ``config.topic`` into ``config.table_uri``; returns the running query."""
-    from deltaflow.api import write_stream
+    from deltaflow.api import _prepare_table, default_checkpoint_location
 
     frame = build_ingest_frame(spark, config)
-    if config.ends_at_latest_offsets:
-        trigger: dict[str, Any] = {"availableNow": True}
-    elif config.allowed_latency:
-        trigger = {"processingTime": f"{config.allowed_latency} seconds"}
-    else:
-        trigger = {}
-    return write_stream(
-        frame,
-        config.table_uri,
-        pipeline_id=config.app_id,
-        checkpoint_location=config.checkpoint_location,
-        trigger=trigger or None,
-        kafka_offsets=True,
-        partition_columns=list(config.partition_by),
-        schema_mode="merge",
-        write_path=config.write_path,
+    location = config.checkpoint_location or default_checkpoint_location(config.sink_options(None))
+    main = config.sink_options(location)
+    _prepare_table(main_rows(frame), main)
+    dlq = config.dlq_options(location)
+    dlq_transforms = config.parsed_dlq_transforms()
+    if dlq is not None:
+        _prepare_table(dead_letters(frame, dlq_transforms), dlq)
+    writer = IngestWriter(main, dlq, dlq_transforms)
+    stream = (
+        frame.writeStream.foreachBatch(writer).option("checkpointLocation", location).queryName(config.app_id)
     )
+    if config.ends_at_latest_offsets:
+        stream = stream.trigger(availableNow=True)
+    elif config.allowed_latency:
+        stream = stream.trigger(processingTime=f"{config.allowed_latency} seconds")
+    logger.info(
+        "ingesting %s from %s into %s%s (checkpoint %s)",
+        config.topic,
+        config.brokers,
+        normalize_uri(config.table_uri),
+        f", dead letters into {normalize_uri(config.dlq_table_location)}"
+        if config.dlq_table_location
+        else "",
+        location,
+    )
+    return stream.start()

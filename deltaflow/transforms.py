@@ -52,7 +52,7 @@ class Transform:
             start, end = int(m.group(2)), int(m.group(3))
             return F.substring(_field(m.group(1)), start + 1, max(0, end - start))
         if (m := _EPOCH.match(src)) is not None:
-            seconds = _field(m.group(2)).cast("double")
+            seconds = _field(m.group(2)).try_cast("double")
             if m.group(1) == "millis":
                 seconds = seconds / 1000
             pattern = "yyyy-MM-dd'T'HH:mm:ss.SSSXXX" if m.group(1) == "millis" else "yyyy-MM-dd'T'HH:mm:ssXXX"
@@ -65,6 +65,25 @@ class Transform:
             "epoch_millis_to_iso8601(path) or 'sql: <Spark SQL expression>'",
             transform=src,
         )
+
+    def failure(self) -> Column | None:
+        """A column holding why this transform failed for a row (else null), where it can fail.
+
+        The epoch conversions fail on a value that is not a number; the row then goes to the
+        dead-letter table instead of landing with a null.
+        """
+        from pyspark.sql import functions as F  # noqa: N812
+
+        if (m := _EPOCH.match(self.source)) is not None:
+            value = _field(m.group(2))
+            target = ".".join(self.target)
+            return F.when(
+                value.isNotNull() & value.try_cast("double").isNull(),
+                F.concat(
+                    F.lit(f"transform {target!r}: {m.group(2)} is not a number: "), value.cast("string")
+                ),
+            )
+        return None
 
 
 def _field(path: str) -> Column:

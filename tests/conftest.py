@@ -1,1 +1,6 @@
-pytest_plugins = ["tests.fixtures.spark", "tests.fixtures.readers", "tests.fixtures.kafka"]
+pytest_plugins = [
+    "tests.fixtures.spark",
+    "tests.fixtures.readers",
+    "tests.fixtures.kafka",
+    "tests.fixtures.registry",
+]

@@ -41,6 +41,8 @@ def test_demo_streams_every_event_exactly_once(tmp_path):
             "-m",
             "deltaflow.cli",
             "demo",
+            "--source",
+            "files",
             "--workdir",
             str(tmp_path),
             "--events",
@@ -61,3 +63,19 @@ def test_demo_streams_every_event_exactly_once(tmp_path):
     assert "micro-batches  2" in out.stdout
     assert "exactly once: OK (5,000 events generated)" in out.stdout
     assert (tmp_path / "tables" / "events" / "_delta_log").is_dir()
+
+
+def test_kafka_demo_ingests_every_message_exactly_once(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "deltaflow.cli", "demo", "--workdir", str(tmp_path), "--events", "3000"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "rows           2,997 (2,997 distinct event ids)" in out.stdout
+    assert "clickstream_dead_letters: 7 message(s)" in out.stdout
+    assert "exactly once: OK (3,004 messages = 2,997 rows + 7 dead letters" in out.stdout
+    assert (tmp_path / "tables" / "clickstream" / "_delta_log").is_dir()

@@ -169,3 +169,71 @@ def test_sigterm_stops_cleanly_and_the_next_start_resumes_exactly(kafka, tmp_pat
     assert rest.returncode == 0, rest.stderr[-3000:]
     ids = sorted(DeltaTable(str(tmp_path / "t")).to_pyarrow_table()["id"].to_pylist())
     assert ids == list(range(300))
+
+
+def _poll(condition, timeout_s, what, daemon=None):
+    """Wait until ``condition()`` holds (short poll intervals); fail naming ``what``."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert daemon is None or daemon.poll() is None, (
+            f"the daemon exited ({daemon.returncode}) before {what}"
+        )
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s} s"
+        time.sleep(0.2)
+
+
+def test_daemon_rides_out_a_broker_outage(tmp_path):
+    import signal
+    from concurrent.futures import ThreadPoolExecutor
+
+    from deltaflow.testing import start_broker_behind_proxy
+
+    # Every client reaches this broker through the proxy: cutting it is a broker outage.
+    broker, proxy = start_broker_behind_proxy()
+    try:
+        topic = broker.create_topic(partitions=2)
+        broker.produce(topic, _events(0, 100), partitions=2)
+        table, log = tmp_path / "t", tmp_path / "stderr.txt"
+        command = [
+            sys.executable,
+            "-m",
+            "deltaflow.cli",
+            "ingest",
+            topic,
+            str(table),
+            "--kafka",
+            proxy.address,
+        ]
+        command += ["--app_id", "outage", "--schema", SCHEMA, "--allowed_latency", "1"]
+        with log.open("w") as stderr:
+            daemon = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        try:
+            _poll(lambda: _rows(table) == 100, 240, "first 100 rows", daemon)
+            proxy.cut()
+            with ThreadPoolExecutor(1) as pool:
+                # Produced during the outage: they wait in the producer's queue until the restore.
+                produced = pool.submit(broker.produce, topic, _events(100, 100), partitions=2)
+                # The source's metadata calls time out (15 s): the query fails, the daemon retries.
+                _poll(lambda: "restarting in" in log.read_text(), 90, "retry", daemon)
+                proxy.restore()
+                produced.result(timeout=60)
+            _poll(lambda: _rows(table) == 200, 120, "200 rows after the restore", daemon)
+            daemon.send_signal(signal.SIGTERM)
+            out, _ = daemon.communicate(timeout=120)
+        finally:
+            if daemon.poll() is None:
+                daemon.kill()
+                daemon.wait()
+    finally:
+        proxy.close()
+        broker.stop()
+    err = log.read_text()
+    assert daemon.returncode == 0, err[-3000:]
+    assert "query 'outage' failed, restarting in 1 s (transient: retrying may help)" in err
+    assert "KafkaException" in err
+    assert "query 'outage' restarted (restart 1)" in err
+    assert "ingested 200 message(s)" in out
+    ids = sorted(DeltaTable(str(table)).to_pyarrow_table()["id"].to_pylist())
+    assert ids == list(range(200))

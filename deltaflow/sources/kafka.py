@@ -28,6 +28,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from deltaflow.exceptions import ConfigError, TransientError
+from deltaflow.sources.decode import JsonDecoder, SchemaRegistry, avro_to_spark_ddl, decompress
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -45,6 +46,11 @@ KAFKA_SCHEMA = (
     "key BINARY, value BINARY, topic STRING, partition INT, offset LONG, timestamp TIMESTAMP, "
     "timestamp_type INT, headers ARRAY<STRUCT<key: STRING, value: BINARY>>"
 )
+
+#: When the source decodes values (``value_format`` json or avro) three columns follow: ``data``
+#: (the decoded record), ``error`` (why decoding failed, else null) and ``unknown_fields`` (the
+#: fields the message had that the schema lacks). ``value`` then keeps failed messages' bytes only.
+DECODED_COLUMNS = ("data", "error", "unknown_fields")
 
 #: Messages asked from librdkafka per consume() call, and rows per Arrow batch handed to Spark.
 CONSUME_CHUNK = 10_000
@@ -87,6 +93,24 @@ class KafkaSourceOptions(BaseModel):
             Spark checkpoint neither duplicates nor loses rows.
         delta_app_id: The pipeline id whose txns to read (the sink's ``pipeline_id``).
         delta_storage_options: Storage options for reading that table (JSON object).
+        value_format: ``binary`` (rows carry the value bytes), ``json`` or ``avro``: the source
+            decodes values into a ``data`` struct, with ``error`` and ``unknown_fields`` columns;
+            a message that fails to decode is a row with its error, never a failed batch.
+        value_schema: The decoded value's columns as Spark DDL (``id BIGINT, ts TIMESTAMP``);
+            required for ``json``.
+        avro_schema: Avro record schema (JSON text) of bare Avro values, or the reader schema
+            with a registry (default: the subject's latest version).
+        schema_registry_url: A Confluent schema registry: values are in the Confluent wire
+            format (magic byte, schema id, Avro), writer schemas fetched by id.
+        schema_registry_subject: Subject whose latest schema is the reader schema (default
+            ``<topic>-value``).
+        schema_registry_auth: ``user:password`` for the registry's basic auth (masked).
+        value_compression: ``gzip`` to decompress each value before decoding.
+        keep_value: With decoding, keep every message's bytes in ``value`` (default: only the
+            failed ones'), for pipelines that may reject a decoded row later.
+        commit_to_group: After a batch is committed, commit its end offsets to the Kafka
+            consumer group (``kafka.group.id``) so standard tools show the lag. Progress is
+            never read from there.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -101,6 +125,15 @@ class KafkaSourceOptions(BaseModel):
     delta_table_uri: str | None = None
     delta_app_id: str | None = None
     delta_storage_options: dict[str, str] = Field(default_factory=dict)
+    value_format: Literal["binary", "json", "avro"] = "binary"
+    value_schema: str | None = None
+    avro_schema: str | None = None
+    schema_registry_url: str | None = None
+    schema_registry_subject: str | None = None
+    schema_registry_auth: SecretStr | None = None
+    value_compression: Literal["none", "gzip"] = "none"
+    keep_value: bool = False
+    commit_to_group: bool = False
 
     @field_validator("topic", mode="before")
     @classmethod
@@ -140,7 +173,11 @@ class KafkaSourceOptions(BaseModel):
 
     def describe(self) -> dict[str, Any]:
         """The options for logs and config dumps, secrets masked."""
-        out = self.model_dump(exclude={"kafka_settings", "sasl_password", "delta_storage_options"})
+        out = self.model_dump(
+            exclude={"kafka_settings", "sasl_password", "delta_storage_options", "schema_registry_auth"}
+        )
+        if self.schema_registry_auth is not None:
+            out["schema_registry_auth"] = "**********"
         out["kafka_settings"] = {
             k: "**********" if _SECRET_SETTINGS.search(k) else v.get_secret_value()
             for k, v in self.kafka_settings.items()
@@ -179,7 +216,90 @@ class KafkaSourceOptions(BaseModel):
             raise ConfigError(
                 "set both 'delta_table_uri' and 'delta_app_id' (or neither) for the Kafka source"
             )
+        if opts.value_compression != "none" and opts.value_format == "binary":
+            raise ConfigError("value_compression applies when the source decodes (value_format json or avro)")
+        if opts.value_format == "json" and not opts.value_schema:
+            raise ConfigError("value_format 'json' needs value_schema (Spark DDL of the value's fields)")
+        if opts.value_format == "avro" and not (opts.avro_schema or opts.schema_registry_url):
+            raise ConfigError("value_format 'avro' needs avro_schema or schema_registry_url")
+        if opts.value_format == "avro" and opts.value_schema:
+            raise ConfigError("value_schema is for JSON; Avro columns come from the Avro schema")
+        latest_of = opts.value_format == "avro" and opts.schema_registry_url and not opts.avro_schema
+        if latest_of and len(opts.topic) != 1 and not opts.schema_registry_subject:
+            raise ConfigError("with several topics, name the registry subject: schema_registry_subject")
         return opts
+
+    def registry(self) -> SchemaRegistry | None:
+        if not self.schema_registry_url:
+            return None
+        auth = self.schema_registry_auth.get_secret_value() if self.schema_registry_auth else None
+        return SchemaRegistry(self.schema_registry_url, basic_auth=auth)
+
+    def reader_avro_schema(self) -> str:
+        """The Avro reader schema: given, or the subject's latest version in the registry."""
+        if self.avro_schema:
+            return self.avro_schema
+        registry = self.registry()
+        assert registry is not None
+        subject = self.schema_registry_subject or f"{self.topic[0]}-value"
+        return registry.latest(subject)[1]
+
+    def value_ddl(self) -> str:
+        """The decoded value's fields as Spark DDL (json: given; avro: from the Avro schema).
+
+        Built as text: Spark parses DDL in the JVM, and ``schema()`` runs in a Python worker
+        without a session. A Spark JSON schema (``StructType.json()``) is accepted too.
+        """
+        if self.value_format == "avro":
+            return avro_to_spark_ddl(self.reader_avro_schema())
+        assert self.value_schema is not None
+        text = self.value_schema.strip()
+        if not text.startswith("{"):
+            return text
+        from pyspark.sql.types import StructType
+
+        try:
+            parsed = StructType.fromJson(json.loads(text))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"value_schema is not a Spark JSON schema: {exc}") from None
+        return ", ".join(f"{_quote(f.name)} {_ddl(f.dataType)}" for f in parsed.fields)
+
+    def source_schema(self) -> str:
+        """The rows' schema (DDL): Kafka's columns, plus the decoded ones when decoding."""
+        if self.value_format == "binary":
+            return KAFKA_SCHEMA
+        data, error, unknown = DECODED_COLUMNS
+        return f"{KAFKA_SCHEMA}, {data} STRUCT<{self.value_ddl()}>, {error} STRING, {unknown} ARRAY<STRING>"
+
+
+def _quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _ddl(dtype: Any) -> str:
+    """Spark DDL of a data type, without a Spark session."""
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    if isinstance(dtype, StructType):
+        return "STRUCT<" + ", ".join(f"{_quote(f.name)}: {_ddl(f.dataType)}" for f in dtype.fields) + ">"
+    if isinstance(dtype, ArrayType):
+        return f"ARRAY<{_ddl(dtype.elementType)}>"
+    if isinstance(dtype, MapType):
+        return f"MAP<{_ddl(dtype.keyType)}, {_ddl(dtype.valueType)}>"
+    return str(dtype.simpleString())
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """How a task decodes values (built on the driver, shipped with each range)."""
+
+    value_format: str
+    arrow_schema: pa.Schema
+    compression: str = "none"
+    keep_value: bool = False
+    avro_schema: str | None = None
+    registry_url: str | None = None
+    registry_auth: str | None = None
 
 
 @dataclass(frozen=True)
@@ -191,6 +311,7 @@ class KafkaPartitionRange(InputPartition):
     start: int
     end: int
     config: dict[str, Any] = field(default_factory=dict)
+    decoding: Decoding | None = None
 
     def __repr__(self) -> str:  # the config holds credentials
         return f"KafkaPartitionRange({self.topic}[{self.partition}] {self.start}..{self.end})"
@@ -204,7 +325,7 @@ class KafkaDataSource(DataSource):
         return FORMAT_NAME
 
     def schema(self) -> str:
-        return KAFKA_SCHEMA
+        return KafkaSourceOptions.from_spark_options(self.options).source_schema()
 
     def streamReader(self, schema: StructType) -> KafkaStreamReader:  # noqa: N802
         return KafkaStreamReader(KafkaSourceOptions.from_spark_options(self.options), schema)
@@ -214,8 +335,21 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Plans micro-batches on the driver; :meth:`read` runs on executors."""
 
     def __init__(self, options: KafkaSourceOptions, schema: StructType) -> None:
+        from deltaflow._schema import spark_to_arrow
+
         self._options = options
         self._schema = schema
+        self._decoding = Decoding(
+            value_format=options.value_format,
+            arrow_schema=spark_to_arrow(schema),
+            compression=options.value_compression,
+            keep_value=options.keep_value,
+            avro_schema=options.reader_avro_schema() if options.value_format == "avro" else None,
+            registry_url=options.schema_registry_url,
+            registry_auth=(
+                options.schema_registry_auth.get_secret_value() if options.schema_registry_auth else None
+            ),
+        )
         self._admin: Any = None
         self._target: Offsets | None = None  # availableNow: never read beyond these offsets
 
@@ -334,11 +468,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 begin = start.get(topic, {}).get(key, stop)
                 begin = max(begin, committed.get(topic, {}).get(key, begin))
                 if stop > begin:
-                    ranges.append(KafkaPartitionRange(topic, int(key), begin, stop, config))
+                    ranges.append(KafkaPartitionRange(topic, int(key), begin, stop, config, self._decoding))
         return ranges
 
     def commit(self, end: Offsets) -> None:
-        pass  # progress lives in Spark's checkpoint (and, for ingest, in the Delta log)
+        # Progress lives in Spark's checkpoint (and, for ingest, in the Delta log); the group
+        # only mirrors it for monitoring.
+        if self._options.commit_to_group:
+            commit_to_group(self._options.client_config(), end)
 
     def stop(self) -> None:
         self._admin = None
@@ -347,7 +484,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, KafkaPartitionRange)
-        yield from read_range(partition, self._schema)
+        yield from read_range(partition)
 
 
 def _admit(start: Offsets, end: Offsets, budget: int) -> Offsets:
@@ -368,14 +505,32 @@ def _admit(start: Offsets, end: Offsets, budget: int) -> Offsets:
     return capped
 
 
-def read_range(task: KafkaPartitionRange, schema: StructType) -> Iterator[pa.RecordBatch]:
+def commit_to_group(config: Mapping[str, Any], end: Offsets) -> None:
+    """Commit ``end`` (next offsets to read) to the consumer group of ``config``."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    if "group.id" not in config:
+        raise ConfigError("commit_to_group needs a consumer group: set kafka.group.id")
+    offsets = [TopicPartition(t, int(p), o) for t, parts in end.items() for p, o in parts.items() if o > 0]
+    if not offsets:
+        return
+    consumer = Consumer({**config, "enable.auto.commit": False})
+    try:
+        consumer.commit(offsets=offsets, asynchronous=False)
+    except KafkaException as exc:  # monitoring only: never fail the pipeline for it
+        logger.warning("could not commit offsets to group %r: %s", config["group.id"], exc)
+    finally:
+        consumer.close()
+
+
+def read_range(task: KafkaPartitionRange) -> Iterator[pa.RecordBatch]:
     """Read ``[task.start, task.end)`` of one partition as Arrow batches of the source schema."""
-    import pyarrow as pa
     from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-    from deltaflow._schema import spark_to_arrow
-
-    arrow_schema = spark_to_arrow(schema)
+    decoding = task.decoding
+    assert decoding is not None
+    arrow_schema = decoding.arrow_schema
+    decoder = _decoder(decoding)
     conf = {**_FAST_CONSUMER, **task.config}
     conf.setdefault("group.id", "deltaflow-reader")
     consumer = Consumer(conf)
@@ -399,7 +554,7 @@ def read_range(task: KafkaPartitionRange, schema: StructType) -> Iterator[pa.Rec
             if rows:
                 next_offset = rows[-1].offset() + 1
                 last_progress = time.monotonic()
-                yield _to_arrow(rows, task, arrow_schema, pa)
+                yield _to_arrow(rows, task, arrow_schema, decoder, decoding)
                 continue
             (position,) = consumer.position([TopicPartition(task.topic, task.partition)])
             if position.offset >= task.end:
@@ -416,14 +571,55 @@ def read_range(task: KafkaPartitionRange, schema: StructType) -> Iterator[pa.Rec
         consumer.close()
 
 
-def _to_arrow(rows: Sequence[Any], task: KafkaPartitionRange, schema: pa.Schema, pa: Any) -> pa.RecordBatch:
+def _decoder(decoding: Decoding) -> Any:
+    if decoding.value_format == "binary":
+        return None
+    data_type = decoding.arrow_schema.field("data").type
+    if decoding.value_format == "json":
+        return JsonDecoder(pa_schema(data_type))
+    from deltaflow.sources.decode import AvroDecoder
+
+    registry = (
+        SchemaRegistry(decoding.registry_url, basic_auth=decoding.registry_auth)
+        if decoding.registry_url
+        else None
+    )
+    assert decoding.avro_schema is not None
+    return AvroDecoder(decoding.avro_schema, data_type, registry)
+
+
+def pa_schema(struct_type: Any) -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema(list(struct_type))
+
+
+def _to_arrow(
+    rows: Sequence[Any], task: KafkaPartitionRange, schema: pa.Schema, decoder: Any, decoding: Decoding
+) -> pa.RecordBatch:
+    import pyarrow as pa
+
     n = len(rows)
     stamps = [m.timestamp() for m in rows]
     headers = [m.headers() for m in rows]
+    values = [m.value() for m in rows]
+    decoded: list[Any] = []
+    if decoder is not None:
+        payloads, errors = decompress(values, decoding.compression)
+        result = decoder.decode(payloads)
+        errors = [e or d for e, d in zip(errors, result.errors, strict=True)]
+        data = result.data  # null where decoding failed (a failed gzip leaves nothing to decode)
+        if not decoding.keep_value:
+            values = [v if e is not None else None for v, e in zip(values, errors, strict=True)]
+        decoded = [
+            data.cast(schema.field("data").type),
+            pa.array(errors, pa.string()),
+            pa.array(result.unknown_fields, schema.field("unknown_fields").type),
+        ]
     return pa.RecordBatch.from_arrays(
         [
             pa.array([m.key() for m in rows], pa.binary()),
-            pa.array([m.value() for m in rows], pa.binary()),
+            pa.array(values, pa.binary()),
             pa.array([task.topic] * n, pa.string()),
             pa.array([task.partition] * n, pa.int32()),
             pa.array([m.offset() for m in rows], pa.int64()),
@@ -435,6 +631,7 @@ def _to_arrow(rows: Sequence[Any], task: KafkaPartitionRange, schema: pa.Schema,
                 [[{"key": k, "value": v} for k, v in h] if h else [] for h in headers],
                 schema.field("headers").type,
             ),
+            *decoded,
         ],
         schema=schema,
     )

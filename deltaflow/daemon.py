@@ -1,0 +1,333 @@
+"""Keep a streaming query running: restart it after transient failures, stop on SIGTERM/SIGINT.
+
+:func:`run_until_stopped` is the loop behind ``deltaflow ingest``:
+
+1. Start the query (``start_query()``).
+2. Poll ``query.awaitTermination(POLL_S)`` in the main thread and count progress.
+3. On SIGTERM or SIGINT stop the query and return. The handlers only record the signal: a
+   py4j call made from inside a handler would break the call the main thread is in.
+4. When the query fails, :func:`classify_failure` decides. Transient (the broker is gone, a
+   Kafka error, a Delta commit conflict that outlived its retries, any deltaflow
+   :class:`~deltaflow.exceptions.TransientError`): log a warning, wait (1 s, doubling up to
+   ``max_backoff_s``; back to 1 s once a restarted query has ingested something) and go to
+   step 1. Terminal (anything else): raise it as a :class:`~deltaflow.exceptions.TerminalError`.
+5. When the query ends on its own (``availableNow``), return.
+
+Restarting is safe: the query resumes from its Spark checkpoint, and the Kafka source never
+reads an offset the Delta table already holds, so no message is lost or written twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from deltaflow import exceptions
+from deltaflow.exceptions import ConfigError, DeltaflowError, QueryFailedError, TerminalError, TransientError
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming.query import StreamingQuery
+
+__all__ = ["RunSummary", "classify_failure", "run_until_stopped"]
+
+logger = logging.getLogger(__name__)
+
+#: Seconds per awaitTermination() call: the longest a stop signal waits to be acted on.
+POLL_S = 1
+#: The first wait before a restart; it doubles after each failed restart.
+INITIAL_BACKOFF_S = 1.0
+#: Default cap of the wait between restarts: long enough not to hammer a broker that is down,
+#: short enough that ingestion resumes soon after it returns.
+DEFAULT_MAX_BACKOFF_S = 30.0
+#: The backoff wait sleeps in slices this long, checking for a stop signal after each.
+BACKOFF_SLICE_S = 0.2
+#: Characters of a failure quoted in log lines and error messages.
+REASON_CHARS = 500
+
+_TRACEBACK = "Traceback (most recent call last):"
+#: The line of a Python traceback that names the exception: ``module.Class: message``.
+_EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*: ")
+#: A deltaflow exception raised in a Python worker reaches the driver as traceback text only.
+_DELTAFLOW_ERROR = re.compile(r"deltaflow\.exceptions\.(\w+): ")
+#: Kafka errors retrying cannot fix: credentials, authorization, invalid settings.
+_TERMINAL_KAFKA = re.compile(
+    r"_AUTHENTICATION|SASL_AUTHENTICATION_FAILED|_AUTHORIZATION_FAILED|_INVALID_ARG|_INVALID_TYPE"
+    r"|_UNSUPPORTED_FEATURE|_SSL\b|_FATAL|No such configuration property"
+)
+#: Kafka errors of a broker that is down, restarting, or unreachable, and Delta commit
+#: conflicts that outlived their retries.
+_TRANSIENT = re.compile(
+    r"KafkaException|KafkaError|_TRANSPORT|_ALL_BROKERS_DOWN|_TIMED_OUT|_RESOLVE|_UNKNOWN_PARTITION"
+    r"|NOT_LEADER|LEADER_NOT_AVAILABLE|REQUEST_TIMED_OUT|NETWORK_EXCEPTION|BROKER_NOT_AVAILABLE"
+    r"|CommitFailedError|ConcurrentAppendException|ConcurrentTransactionException"
+)
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What :func:`run_until_stopped` did, summed over every incarnation of the query.
+
+    Attributes:
+        messages: Input rows of the micro-batches that completed.
+        batches: Micro-batches that completed with at least one input row.
+        restarts: Times the query was started again after a transient failure.
+        signal: The signal that stopped the loop, or ``None`` when the query ended on its own.
+    """
+
+    messages: int
+    batches: int
+    restarts: int
+    signal: int | None
+
+
+def classify_failure(error: BaseException) -> DeltaflowError:
+    """The deltaflow error a failed query stands for: a transient or a terminal one.
+
+    ``error`` may be a deltaflow error, a Kafka exception raised on the driver, or Spark's
+    ``StreamingQueryException`` whose text holds the traceback of a Python worker.
+
+    Returns:
+        A :class:`TransientError` (restart the query) or a :class:`TerminalError` (give up):
+        the deltaflow class named in the failure's text when there is one, else
+        :class:`TransientError` for Kafka errors and commit conflicts, else
+        :class:`QueryFailedError`.
+    """
+    if isinstance(error, (TransientError, TerminalError)):
+        return error
+    text = _failure_text(error)
+    named = _DELTAFLOW_ERROR.findall(text)
+    if named:
+        # The last one named is the outermost (Python prints chained causes first).
+        cls = getattr(exceptions, named[-1], None)
+        if isinstance(cls, type) and issubclass(cls, (TransientError, TerminalError)):
+            return _rebuilt(cls, _reason(text, f"deltaflow.exceptions.{named[-1]}: "))
+    if isinstance(error, DeltaflowError) or _TERMINAL_KAFKA.search(text) or not _TRANSIENT.search(text):
+        return QueryFailedError(
+            f"the streaming query failed and retrying cannot help: {_reason(text)}",
+            error_type=type(error).__name__,
+        )
+    return TransientError(_reason(text), error_type=type(error).__name__)
+
+
+def run_until_stopped(
+    start_query: Callable[[], StreamingQuery],
+    *,
+    name: str,
+    max_backoff_s: float = DEFAULT_MAX_BACKOFF_S,
+    poll_s: int = POLL_S,
+) -> RunSummary:
+    """Run the query ``start_query()`` starts until it ends, a signal stops it, or it fails for good.
+
+    Call it from the main thread: it handles SIGTERM and SIGINT while it runs (elsewhere a
+    signal cannot be caught and only the query's own end or failure stops the loop).
+
+    Args:
+        start_query: Starts the query; called again for every restart (it must resume from
+            the same checkpoint).
+        name: The query's name in log lines (the pipeline id).
+        max_backoff_s: The longest wait between two restarts.
+        poll_s: Seconds per ``awaitTermination`` call (and the longest a signal waits).
+
+    Returns:
+        Messages and batches ingested over all restarts, restarts, and the stopping signal.
+
+    Raises:
+        TerminalError: the query failed in a way retrying cannot fix (a configuration error,
+            a schema mismatch, a checkpoint mismatch, a failure deltaflow does not know).
+    """
+    if max_backoff_s < INITIAL_BACKOFF_S:
+        raise ConfigError(
+            f"max_backoff_s must be at least {INITIAL_BACKOFF_S} s, got {max_backoff_s}",
+            max_backoff_s=max_backoff_s,
+        )
+    tally = _Tally(name)
+    restarts = 0
+    backoff = INITIAL_BACKOFF_S
+    with _stop_signals() as received:
+        while True:
+            failure: TransientError | None
+            try:
+                query = start_query()
+            except Exception as exc:  # noqa: BLE001 - classified: transient ones are retried
+                failure = _transient_or_raise(exc, name)
+            else:
+                if restarts:
+                    logger.info("query %r restarted (restart %d)", name, restarts)
+                before = tally.messages
+                failure = _watch(query, received, tally, poll_s, name)
+                if failure is None:
+                    return tally.summary(restarts, received[0] if received else None)
+                if tally.messages > before:
+                    backoff = INITIAL_BACKOFF_S  # it recovered once: a new outage starts over
+            logger.warning(
+                "query %r failed, restarting in %.0f s (transient: retrying may help): %s",
+                name,
+                backoff,
+                failure,
+            )
+            if not _wait(backoff, received):
+                logger.info("received signal %d while waiting to restart %r: stopping", received[0], name)
+                return tally.summary(restarts, received[0])
+            restarts += 1
+            backoff = min(backoff * 2, max_backoff_s)
+
+
+def _watch(
+    query: StreamingQuery, received: list[int], tally: _Tally, poll_s: int, name: str
+) -> TransientError | None:
+    """Poll ``query`` until it stops (``None``) or fails transiently (the error)."""
+    from pyspark.errors import StreamingQueryException
+
+    while True:
+        if received:
+            logger.info("received signal %d: stopping query %r", received[0], name)
+            query.stop()  # the current batch is abandoned uncommitted or was committed whole
+            tally.update(query)
+            return None
+        error: BaseException | None = None
+        try:
+            done = query.awaitTermination(poll_s)
+        except StreamingQueryException as exc:
+            done, error = True, exc
+        tally.update(query)
+        if done:
+            error = error or query.exception()
+            if error is None:
+                logger.info("query %r ended", name)
+                return None
+            return _transient_or_raise(error, name)
+
+
+def _transient_or_raise(error: BaseException, name: str) -> TransientError:
+    failure = classify_failure(error)
+    if isinstance(failure, TransientError):
+        return failure
+    logger.error("query %r failed and will not be restarted: %s", name, failure)
+    raise failure from error
+
+
+def _wait(seconds: float, received: list[int]) -> bool:
+    """Sleep ``seconds`` unless a signal arrives (then ``False``), in short slices."""
+    deadline = time.monotonic() + seconds
+    while not received:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return True
+        time.sleep(min(BACKOFF_SLICE_S, left))
+    return False
+
+
+@contextmanager
+def _stop_signals() -> Iterator[list[int]]:
+    """Record SIGTERM/SIGINT in the yielded list (main thread only); restore the handlers after."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def _record(signum: int, _frame: FrameType | None) -> None:
+        received.append(signum)  # nothing else: see the module docstring, step 3
+
+    previous = {sig: signal.signal(sig, _record) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class _Tally:
+    """Counts completed micro-batches over every run of a query, each batch once."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.messages = 0
+        self.batches = 0
+        self._counted: dict[str, int] = {}  # runId -> last batchId counted
+        self._last_seen: tuple[Any, Any] | None = None
+
+    def update(self, query: StreamingQuery) -> None:
+        last = query.lastProgress
+        if last is None or (last["runId"], last["batchId"]) == self._last_seen:
+            return  # nothing new: skip fetching (and parsing) the whole recent history
+        self._last_seen = (last["runId"], last["batchId"])
+        new_batches = new_messages = 0
+        for progress in query.recentProgress:
+            rows = int(progress.get("numInputRows") or 0)
+            run, batch = str(progress["runId"]), int(progress["batchId"])
+            # Idle triggers report the next batch id with no rows: count only batches with rows.
+            if rows and batch > self._counted.get(run, -1):
+                self._counted[run] = batch
+                new_batches += 1
+                new_messages += rows
+        if new_batches:
+            self.batches += new_batches
+            self.messages += new_messages
+            logger.info(
+                "query %r: %d message(s) in %d batch(es); %d message(s) in %d batch(es) in all",
+                self.name,
+                new_messages,
+                new_batches,
+                self.messages,
+                self.batches,
+            )
+
+    def summary(self, restarts: int, signum: int | None) -> RunSummary:
+        return RunSummary(self.messages, self.batches, restarts, signum)
+
+
+def _failure_text(error: BaseException) -> str:
+    """Everything a failure says about itself: message, Python causes, JVM causes."""
+    parts: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        parts.append(f"{type(current).__module__}.{type(current).__qualname__}: {current}")
+        cause = getattr(current, "_cause", None)  # pyspark's captured JVM exception
+        for _ in range(20):  # a JVM cause chain, bounded
+            if cause is None:
+                break
+            try:
+                parts.append(str(cause.toString()))
+                cause = cause.getCause()
+            except Exception:  # noqa: BLE001 - the JVM may be gone; the text so far suffices
+                break
+        current = current.__cause__ or current.__context__
+    return "\n".join(parts)
+
+
+def _reason(text: str, after: str = "") -> str:
+    """A short reason: the message after ``after`` or the exception line of a Python traceback."""
+    if after:
+        text = text[text.rfind(after) + len(after) :]
+    elif (tb := text.rfind(_TRACEBACK)) >= 0:
+        # The worker's own exception, e.g. "cimpl.KafkaException: KafkaError{code=_TRANSPORT,...}".
+        for line in text[tb:].splitlines()[1:]:
+            if _EXCEPTION_LINE.match(line):
+                text = line
+                break
+    lines: list[str] = []
+    for line in text.strip().splitlines():
+        if line.lstrip().startswith(("at ", "JVM stacktrace", "SQLSTATE", _TRACEBACK)) or (
+            lines and not line.strip()
+        ):
+            break
+        lines.append(line)
+    reason = "\n".join(lines).strip()
+    return reason if len(reason) <= REASON_CHARS else reason[:REASON_CHARS] + " …"
+
+
+def _rebuilt(cls: type[DeltaflowError], message: str) -> DeltaflowError:
+    """An instance of ``cls`` from its message alone (its own ``__init__`` may want more)."""
+    err = cls.__new__(cls)
+    DeltaflowError.__init__(err, message)
+    return err

@@ -1,0 +1,171 @@
+"""Payload decoding in the source tasks: JSON and Avro to Arrow, errors per message."""
+
+from __future__ import annotations
+
+import datetime as dt
+import gzip
+import io
+import json
+
+import fastavro
+import pyarrow as pa
+import pytest
+
+from deltaflow.exceptions import ConfigError
+from deltaflow.sources.decode import (
+    AvroDecoder,
+    JsonDecoder,
+    SchemaRegistry,
+    avro_to_spark_ddl,
+    decompress,
+)
+
+SCHEMA = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("user", pa.string()),
+        ("ts", pa.timestamp("us", tz="UTC")),
+        ("meta", pa.struct([("a", pa.int32())])),
+    ]
+)
+
+
+def test_json_good_bad_and_unknown_fields_keep_message_order():
+    values = [
+        b'{"id": 1, "user": "a", "extra": 3}',
+        None,
+        b"   ",
+        b'{"id": "x"}',
+        b"5",
+        b'{"id": 2,\n  "meta": {"a": 5, "b": 6}}',
+        b'{"id": 3}{"id": 4}',
+        b"\xff\xfe",
+        b'{"id": 7, "ts": "2026-01-01T00:00:00Z"}',
+    ]
+    out = JsonDecoder(SCHEMA).decode(values)
+    rows = out.data.to_pylist()
+    assert len(rows) == len(values)
+    assert rows[0] == {"id": 1, "user": "a", "ts": None, "meta": None}
+    assert rows[5] == {"id": 2, "user": None, "ts": None, "meta": {"a": 5}}
+    assert rows[8]["id"] == 7
+    assert rows[8]["ts"] == dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    bad = {1, 2, 3, 4, 6, 7}
+    for i in range(len(values)):
+        assert (out.errors[i] is not None) == (i in bad), (i, out.errors[i])
+        assert (rows[i] is None) == (i in bad)
+    assert "changed from number to string" in out.errors[3]
+    assert out.errors[1].startswith("empty message")
+    assert out.unknown_fields[0] == ["extra"]
+    assert out.unknown_fields[5] == ["meta.b"]
+    assert out.unknown_fields[8] is None
+
+
+def test_json_one_bad_message_in_a_large_chunk_is_isolated():
+    values = [json.dumps({"id": i, "user": f"u{i}"}).encode() for i in range(5000)]
+    values[1234] = b'{"id": 1234, "user": '
+    out = JsonDecoder(SCHEMA).decode(values)
+    ids = [r["id"] if r else None for r in out.data.to_pylist()]
+    assert ids == [None if i == 1234 else i for i in range(5000)]
+    assert [i for i, e in enumerate(out.errors) if e] == [1234]
+
+
+def test_json_unknown_field_with_changing_types_is_not_an_error():
+    values = [b'{"id": 1, "x": 1}', b'{"id": 2, "x": "one"}']
+    out = JsonDecoder(SCHEMA).decode(values)
+    assert [r["id"] for r in out.data.to_pylist()] == [1, 2]
+    assert out.errors == [None, None]
+
+
+def test_gzip_decompress_flags_bad_payloads():
+    values, errors = decompress([gzip.compress(b'{"id": 1}'), b"not gzip", None], "gzip")
+    assert values[0] == b'{"id": 1}'
+    assert values[1] is None and errors[1].startswith("gzip:")
+    assert values[2] is None and errors[2] is None
+
+
+AVRO_V1 = {
+    "type": "record",
+    "name": "Click",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "url", "type": "string"},
+        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+    ],
+}
+AVRO_V2 = {
+    **AVRO_V1,
+    "fields": [*AVRO_V1["fields"], {"name": "ref", "type": ["null", "string"], "default": None}],
+}
+
+
+def _bare(schema, record):
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(schema), record)
+    return buf.getvalue()
+
+
+def _arrow_type(schema) -> pa.StructType:
+    mapping = {"BIGINT": pa.int64(), "STRING": pa.string(), "TIMESTAMP": pa.timestamp("us", tz="UTC")}
+    fields = [part.split(" ") for part in avro_to_spark_ddl(json.dumps(schema)).split(", ")]
+    return pa.struct([(name.strip("`"), mapping[kind]) for name, kind in fields])
+
+
+def test_avro_bare_datums_and_a_bad_one():
+    at = dt.datetime(2026, 11, 22, 10, 0, tzinfo=dt.UTC)
+    decoder = AvroDecoder(json.dumps(AVRO_V1), _arrow_type(AVRO_V1), None)
+    good = _bare(AVRO_V1, {"id": 1, "url": "/a", "at": at})
+    out = decoder.decode([good, b"\x02", good + b"\x00"])
+    assert out.data.to_pylist()[0] == {"id": 1, "url": "/a", "at": at}
+    assert out.errors[0] is None
+    assert out.errors[1] is not None and out.errors[2] is not None
+    assert "trailing" in out.errors[2]
+    assert out.data.to_pylist()[1:] == [None, None]
+
+
+def test_avro_with_registry_resolves_each_writer_schema(schema_registry):
+    v1 = schema_registry.register("clicks-value", AVRO_V1)
+    v2 = schema_registry.register("clicks-value", AVRO_V2)
+    registry = SchemaRegistry(schema_registry.url)
+    latest_id, latest = registry.latest("clicks-value")
+    assert latest_id == v2
+    at = dt.datetime(2026, 11, 22, tzinfo=dt.UTC)
+    decoder = AvroDecoder(latest, _arrow_type(AVRO_V2), registry)
+    out = decoder.decode(
+        [
+            schema_registry.encode(v1, {"id": 1, "url": "/a", "at": at}),
+            schema_registry.encode(v2, {"id": 2, "url": "/b", "at": at, "ref": "x"}),
+            b"\x01\x00\x00\x00\x01abc",  # wrong magic byte
+            b"\x00\x00\x00\x00\x63abc",  # unknown schema id 99
+        ]
+    )
+    rows = out.data.to_pylist()
+    assert rows[0] == {"id": 1, "url": "/a", "at": at, "ref": None}  # v1 read with v2's default
+    assert rows[1] == {"id": 2, "url": "/b", "at": at, "ref": "x"}
+    assert "magic byte 1" in out.errors[2]
+    assert "HTTP 404" in out.errors[3]
+    assert schema_registry.requests.count(f"/schemas/ids/{v1}") == 1  # cached
+
+
+def test_avro_schema_to_spark_ddl():
+    schema = {
+        "type": "record",
+        "name": "R",
+        "fields": [
+            {"name": "a", "type": ["null", "int"]},
+            {"name": "b", "type": {"type": "array", "items": "string"}},
+            {"name": "c", "type": {"type": "map", "values": "double"}},
+            {
+                "name": "d",
+                "type": {"type": "record", "name": "In", "fields": [{"name": "x", "type": "boolean"}]},
+            },
+            {"name": "e", "type": {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2}},
+            {"name": "f", "type": {"type": "int", "logicalType": "date"}},
+            {"name": "g", "type": {"type": "enum", "name": "E", "symbols": ["A"]}},
+        ],
+    }
+    assert avro_to_spark_ddl(json.dumps(schema)) == (
+        "`a` INT, `b` ARRAY<STRING>, `c` MAP<STRING, DOUBLE>, `d` STRUCT<`x`: BOOLEAN>, "
+        "`e` DECIMAL(10,2), `f` DATE, `g` STRING"
+    )
+    with pytest.raises(ConfigError, match="unions other than"):
+        avro_to_spark_ddl(json.dumps({**schema, "fields": [{"name": "u", "type": ["int", "string"]}]}))

@@ -1,0 +1,234 @@
+"""``deltaflow.daemon``: which failures are retried, and the restart loop on real Spark queries."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from deltaflow.daemon import classify_failure, run_until_stopped
+from deltaflow.exceptions import (
+    CheckpointMismatchError,
+    CommitError,
+    ConfigError,
+    QueryFailedError,
+    SchemaMismatchError,
+    TransientError,
+)
+
+
+def _worker_failure(exception_line: str, where: str = "latestOffset") -> RuntimeError:
+    """A failure as Spark reports a Python worker's exception: traceback text in a message."""
+    return RuntimeError(
+        "[STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception: "
+        f"[PYTHON_STREAMING_DATA_SOURCE_RUNTIME_ERROR] Failed when Python streaming data source perform "
+        f"{where}: Traceback (most recent call last):\n"
+        '  File "/x/deltaflow/sources/kafka.py", line 1, in latestOffset\n'
+        "    raise boom\n"
+        f"{exception_line}\n"
+        " SQLSTATE: 38000"
+    )
+
+
+def _chained(outer: Exception, cause: Exception) -> Exception:
+    try:
+        raise outer from cause
+    except Exception as exc:  # noqa: BLE001
+        return exc
+
+
+@pytest.mark.parametrize(
+    ("error", "expected", "reason"),
+    [
+        pytest.param(CommitError("commit failed"), CommitError, "commit failed", id="deltaflow-transient"),
+        pytest.param(ConfigError("bad"), ConfigError, "bad", id="deltaflow-terminal"),
+        pytest.param(
+            KafkaException(KafkaError(KafkaError._TRANSPORT, "Broker transport failure")),
+            TransientError,
+            "_TRANSPORT",
+            id="kafka-on-driver",
+        ),
+        pytest.param(
+            _worker_failure(
+                'cimpl.KafkaException: KafkaError{code=_TRANSPORT,val=-195,str="Failed to get metadata: '
+                'Local: Broker transport failure"}'
+            ),
+            TransientError,
+            'cimpl.KafkaException: KafkaError{code=_TRANSPORT,val=-195,str="Failed to get metadata: '
+            'Local: Broker transport failure"}',
+            id="kafka-in-worker",
+        ),
+        pytest.param(
+            _worker_failure("cimpl.KafkaException: KafkaError{code=_ALL_BROKERS_DOWN,val=-187}"),
+            TransientError,
+            "_ALL_BROKERS_DOWN",
+            id="all-brokers-down",
+        ),
+        pytest.param(
+            _worker_failure(
+                "deltaflow.exceptions.TransientError: no progress reading t[0] at offset 5 (range ends "
+                "at 9) for 60 s; is the broker up?",
+                where="read",
+            ),
+            TransientError,
+            "no progress reading t[0] at offset 5 (range ends at 9) for 60 s; is the broker up?",
+            id="stalled-read-in-worker",
+        ),
+        pytest.param(
+            _worker_failure("deltaflow.exceptions.CommitError: commit to /t failed after 4 attempt(s)"),
+            CommitError,
+            "commit to /t failed after 4 attempt(s)",
+            id="commit-conflict-in-worker",
+        ),
+        pytest.param(
+            _worker_failure(
+                "deltaflow.exceptions.SchemaMismatchError: schema of the data does not match the Delta "
+                "table '/t':\n  - column 'a' is x"
+            ),
+            SchemaMismatchError,
+            "schema of the data does not match the Delta table '/t':\n  - column 'a' is x",
+            id="schema-mismatch-in-worker",
+        ),
+        pytest.param(
+            _worker_failure("deltaflow.exceptions.CheckpointMismatchError: txn 7 > batch 3"),
+            CheckpointMismatchError,
+            "txn 7 > batch 3",
+            id="checkpoint-mismatch-in-worker",
+        ),
+        pytest.param(
+            _worker_failure("deltaflow.exceptions.ConfigError: Kafka topic 't' does not exist"),
+            ConfigError,
+            "Kafka topic 't' does not exist",
+            id="config-error-in-worker",
+        ),
+        pytest.param(
+            _worker_failure("cimpl.KafkaException: KafkaError{code=SASL_AUTHENTICATION_FAILED,val=58}"),
+            QueryFailedError,
+            "SASL_AUTHENTICATION_FAILED",
+            id="kafka-authentication",
+        ),
+        pytest.param(
+            _worker_failure("ZeroDivisionError: division by zero"),
+            QueryFailedError,
+            "retrying cannot help: ZeroDivisionError: division by zero",
+            id="unknown-error",
+        ),
+        pytest.param(
+            _chained(RuntimeError("sampling failed"), KafkaException(KafkaError(KafkaError._TIMED_OUT))),
+            TransientError,
+            "sampling failed",
+            id="kafka-as-python-cause",
+        ),
+    ],
+)
+def test_classify_failure(error, expected, reason):
+    failure = classify_failure(error)
+    assert type(failure) is expected
+    assert reason in str(failure)
+
+
+def test_a_signal_ends_the_backoff_wait():
+    calls = []
+
+    def start_query():
+        calls.append(time.monotonic())
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # recorded by run_until_stopped's handler
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT))
+
+    before = signal.getsignal(signal.SIGTERM)
+    started = time.monotonic()
+    summary = run_until_stopped(start_query, name="t", max_backoff_s=30)
+    assert (summary.signal, summary.restarts, len(calls)) == (signal.SIGTERM, 1, 2)
+    assert 1.0 <= calls[1] - calls[0] < 2.0  # the first backoff step
+    assert time.monotonic() - started < 2.5  # the second (2 s) was cut short by the signal
+    assert signal.getsignal(signal.SIGTERM) is before  # handlers restored
+
+
+def test_a_bad_max_backoff_is_refused():
+    with pytest.raises(ConfigError, match=r"max_backoff_s must be at least 1\.0 s, got 0\.5"):
+        run_until_stopped(lambda: pytest.fail("started"), name="t", max_backoff_s=0.5)
+
+
+def _file_stream(spark, tmp_path, rows, on_batch, *, available_now=True):
+    landing = tmp_path / "landing"
+    landing.mkdir(exist_ok=True)
+    (landing / "a.json").write_text("".join(json.dumps({"id": i}) + "\n" for i in range(rows)))
+
+    def start():
+        writer = (
+            spark.readStream.schema("id LONG")
+            .json(str(landing))
+            .writeStream.foreachBatch(on_batch)
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        )
+        return writer.trigger(availableNow=True).start() if available_now else writer.start()
+
+    return start
+
+
+def test_transient_failures_restart_the_query_and_the_counts_add_up(spark, tmp_path, caplog):
+    seen = []
+    starts = []
+
+    def on_batch(df, batch_id):
+        if len(seen) == 0 and not starts[-1]:
+            seen.append("failed")
+            raise TransientError("the broker is gone")  # reaches the driver as text
+        seen.append(df.count())
+
+    start = _file_stream(spark, tmp_path, 7, on_batch)
+
+    def start_query():
+        if not starts:
+            starts.append(True)
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT))  # before the query exists
+        starts.append(False)
+        return start()
+
+    summary = run_until_stopped(start_query, name="flaky")
+    assert seen == ["failed", 7]
+    assert (summary.messages, summary.batches, summary.restarts, summary.signal) == (7, 1, 2, None)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("query 'flaky' failed, restarting in 1 s" in w and "_TRANSPORT" in w for w in warnings)
+    assert any("restarting in 2 s" in w and "the broker is gone" in w for w in warnings)
+
+
+@pytest.mark.parametrize(
+    ("raised", "expected", "message"),
+    [
+        pytest.param(
+            SchemaMismatchError("/t", ["column 'a' is x"]),
+            SchemaMismatchError,
+            "schema of the data does not match the Delta table '/t':\n  - column 'a' is x",
+            id="schema-mismatch",
+        ),
+        pytest.param(ValueError("not a number"), QueryFailedError, "ValueError: not a number", id="unknown"),
+    ],
+)
+def test_terminal_failures_are_raised(spark, tmp_path, raised, expected, message):
+    def on_batch(df, batch_id):
+        raise raised
+
+    with pytest.raises(expected) as info:
+        run_until_stopped(_file_stream(spark, tmp_path, 3, on_batch), name="bad")
+    assert message in str(info.value)
+
+
+def test_sigterm_stops_the_query(spark, tmp_path):
+    def on_batch(df, batch_id):
+        df.count()  # Spark counts input rows only when the batch's DataFrame is read
+        if batch_id == 0:
+            (tmp_path / "landing" / "b.json").write_text('{"id": 5}\n')  # makes batch 1
+        else:
+            os.kill(os.getpid(), signal.SIGTERM)  # the daemon's handler only records it
+
+    summary = run_until_stopped(_file_stream(spark, tmp_path, 5, on_batch, available_now=False), name="sig")
+    assert (summary.signal, summary.restarts) == (signal.SIGTERM, 0)
+    # Batch 1 was abandoned by the stop (not counted) or finished first (counted).
+    assert (summary.messages, summary.batches) in {(5, 1), (6, 2)}
+    assert not spark.streams.active

@@ -1,0 +1,214 @@
+"""``deltaflow ingest`` with bad messages: the dead-letter table, gzip, Avro with a registry."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import gzip
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from deltaflow.ingest import DLQ_COLUMNS, IngestConfig, ingest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = "id LONG, user STRING, at STRING"
+TRANSFORMS = ("at_iso: epoch_millis_to_iso8601(at)", "src_offset: kafka.offset")
+BASE_MS = 1_795_000_000_000
+
+
+def _message(i: int) -> bytes:
+    """Messages 3, 5, 7 (mod 10) fail: broken JSON, a wrong type, a failing transform."""
+    if i % 10 == 3:
+        return b'{"id": %d, "user": ' % i
+    if i % 10 == 5:
+        return json.dumps({"id": f"id-{i}", "user": "u"}).encode()
+    record = {"id": i, "user": f"u{i % 4}", "at": "soon" if i % 10 == 7 else str(BASE_MS + i)}
+    if i % 25 == 0:
+        record["extra"] = True  # a field the table lacks: stored nowhere, reported
+    return json.dumps(record).encode()
+
+
+def _good(n: int) -> list[int]:
+    return [i for i in range(n) if i % 10 not in (3, 5, 7)]
+
+
+def _bad(n: int) -> list[int]:
+    return [i for i in range(n) if i % 10 in (3, 5, 7)]
+
+
+def _assert_split(table: Path, dlq: Path, produced: int, partitions: int, second_produce: int = 0) -> None:
+    """Exactly the good messages in ``table``, the bad ones in ``dlq``. Keys count from 0 in
+    each ``produce`` call; the second one starts at message ``second_produce``."""
+    main = DeltaTable(str(table)).to_pyarrow_table().to_pylist()
+    assert sorted(r["id"] for r in main) == _good(produced)
+    for r in main:
+        assert (
+            r["at_iso"]
+            == dt.datetime.fromtimestamp((BASE_MS + r["id"]) / 1000, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[
+                :-3
+            ]
+            + "Z"
+        )
+        assert r["src_offset"] == r["id"] // partitions
+    dead = DeltaTable(str(dlq)).to_pyarrow_table().to_pylist()
+    assert len(main) + len(dead) == produced
+    by_value = {base64.b64decode(r["value_base64"]): r for r in dead}
+    assert len(by_value) == len(dead)
+    for i in _bad(produced):
+        row = by_value[_message(i)]  # the raw bytes, intact
+        assert (row["partition"], row["offset"]) == (i % partitions, i // partitions)
+        key = i - second_produce if second_produce and i >= second_produce else i
+        assert base64.b64decode(row["key_base64"]) == str(key).encode()
+        expected = {3: "JSON:", 5: "JSON: Column(/id) changed", 7: "transform 'at_iso': at is not a number"}
+        assert row["error"].startswith(expected[i % 10]), row["error"]
+    assert list(DeltaTable(str(dlq)).schema().to_arrow().names) == list(DLQ_COLUMNS)
+
+
+@pytest.mark.parametrize("write_path", ["spark", "arrow"])
+def test_bad_messages_go_to_the_dead_letter_table(spark, kafka, tmp_path, write_path, caplog):
+    topic = kafka.create_topic(partitions=3)
+    kafka.produce(topic, [_message(i) for i in range(300)], partitions=3)
+    config = IngestConfig(
+        topic=topic,
+        table_uri=str(tmp_path / "t"),
+        brokers=kafka.bootstrap,
+        app_id="dlq-test",
+        schema=SCHEMA,
+        transforms=TRANSFORMS,
+        dlq_table_location=str(tmp_path / "dlq"),
+        ends_at_latest_offsets=True,
+        max_messages_per_batch=120,
+        write_path=write_path,
+    )
+    with caplog.at_level("WARNING", logger="deltaflow.ingest"):
+        assert ingest(spark, config).awaitTermination(300)
+    assert "carry fields the table lacks, not stored: extra" in caplog.text
+    _assert_split(tmp_path / "t", tmp_path / "dlq", 300, 3)
+
+    kafka.produce(topic, [_message(i) for i in range(300, 330)], partitions=3)
+    assert ingest(spark, config).awaitTermination(300)
+    _assert_split(tmp_path / "t", tmp_path / "dlq", 330, 3, second_produce=300)
+    dlq = DeltaTable(str(tmp_path / "dlq"))
+    for p in range(3):  # the dead-letter table's own progress, per partition
+        assert dlq.transaction_version(f"dlq-test-dlq-{topic}-{p}") == 109
+
+
+def test_without_a_dead_letter_table_bad_messages_are_counted_and_skipped(spark, kafka, tmp_path, caplog):
+    topic = kafka.create_topic(partitions=1)
+    kafka.produce(topic, [_message(i) for i in range(20)], partitions=1)
+    config = IngestConfig(
+        topic=topic,
+        table_uri=str(tmp_path / "t"),
+        brokers=kafka.bootstrap,
+        app_id="no-dlq",
+        schema=SCHEMA,
+        transforms=TRANSFORMS,
+        ends_at_latest_offsets=True,
+    )
+    with caplog.at_level("WARNING", logger="deltaflow.ingest"):
+        assert ingest(spark, config).awaitTermination(300)
+    assert "6 message(s) could not be decoded or transformed and are skipped" in caplog.text
+    assert sorted(DeltaTable(str(tmp_path / "t")).to_pyarrow_table()["id"].to_pylist()) == _good(20)
+
+
+def _cli(kafka, topic, tmp_path, checkpoint, crash_at=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DELTAFLOW_TEST_")}
+    if crash_at:
+        env["DELTAFLOW_TEST_CRASH_AT"] = crash_at
+    args = [sys.executable, "-m", "deltaflow.cli", "ingest", topic, str(tmp_path / "t")]
+    args += ["--kafka", kafka.bootstrap, "--app_id", "dlq-crash", "--schema", SCHEMA]
+    args += ["--dlq_table_location", str(tmp_path / "dlq"), "--checkpoint_location", str(checkpoint)]
+    args += ["--max_messages_per_batch", "90", "--ends_at_latest_offsets"]
+    for t in TRANSFORMS:
+        args += ["-t", t]
+    return subprocess.run(
+        args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, start_new_session=True
+    )
+
+
+@pytest.mark.parametrize("checkpoint", ["kept", "deleted"])
+def test_crash_between_dead_letter_and_main_commit_is_exactly_once(kafka, tmp_path, checkpoint):
+    topic = kafka.create_topic(partitions=3)
+    kafka.produce(topic, [_message(i) for i in range(270)], partitions=3)
+    # Batch 1's first commit is its dead letters': the kill lands between the two commits.
+    crashed = _cli(kafka, topic, tmp_path, tmp_path / "cp", crash_at="after_commit:1")
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    main, dead = DeltaTable(str(tmp_path / "t")), DeltaTable(str(tmp_path / "dlq"))
+    assert main.to_pyarrow_table().num_rows == len(_good(90))  # batch 0 only
+    assert dead.to_pyarrow_table().num_rows == len(_bad(180))  # batches 0 and 1
+
+    if checkpoint == "deleted":
+        shutil.rmtree(tmp_path / "cp")  # the source replans from the main table's progress
+    restarted = _cli(kafka, topic, tmp_path, tmp_path / "cp")
+    assert restarted.returncode == 0, restarted.stderr[-3000:]
+    _assert_split(tmp_path / "t", tmp_path / "dlq", 270, 3)
+
+
+def test_gzip_values_and_a_payload_that_is_not_gzip(spark, kafka, tmp_path):
+    topic = kafka.create_topic(partitions=1)
+    values = [gzip.compress(json.dumps({"id": i, "user": "u"}).encode()) for i in range(10)]
+    values.append(b'{"id": 10, "user": "plain"}')
+    kafka.produce(topic, values, partitions=1)
+    config = IngestConfig(
+        topic=topic,
+        table_uri=str(tmp_path / "t"),
+        brokers=kafka.bootstrap,
+        app_id="gz",
+        decompress_gzip=True,  # schema inferred from the decompressed samples
+        dlq_table_location=str(tmp_path / "dlq"),
+        ends_at_latest_offsets=True,
+    )
+    assert ingest(spark, config).awaitTermination(300)
+    assert sorted(DeltaTable(str(tmp_path / "t")).to_pyarrow_table()["id"].to_pylist()) == list(range(10))
+    (dead,) = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().to_pylist()
+    assert dead["error"].startswith("gzip:") and dead["offset"] == 10
+
+
+AVRO_V1 = {
+    "type": "record",
+    "name": "Click",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "url", "type": "string"},
+        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+    ],
+}
+AVRO_V2 = {
+    **AVRO_V1,
+    "fields": [*AVRO_V1["fields"], {"name": "ref", "type": ["null", "string"], "default": None}],
+}
+
+
+def test_avro_with_a_schema_registry_end_to_end(kafka, schema_registry, tmp_path):
+    topic = kafka.create_topic(partitions=2)
+    v1 = schema_registry.register(f"{topic}-value", AVRO_V1)
+    v2 = schema_registry.register(f"{topic}-value", AVRO_V2)
+    at = dt.datetime(2026, 11, 22, 8, 30, tzinfo=dt.UTC)
+    values = [
+        schema_registry.encode(v1, {"id": i, "url": f"/p/{i}", "at": at})
+        if i < 20
+        else schema_registry.encode(v2, {"id": i, "url": f"/p/{i}", "at": at, "ref": f"r{i}"})
+        for i in range(40)
+    ]
+    values.append(b"\x00\x00\x00\x00\x63garbage")  # an unknown schema id: a dead letter
+    kafka.produce(topic, values, partitions=2)
+    args = [sys.executable, "-m", "deltaflow.cli", "ingest", topic, str(tmp_path / "t")]
+    args += ["--kafka", kafka.bootstrap, "--app_id", "avro", "--avro", schema_registry.url]
+    args += ["--dlq_table_location", str(tmp_path / "dlq"), "--ends_at_latest_offsets"]
+    out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+    rows = sorted(DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
+    assert [r["id"] for r in rows] == list(range(40))
+    assert all(r["at"] == at and r["url"] == f"/p/{r['id']}" for r in rows)
+    assert [r["ref"] for r in rows] == [None] * 20 + [f"r{i}" for i in range(20, 40)]
+    (dead,) = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().to_pylist()
+    assert "HTTP 404" in dead["error"]
