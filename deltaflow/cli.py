@@ -288,6 +288,15 @@ def _key_values(values: tuple[str, ...], flag: str) -> dict[str, str]:
     "with standard Kafka tools; progress is always read from the Delta log).",
 )
 @click.option(
+    "--metrics_port",
+    type=click.IntRange(min=0, max=65535),
+    default=None,
+    envvar="METRICS_PORT",
+    show_envvar=True,
+    help="Serve Prometheus metrics on this port (/metrics): rows, bytes, files, commits, retries, "
+    "latency, dead letters, unknown fields, lag per partition, rates.",
+)
+@click.option(
     "--write_path",
     type=click.Choice(["auto", "spark", "arrow"]),
     default="auto",
@@ -345,6 +354,7 @@ def ingest(
     dlq_transforms: tuple[str, ...],
     min_bytes_per_file: int | None,
     commit_to_group: bool,
+    metrics_port: int | None,
     write_path: str,
     schema: str | None,
     partition_by: tuple[str, ...],
@@ -397,6 +407,11 @@ def ingest(
     )  # validates every flag (and parses the transforms) before Spark starts
     import deltaflow
 
+    if metrics_port is not None:
+        from deltaflow.metrics import metrics
+
+        bound = metrics.serve(metrics_port)
+        click.echo(f"metrics on http://0.0.0.0:{bound}/metrics", err=True)
     spark = deltaflow.spark_session(spark_master)
     from deltaflow.daemon import run_until_stopped
 

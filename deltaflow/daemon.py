@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from deltaflow import exceptions
 from deltaflow.exceptions import ConfigError, DeltaflowError, QueryFailedError, TerminalError, TransientError
+from deltaflow.metrics import metrics
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
@@ -258,6 +259,7 @@ class _Tally:
         last = query.lastProgress
         if last is None or (last["runId"], last["batchId"]) == self._last_seen:
             return  # nothing new: skip fetching (and parsing) the whole recent history
+        metrics.progress_reported(self.name, last)
         self._last_seen = (last["runId"], last["batchId"])
         new_batches = new_messages = 0
         for progress in query.recentProgress:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from deltaflow._storage import normalize_uri
 from deltaflow.config import SinkOptions
 from deltaflow.exceptions import ConfigError
+from deltaflow.metrics import metrics
 from deltaflow.transforms import Transform, apply_transforms, parse_transform
 
 if TYPE_CHECKING:
@@ -241,8 +242,6 @@ def build_ingest_frame(spark: SparkSession, config: IngestConfig) -> DataFrame:
         settings["group.id"] = config.consumer_group
     if settings:
         reader = reader.option("kafka_settings", json.dumps(settings))
-    if config.commit_to_group:
-        reader = reader.option("commit_to_group", "true")
     if config.decompress_gzip:
         reader = reader.option("value_compression", "gzip")
     transforms = config.parsed_transforms()
@@ -316,14 +315,22 @@ class IngestWriter:
     Both commits are idempotent on their own txns, so the order only decides what a crash
     between them leaves: dead letters committed, main rows not yet, and a replay that skips
     the former and lands the latter (never a main row whose failed neighbours are lost).
+    With ``group_config`` the batch's end offsets are then committed to that consumer group.
     """
 
     def __init__(
-        self, main: SinkOptions, dlq: SinkOptions | None, dlq_transforms: Sequence[Transform]
+        self,
+        main: SinkOptions,
+        dlq: SinkOptions | None,
+        dlq_transforms: Sequence[Transform],
+        *,
+        group_config: Mapping[str, str] | None = None,
     ) -> None:
         from deltaflow._spark_writer import SparkBatchWriter
 
         self._main = SparkBatchWriter(main)
+        self._main_options = main
+        self._group_config = dict(group_config) if group_config else None
         self._dlq = SparkBatchWriter(dlq) if dlq else None
         self._dlq_options = dlq
         self._dlq_transforms = list(dlq_transforms)
@@ -342,8 +349,13 @@ class IngestWriter:
                 F.array_distinct(F.flatten(F.collect_set(F.col(f"{META}.unknown_fields")))).alias("names"),
             ).first()
             assert stats is not None
+            pipeline, table = (
+                self._main_options.pipeline_id or "",
+                normalize_uri(self._main_options.table_uri),
+            )
             if stats["unknown"]:
                 self.unknown_total += stats["unknown"]
+                metrics.unknown_fields_seen(pipeline=pipeline, table=table, count=stats["unknown"])
                 logger.warning(
                     "batch %s: %d message(s) carry fields the table lacks, not stored: %s (enable "
                     "them by adding the columns to the table or to --schema)",
@@ -353,10 +365,19 @@ class IngestWriter:
                 )
             if stats["failed"]:
                 self.failed_total += stats["failed"]
+                metrics.records_failed(
+                    pipeline=pipeline, table=table, count=stats["failed"], dead_lettered=self._dlq is not None
+                )
                 self._dead_letter(batch, batch_id, stats["failed"], stats["first_error"])
             self._main(main_rows(batch), batch_id)
         finally:
             batch.unpersist()
+        if self._group_config is not None:
+            # After the Delta commit, for lag monitoring only: progress is read from the table.
+            from deltaflow.sink import read_batch_offsets
+            from deltaflow.sources.kafka import commit_to_group
+
+            commit_to_group(self._group_config, read_batch_offsets(self._main_options, batch_id))
 
     def _dead_letter(self, batch: DataFrame, batch_id: int, failed: int, first_error: str) -> None:
         if self._dlq is None or self._dlq_options is None:
@@ -412,7 +433,11 @@ def ingest(spark: SparkSession, config: IngestConfig) -> StreamingQuery:
     dlq_transforms = config.parsed_dlq_transforms()
     if dlq is not None:
         _prepare_table(dead_letters(frame, dlq_transforms), dlq)
-    writer = IngestWriter(main, dlq, dlq_transforms)
+    group = None
+    if config.commit_to_group:
+        group = {"bootstrap.servers": config.brokers, **config.kafka_settings}
+        group["group.id"] = config.consumer_group or ""
+    writer = IngestWriter(main, dlq, dlq_transforms, group_config=group)
     stream = (
         frame.writeStream.foreachBatch(writer).option("checkpointLocation", location).queryName(config.app_id)
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -34,10 +35,12 @@ from deltaflow._storage import filesystem, normalize_uri
 from deltaflow.config import SinkOptions
 from deltaflow.exceptions import (
     CheckpointMismatchError,
+    CommitError,
     ConfigError,
     DeltaflowError,
     WriteValidationError,
 )
+from deltaflow.metrics import metrics
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -202,6 +205,7 @@ class _DeltaSink:
             self._delete(files)
             raise
         if replay:
+            metrics.batch_skipped(pipeline=opts.pipeline_id or "", table=self.table_uri)
             removed = self._delete(files)
             logger.info(
                 "batch %s of pipeline %r is already in %s: skipped the replay, deleted %d new file(s)",
@@ -224,6 +228,7 @@ class _DeltaSink:
             if files and not source_txns:
                 # Every partition of this batch is already in the log: a replay the source did
                 # not clamp (its delta_table_uri option is unset). Never commit it twice.
+                metrics.batch_skipped(pipeline=opts.pipeline_id or "", table=self.table_uri)
                 removed = self._delete(files)
                 logger.info(
                     "batch %s: its Kafka offsets are committed already; deleted %d file(s)", batch_id, removed
@@ -239,21 +244,26 @@ class _DeltaSink:
 
         # Step 4. One transaction: files + txn + commit metadata, with retries.
         rows = sum(f.num_records for f in files)
-        outcome = delta_log.commit_files(
-            self.table_uri,
-            files,
-            schema=self.schema,
-            partition_by=opts.partition_columns,
-            mode="overwrite" if self.overwrite else "append",
-            app_id=app_id,
-            txn_version=version,
-            metadata=self._commit_metadata(messages, batch_id, rows),
-            storage_options=opts.storage_options,
-            max_retries=opts.max_commit_retries,
-            create_if_missing=opts.auto_create_table,
-            properties=opts.table_properties,
-            source_txns=source_txns,
-        )
+        started = time.monotonic()
+        try:
+            outcome = delta_log.commit_files(
+                self.table_uri,
+                files,
+                schema=self.schema,
+                partition_by=opts.partition_columns,
+                mode="overwrite" if self.overwrite else "append",
+                app_id=app_id,
+                txn_version=version,
+                metadata=self._commit_metadata(messages, batch_id, rows),
+                storage_options=opts.storage_options,
+                max_retries=opts.max_commit_retries,
+                create_if_missing=opts.auto_create_table,
+                properties=opts.table_properties,
+                source_txns=source_txns,
+            )
+        except CommitError:
+            metrics.commit_failed(pipeline=opts.pipeline_id or "", table=self.table_uri)
+            raise
         if not outcome.committed:
             # An earlier attempt landed although it reported an error: these files are extra.
             self._delete(files)
@@ -262,6 +272,15 @@ class _DeltaSink:
         maybe_crash("after_commit", batch_id)
 
         # Step 5. Report.
+        metrics.batch_committed(
+            pipeline=opts.pipeline_id or "",
+            table=self.table_uri,
+            rows=rows,
+            files=len(files),
+            bytes_=sum(f.size for f in files),
+            seconds=time.monotonic() - started,
+            retries=outcome.retries,
+        )
         logger.info(
             "committed batch %s of %r to %s: version %s, %d file(s), %d row(s), %d retr%s",
             batch_id,

@@ -237,3 +237,27 @@ def test_daemon_rides_out_a_broker_outage(tmp_path):
     assert "ingested 200 message(s)" in out
     ids = sorted(DeltaTable(str(table)).to_pyarrow_table()["id"].to_pylist())
     assert ids == list(range(200))
+
+
+def test_commit_to_group_mirrors_the_committed_offsets(spark, kafka, tmp_path):
+    from confluent_kafka import Consumer, TopicPartition
+
+    topic = kafka.create_topic(partitions=2)
+    kafka.produce(topic, _events(0, 40), partitions=2)
+    config = IngestConfig(
+        topic=topic,
+        table_uri=str(tmp_path / "t"),
+        brokers=kafka.bootstrap,
+        app_id="group-mirror",
+        schema=SCHEMA,
+        consumer_group="deltaflow-lag-watch",
+        commit_to_group=True,
+        ends_at_latest_offsets=True,
+    )
+    assert ingest(spark, config).awaitTermination(300)
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": "deltaflow-lag-watch"})
+    try:
+        committed = consumer.committed([TopicPartition(topic, 0), TopicPartition(topic, 1)], timeout=15)
+    finally:
+        consumer.close()
+    assert [tp.offset for tp in committed] == [20, 20]  # the next offset to read, as Kafka counts

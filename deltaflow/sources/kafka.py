@@ -108,9 +108,6 @@ class KafkaSourceOptions(BaseModel):
         value_compression: ``gzip`` to decompress each value before decoding.
         keep_value: With decoding, keep every message's bytes in ``value`` (default: only the
             failed ones'), for pipelines that may reject a decoded row later.
-        commit_to_group: After a batch is committed, commit its end offsets to the Kafka
-            consumer group (``kafka.group.id``) so standard tools show the lag. Progress is
-            never read from there.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -133,7 +130,6 @@ class KafkaSourceOptions(BaseModel):
     schema_registry_auth: SecretStr | None = None
     value_compression: Literal["none", "gzip"] = "none"
     keep_value: bool = False
-    commit_to_group: bool = False
 
     @field_validator("topic", mode="before")
     @classmethod
@@ -352,6 +348,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         )
         self._admin: Any = None
         self._target: Offsets | None = None  # availableNow: never read beyond these offsets
+        self._latest: Offsets | None = None  # the newest offsets seen by the last latestOffset()
 
     # -- driver: planning --------------------------------------------------------------------
 
@@ -439,6 +436,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:  # noqa: N802
         layout = self._topic_partitions()
         latest = self._target or self._watermarks(layout, "latest")
+        self._latest = latest
         earliest: Offsets | None = None
         end: Offsets = {}
         for topic, parts in layout.items():
@@ -455,7 +453,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return end
 
     def reportLatestOffset(self) -> Offsets | None:  # noqa: N802
-        return None
+        # Spark puts it in the progress report as ``latestOffset``: lag = latest - end.
+        return self._latest
 
     def partitions(self, start: Offsets, end: Offsets) -> list[KafkaPartitionRange]:
         config = self._options.client_config()
@@ -472,10 +471,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ranges
 
     def commit(self, end: Offsets) -> None:
-        # Progress lives in Spark's checkpoint (and, for ingest, in the Delta log); the group
-        # only mirrors it for monitoring.
-        if self._options.commit_to_group:
-            commit_to_group(self._options.client_config(), end)
+        pass  # progress lives in Spark's checkpoint (and, for ingest, in the Delta log)
 
     def stop(self) -> None:
         self._admin = None
@@ -510,7 +506,7 @@ def commit_to_group(config: Mapping[str, Any], end: Offsets) -> None:
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     if "group.id" not in config:
-        raise ConfigError("commit_to_group needs a consumer group: set kafka.group.id")
+        raise ConfigError("committing offsets to a consumer group needs its group.id")
     offsets = [TopicPartition(t, int(p), o) for t, parts in end.items() for p, o in parts.items() if o > 0]
     if not offsets:
         return

@@ -1,0 +1,186 @@
+"""Prometheus metrics: one facade, intent-named methods, ``deltaflow_<subsystem>_<what>_<unit>``.
+
+Everything that counts calls :data:`metrics` (``metrics.batch_committed(...)``); only this module
+knows Prometheus. Labels are limited to ``pipeline``, ``table`` and ``source``.
+
+What is counted where: commits and dead letters are recorded by the process that commits,
+which is the driver for ``deltaflow ingest`` and ``write_stream(write_path="spark")`` (the
+``foreachBatch`` writer). The ``deltaflow`` data source commits in a Spark Python worker, whose
+counters no endpoint serves. Source lag and rates are copied from Spark's progress reports by
+the daemon loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+__all__ = ["Metrics", "metrics"]
+
+logger = logging.getLogger(__name__)
+
+_SINK = ("pipeline", "table")
+_SOURCE = ("pipeline", "source")
+#: Commit latency buckets (seconds): delta-rs commits take ms; object stores and conflicts longer.
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_BATCH_BUCKETS = (0, 1, 10, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000)
+
+
+class Metrics:
+    """The metrics of one process, in their own registry (served by :meth:`serve`)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self._records = Counter(
+            "deltaflow_sink_records_written", "Rows committed to Delta tables.", _SINK, registry=r
+        )
+        self._bytes = Counter(
+            "deltaflow_sink_bytes_written", "Bytes of the data files committed.", _SINK, registry=r
+        )
+        self._files = Counter("deltaflow_sink_files_created", "Data files committed.", _SINK, registry=r)
+        self._commits = Counter(
+            "deltaflow_sink_commits_success", "Delta commits that landed.", _SINK, registry=r
+        )
+        self._commit_failures = Counter(
+            "deltaflow_sink_commits_failed",
+            "Delta commits that failed after their retries.",
+            _SINK,
+            registry=r,
+        )
+        self._retries = Counter(
+            "deltaflow_sink_commit_retries", "Commit attempts repeated after a failure.", _SINK, registry=r
+        )
+        self._replays = Counter(
+            "deltaflow_sink_batches_skipped", "Replayed batches found committed already.", _SINK, registry=r
+        )
+        self._commit_latency = Histogram(
+            "deltaflow_sink_commit_latency_seconds",
+            "Time of the Delta commit of one batch (with retries).",
+            _SINK,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._batch_records = Histogram(
+            "deltaflow_sink_batch_records",
+            "Rows per committed batch.",
+            _SINK,
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
+        self._failed = Counter(
+            "deltaflow_ingest_records_failed",
+            "Messages that failed decoding or a transform (dead-lettered or skipped).",
+            _SINK,
+            registry=r,
+        )
+        self._dead_letters = Counter(
+            "deltaflow_ingest_dead_letters", "Messages committed to the dead-letter table.", _SINK, registry=r
+        )
+        self._unknown = Counter(
+            "deltaflow_ingest_records_with_unknown_fields",
+            "Messages carrying fields the table lacks (not stored).",
+            _SINK,
+            registry=r,
+        )
+        self._lag = Gauge(
+            "deltaflow_source_lag_records",
+            "Messages between the last planned batch and the newest offset, per topic-partition.",
+            _SOURCE,
+            registry=r,
+        )
+        self._input_rate = Gauge(
+            "deltaflow_source_input_rows_per_second",
+            "Spark's input rate of the last batch.",
+            _SOURCE,
+            registry=r,
+        )
+        self._processed_rate = Gauge(
+            "deltaflow_source_processed_rows_per_second",
+            "Spark's processing rate of the last batch.",
+            _SOURCE,
+            registry=r,
+        )
+
+    # -- sink ---------------------------------------------------------------------------------
+
+    def batch_committed(
+        self, *, pipeline: str, table: str, rows: int, files: int, bytes_: int, seconds: float, retries: int
+    ) -> None:
+        labels = (pipeline, table)
+        self._records.labels(*labels).inc(rows)
+        self._bytes.labels(*labels).inc(bytes_)
+        self._files.labels(*labels).inc(files)
+        self._commits.labels(*labels).inc()
+        self._retries.labels(*labels).inc(retries)
+        self._commit_latency.labels(*labels).observe(seconds)
+        self._batch_records.labels(*labels).observe(rows)
+
+    def commit_failed(self, *, pipeline: str, table: str) -> None:
+        self._commit_failures.labels(pipeline, table).inc()
+
+    def batch_skipped(self, *, pipeline: str, table: str) -> None:
+        self._replays.labels(pipeline, table).inc()
+
+    # -- ingest -------------------------------------------------------------------------------
+
+    def records_failed(self, *, pipeline: str, table: str, count: int, dead_lettered: bool) -> None:
+        self._failed.labels(pipeline, table).inc(count)
+        if dead_lettered:
+            self._dead_letters.labels(pipeline, table).inc(count)
+
+    def unknown_fields_seen(self, *, pipeline: str, table: str, count: int) -> None:
+        self._unknown.labels(pipeline, table).inc(count)
+
+    # -- source (copied from Spark's progress reports) ----------------------------------------
+
+    def progress_reported(self, pipeline: str, progress: Mapping[str, Any]) -> None:
+        """Copy rates and per-partition lag out of one ``StreamingQueryProgress`` (never raises)."""
+        try:
+            for source in progress.get("sources") or []:
+                name = str(source.get("description", "source"))
+                self._input_rate.labels(pipeline, name).set(float(source.get("inputRowsPerSecond") or 0))
+                self._processed_rate.labels(pipeline, name).set(
+                    float(source.get("processedRowsPerSecond") or 0)
+                )
+                for key, lag in _lags(source).items():
+                    self._lag.labels(pipeline, key).set(lag)
+        except (TypeError, ValueError, AttributeError) as exc:  # a report we do not understand
+            logger.debug("progress of %r not copied to metrics: %s", pipeline, exc)
+
+    # -- endpoint -----------------------------------------------------------------------------
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> int:
+        """Serve ``/metrics`` on ``addr:port`` (0 = a free port) in a daemon thread; the port."""
+        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        bound = int(server.server_address[1])
+        logger.info("Prometheus metrics on http://%s:%d/metrics", addr, bound)
+        return bound
+
+
+def _lags(source: Mapping[str, Any]) -> dict[str, int]:
+    """``topic:partition`` -> latest offset - end offset of the batch, for Kafka-shaped offsets."""
+    import json
+
+    def parse(value: Any) -> Any:
+        return json.loads(value) if isinstance(value, str) else value
+
+    end, latest = parse(source.get("endOffset")), parse(source.get("latestOffset"))
+    if not isinstance(end, dict) or not isinstance(latest, dict):
+        return {}
+    out: dict[str, int] = {}
+    for topic, parts in latest.items():
+        if not isinstance(parts, dict):
+            continue
+        for p, newest in parts.items():
+            done = end.get(topic, {}).get(p)
+            if done is not None:
+                out[f"{topic}:{p}"] = max(0, int(newest) - int(done))
+    return out
+
+
+#: The process's metrics.
+metrics = Metrics()

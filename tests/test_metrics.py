@@ -1,0 +1,92 @@
+"""Prometheus metrics: scraped over HTTP and parsed with prometheus_client's parser."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from deltaflow.ingest import IngestConfig, ingest
+from deltaflow.metrics import Metrics, metrics
+
+
+def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_facade_names_labels_and_lag_from_a_progress_report():
+    m = Metrics(CollectorRegistry())
+    port = m.serve(0, addr="127.0.0.1")
+    m.batch_committed(pipeline="p", table="/t", rows=10, files=2, bytes_=300, seconds=0.02, retries=1)
+    m.batch_committed(pipeline="p", table="/t", rows=5, files=1, bytes_=100, seconds=0.01, retries=0)
+    m.records_failed(pipeline="p", table="/t", count=3, dead_lettered=True)
+    m.progress_reported(
+        "p",
+        {
+            "sources": [
+                {
+                    "description": "kafka",
+                    "endOffset": json.dumps({"t": {"0": 5, "1": 7}}),
+                    "latestOffset": json.dumps({"t": {"0": 9, "1": 7}}),
+                    "inputRowsPerSecond": 12.5,
+                    "processedRowsPerSecond": 40.0,
+                }
+            ]
+        },
+    )
+    m.progress_reported("p", {"sources": [{"endOffset": "not json"}]})  # never raises
+    got = _scrape(port)
+    sink = (("pipeline", "p"), ("table", "/t"))
+    assert got[("deltaflow_sink_records_written_total", sink)] == 15
+    assert got[("deltaflow_sink_bytes_written_total", sink)] == 400
+    assert got[("deltaflow_sink_files_created_total", sink)] == 3
+    assert got[("deltaflow_sink_commits_success_total", sink)] == 2
+    assert got[("deltaflow_sink_commit_retries_total", sink)] == 1
+    assert got[("deltaflow_sink_commit_latency_seconds_count", sink)] == 2
+    assert got[("deltaflow_sink_batch_records_sum", sink)] == 15
+    assert got[("deltaflow_ingest_dead_letters_total", sink)] == 3
+    assert got[("deltaflow_source_lag_records", (("pipeline", "p"), ("source", "t:0")))] == 4
+    assert got[("deltaflow_source_lag_records", (("pipeline", "p"), ("source", "t:1")))] == 0
+    assert got[("deltaflow_source_input_rows_per_second", (("pipeline", "p"), ("source", "kafka")))] == 12.5
+
+
+def test_ingest_counts_what_it_commits_and_dead_letters(spark, kafka, tmp_path):
+    port = metrics.serve(0, addr="127.0.0.1")
+    topic = kafka.create_topic(partitions=2)
+    values = [json.dumps({"id": i}).encode() if i % 5 else b"{broken" for i in range(60)]
+    values[7] = json.dumps({"id": 7, "new_field": 1}).encode()
+    kafka.produce(topic, values, partitions=2)
+    config = IngestConfig(
+        topic=topic,
+        table_uri=str(tmp_path / "t"),
+        brokers=kafka.bootstrap,
+        app_id="metrics-test",
+        schema="id LONG",
+        dlq_table_location=str(tmp_path / "dlq"),
+        ends_at_latest_offsets=True,
+        max_messages_per_batch=30,
+    )
+    query = ingest(spark, config)
+    assert query.awaitTermination(300)
+    metrics.progress_reported("metrics-test", query.lastProgress)
+    got = _scrape(port)
+    main = (("pipeline", "metrics-test"), ("table", str(tmp_path / "t")))
+    dlq = (("pipeline", "metrics-test-dlq"), ("table", str(tmp_path / "dlq")))
+    assert got[("deltaflow_sink_records_written_total", main)] == 48
+    assert got[("deltaflow_sink_records_written_total", dlq)] == 12
+    assert got[("deltaflow_ingest_dead_letters_total", main)] == 12
+    assert got[("deltaflow_ingest_records_with_unknown_fields_total", main)] == 1
+    assert got[("deltaflow_sink_commits_success_total", main)] == 2
+    for p in range(2):
+        assert (
+            got[("deltaflow_source_lag_records", (("pipeline", "metrics-test"), ("source", f"{topic}:{p}")))]
+            == 0
+        )
