@@ -288,6 +288,14 @@ def _key_values(values: tuple[str, ...], flag: str) -> dict[str, str]:
     "with standard Kafka tools; progress is always read from the Delta log).",
 )
 @click.option(
+    "--schema_evolution",
+    is_flag=True,
+    envvar="SCHEMA_EVOLUTION",
+    show_envvar=True,
+    help="New top-level JSON fields become table columns (typed from the messages; the query "
+    "restarts to decode them). Without it they are reported, not stored.",
+)
+@click.option(
     "--metrics_port",
     type=click.IntRange(min=0, max=65535),
     default=None,
@@ -354,6 +362,7 @@ def ingest(
     dlq_transforms: tuple[str, ...],
     min_bytes_per_file: int | None,
     commit_to_group: bool,
+    schema_evolution: bool,
     metrics_port: int | None,
     write_path: str,
     schema: str | None,
@@ -403,6 +412,7 @@ def ingest(
         dlq_transforms=dlq_transforms,
         min_bytes_per_file=min_bytes_per_file,
         commit_to_group=commit_to_group,
+        schema_evolution=schema_evolution,
         write_path=write_path,  # type: ignore[arg-type]
     )  # validates every flag (and parses the transforms) before Spark starts
     import deltaflow

@@ -23,6 +23,7 @@ __all__ = [
     "ConfigError",
     "DeltaflowError",
     "QueryFailedError",
+    "SchemaEvolvedError",
     "SchemaMismatchError",
     "TableNotFoundError",
     "TerminalError",
@@ -110,6 +111,11 @@ class CheckpointMismatchError(TerminalError):
 
 class CommitError(TransientError):
     """A Delta commit failed after all retries; nothing of the batch was committed."""
+
+
+class SchemaEvolvedError(TransientError):
+    """Columns were added to the table for new message fields; the query must restart (nothing
+    of the batch was committed) so that its source decodes them. The daemon does that."""
 
 
 class QueryFailedError(TerminalError):

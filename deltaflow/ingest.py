@@ -76,6 +76,7 @@ class IngestConfig:
     dlq_table_location: str | None = None
     dlq_transforms: Sequence[str] = ()
     min_bytes_per_file: int | None = None
+    schema_evolution: bool = False
     ends_at_latest_offsets: bool = False
     checkpoint_location: str | None = None
     partition_by: Sequence[str] = ()
@@ -89,6 +90,8 @@ class IngestConfig:
             raise ConfigError("Avro values need --avro <schema registry URL or .avsc file>")
         if self.decompress_gzip and self.value_format == "raw":
             raise ConfigError("--decompress_gzip applies to decoded values (--json or --avro), not --raw")
+        if self.schema_evolution and self.value_format != "json":
+            raise ConfigError("--schema_evolution applies to JSON values (Avro columns follow the registry)")
         if self.commit_to_group and not self.consumer_group:
             raise ConfigError("committing offsets to the consumer group needs --consumer_group")
         if self.min_bytes_per_file is not None and self.min_bytes_per_file < 1:
@@ -145,12 +148,8 @@ def _value_schema(spark: SparkSession, config: IngestConfig) -> StructType:
 
     from deltaflow import delta_log
 
-    if config.schema:
-        parsed = StructType.fromDDL(config.schema)
-        if not isinstance(parsed, StructType):
-            raise ConfigError(f"--schema must list columns, got {config.schema!r}")
-        return parsed
     table = delta_log.load(normalize_uri(config.table_uri), {})
+    table_fields: list[Any] = []
     if table is not None:
         import pyarrow as pa
         from pyspark.sql.pandas.types import from_arrow_schema
@@ -159,7 +158,16 @@ def _value_schema(spark: SparkSession, config: IngestConfig) -> StructType:
         # fields to a struct the message carries (they stay in the decoded schema as nulls).
         produced = {t.target[0] for t in config.parsed_transforms() if len(t.target) == 1}
         table_schema = from_arrow_schema(pa.schema(table.schema().to_arrow()))
-        return StructType([f for f in table_schema.fields if f.name not in produced])
+        table_fields = [f for f in table_schema.fields if f.name not in produced]
+    if config.schema:
+        parsed = StructType.fromDDL(config.schema)
+        if not isinstance(parsed, StructType):
+            raise ConfigError(f"--schema must list columns, got {config.schema!r}")
+        # The table's other columns (added by schema evolution, or by hand) decode too.
+        given = set(parsed.fieldNames())
+        return StructType([*parsed.fields, *(f for f in table_fields if f.name not in given)])
+    if table is not None:
+        return StructType(table_fields)
     samples = _sample_values(config)
     if not samples:
         raise ConfigError(
@@ -245,8 +253,10 @@ def build_ingest_frame(spark: SparkSession, config: IngestConfig) -> DataFrame:
     if config.decompress_gzip:
         reader = reader.option("value_compression", "gzip")
     transforms = config.parsed_transforms()
-    if config.dlq_table_location and any(t.failure() is not None for t in transforms):
-        reader = reader.option("keep_value", "true")  # a transform may still reject a message
+    failing = config.dlq_table_location and any(t.failure() is not None for t in transforms)
+    if failing or config.schema_evolution:
+        # A transform may still reject a message; evolution samples the new fields' values.
+        reader = reader.option("keep_value", "true")
     if config.value_format == "json":
         reader = reader.option("value_format", "json").option(
             "value_schema", _value_schema(spark, config).json()
@@ -325,12 +335,14 @@ class IngestWriter:
         dlq_transforms: Sequence[Transform],
         *,
         group_config: Mapping[str, str] | None = None,
+        schema_evolution: bool = False,
     ) -> None:
         from deltaflow._spark_writer import SparkBatchWriter
 
         self._main = SparkBatchWriter(main)
         self._main_options = main
         self._group_config = dict(group_config) if group_config else None
+        self._evolve = schema_evolution
         self._dlq = SparkBatchWriter(dlq) if dlq else None
         self._dlq_options = dlq
         self._dlq_transforms = list(dlq_transforms)
@@ -356,6 +368,8 @@ class IngestWriter:
             if stats["unknown"]:
                 self.unknown_total += stats["unknown"]
                 metrics.unknown_fields_seen(pipeline=pipeline, table=table, count=stats["unknown"])
+                if self._evolve:
+                    self._evolve_schema(batch, batch_id, sorted(stats["names"]))
                 logger.warning(
                     "batch %s: %d message(s) carry fields the table lacks, not stored: %s (enable "
                     "them by adding the columns to the table or to --schema)",
@@ -378,6 +392,45 @@ class IngestWriter:
             from deltaflow.sources.kafka import commit_to_group
 
             commit_to_group(self._group_config, read_batch_offsets(self._main_options, batch_id))
+
+    def _evolve_schema(self, batch: DataFrame, batch_id: int, names: list[str]) -> None:
+        """Add the new top-level fields as columns, typed from the messages, then restart.
+
+        Raises:
+            SchemaEvolvedError: columns were added; nothing of this batch is committed, and the
+                restarted query decodes the batch again with the new columns.
+        """
+        from pyspark.sql import functions as F  # noqa: N812
+        from pyspark.sql.pandas.types import to_arrow_type
+
+        from deltaflow import delta_log
+        from deltaflow.exceptions import SchemaEvolvedError
+
+        top = [n for n in names if "." not in n]
+        if not top:
+            return  # new fields inside structs: reported only (Delta cannot add them in place)
+        sample = (
+            batch.filter(F.size(F.col(f"{META}.unknown_fields")) > 0)
+            .select(F.col(f"{META}.value").cast("string").alias("v"))
+            .limit(SCHEMA_SAMPLE_PER_PARTITION)
+        )
+        inferred = batch.sparkSession.read.json(sample.rdd.map(lambda r: r.v)).schema
+        new = [f for f in inferred.fields if f.name in set(top)]
+        uri = normalize_uri(self._main_options.table_uri)
+        table = delta_log.load(uri, self._main_options.storage_options)
+        if table is None or not new:
+            return
+        import pyarrow as pa
+
+        delta_log.add_columns(table, [pa.field(f.name, to_arrow_type(f.dataType), True) for f in new])
+        added = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in new)
+        raise SchemaEvolvedError(
+            f"batch {batch_id}: added column(s) {added} "
+            f"to {uri} for new message fields; restarting the query to decode them (nothing of the "
+            "batch was committed)",
+            batch_id=batch_id,
+            table_uri=uri,
+        )
 
     def _dead_letter(self, batch: DataFrame, batch_id: int, failed: int, first_error: str) -> None:
         if self._dlq is None or self._dlq_options is None:
@@ -437,7 +490,9 @@ def ingest(spark: SparkSession, config: IngestConfig) -> StreamingQuery:
     if config.commit_to_group:
         group = {"bootstrap.servers": config.brokers, **config.kafka_settings}
         group["group.id"] = config.consumer_group or ""
-    writer = IngestWriter(main, dlq, dlq_transforms, group_config=group)
+    writer = IngestWriter(
+        main, dlq, dlq_transforms, group_config=group, schema_evolution=config.schema_evolution
+    )
     stream = (
         frame.writeStream.foreachBatch(writer).option("checkpointLocation", location).queryName(config.app_id)
     )

@@ -212,3 +212,30 @@ def test_avro_with_a_schema_registry_end_to_end(kafka, schema_registry, tmp_path
     assert [r["ref"] for r in rows] == [None] * 20 + [f"r{i}" for i in range(20, 40)]
     (dead,) = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().to_pylist()
     assert "HTTP 404" in dead["error"]
+
+
+def test_schema_evolution_adds_new_fields_as_columns_and_restarts(kafka, tmp_path):
+    topic = kafka.create_topic(partitions=2)
+    values = []
+    for i in range(30):
+        record: dict[str, object] = {"id": i, "meta": {"a": i}}
+        if i >= 10:
+            record |= {"score": i / 2, "tag": f"t{i}"}
+        if i == 20:
+            record["meta"] = {"a": i, "deep": True}  # nested: reported, not added
+        values.append(json.dumps(record).encode())
+    kafka.produce(topic, values, partitions=2)
+    args = [sys.executable, "-m", "deltaflow.cli", "ingest", topic, str(tmp_path / "t")]
+    args += ["--kafka", kafka.bootstrap, "--app_id", "evolve", "--schema", "id LONG, meta STRUCT<a: INT>"]
+    args += ["--schema_evolution", "--ends_at_latest_offsets", "--max_messages_per_batch", "10"]
+    out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "added column(s) score double, tag string" in out.stderr
+    assert "meta.deep" in out.stderr  # reported
+
+    table = DeltaTable(str(tmp_path / "t"))
+    assert table.schema().to_arrow().names == ["id", "meta", "score", "tag"]
+    rows = sorted(table.to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
+    assert [r["id"] for r in rows] == list(range(30))
+    assert [r["score"] for r in rows] == [None] * 10 + [i / 2 for i in range(10, 30)]
+    assert [r["tag"] for r in rows] == [None] * 10 + [f"t{i}" for i in range(10, 30)]

@@ -260,39 +260,48 @@ class AvroDecoder:
         self._type = arrow_type
         self._registry = registry
         self._writers: dict[int, Any] = {}
+        #: Per writer schema: its top-level fields the reader schema lacks (dropped on read).
+        self._extra: dict[int, list[str] | None] = {}
+        self._reader_fields = set(_field_names(self._reader))
 
     def _writer(self, schema_id: int) -> Any:
         if schema_id not in self._writers:
             assert self._registry is not None
-            self._writers[schema_id] = self._fastavro.parse_schema(
-                json.loads(self._registry.schema_by_id(schema_id))
-            )
+            parsed = self._fastavro.parse_schema(json.loads(self._registry.schema_by_id(schema_id)))
+            self._writers[schema_id] = parsed
+            extra = [name for name in _field_names(parsed) if name not in self._reader_fields]
+            self._extra[schema_id] = extra or None
         return self._writers[schema_id]
 
     def decode(self, values: Sequence[bytes | None]) -> Decoded:
         records: list[dict[str, Any] | None] = []
         errors: list[str | None] = []
+        unknown: list[list[str] | None] = []
         for v in values:
             try:
-                records.append(self._decode_one(v))
+                record, extra = self._decode_one(v)
+                records.append(record)
                 errors.append(None)
+                unknown.append(extra)
             except TransientError:
                 raise
             except Exception as exc:  # noqa: BLE001 - any decoding failure is this message's error
                 records.append(None)
                 errors.append(f"Avro: {type(exc).__name__}: {exc}")
+                unknown.append(None)
         try:
             data = pa.array(records, self._type)
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
             data, errors = self._one_by_one(records, errors)
         assert isinstance(data, pa.StructArray)
-        return Decoded(data, errors, [None] * len(values))
+        return Decoded(data, errors, unknown)
 
-    def _decode_one(self, value: bytes | None) -> dict[str, Any]:
+    def _decode_one(self, value: bytes | None) -> tuple[dict[str, Any], list[str] | None]:
         if not value:
             raise ValueError("empty message")
         buf = io.BytesIO(value)
         writer = self._reader
+        extra: list[str] | None = None
         if self._registry is not None:
             if len(value) < _CONFLUENT_HEADER.size:
                 raise ValueError("shorter than the Confluent header (magic byte + schema id)")
@@ -300,13 +309,14 @@ class AvroDecoder:
             if magic != 0:
                 raise ValueError(f"magic byte {magic}, expected 0 (Confluent wire format)")
             writer = self._writer(schema_id)
+            extra = self._extra[schema_id]
             buf.seek(_CONFLUENT_HEADER.size)
         record = self._fastavro.schemaless_reader(buf, writer, self._reader)
         if buf.tell() != len(value):
             raise ValueError(f"{len(value) - buf.tell()} trailing byte(s) after the record")
         if not isinstance(record, dict):
             raise ValueError("the Avro schema is not a record")
-        return record
+        return record, extra
 
     def _one_by_one(
         self, records: list[dict[str, Any] | None], errors: list[str | None]
@@ -320,6 +330,12 @@ class AvroDecoder:
                 fixed.append(None)
                 errors[k] = f"Avro: does not fit the table: {exc}"
         return pa.array(fixed, self._type), errors
+
+
+def _field_names(schema: Any) -> list[str]:
+    """Top-level field names of a parsed Avro record schema (none for other schemas)."""
+    fields = schema.get("fields", []) if isinstance(schema, dict) else []
+    return [str(f["name"]) for f in fields]
 
 
 @lru_cache(maxsize=64)

@@ -145,6 +145,12 @@ def test_avro_with_registry_resolves_each_writer_schema(schema_registry):
     assert "HTTP 404" in out.errors[3]
     assert schema_registry.requests.count(f"/schemas/ids/{v1}") == 1  # cached
 
+    # A writer newer than the reader: its extra field is reported, not silently dropped.
+    old_reader = AvroDecoder(json.dumps(AVRO_V1), _arrow_type(AVRO_V1), registry)
+    newer = old_reader.decode([schema_registry.encode(v2, {"id": 3, "url": "/c", "at": at, "ref": "y"})])
+    assert newer.data.to_pylist() == [{"id": 3, "url": "/c", "at": at}]
+    assert newer.unknown_fields == [["ref"]]
+
 
 def test_avro_schema_to_spark_ddl():
     schema = {
