@@ -461,10 +461,18 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Never read what the table already holds: a batch replayed after its commit landed, or
         # planned from a checkpoint older than the table, reads only the rest.
         committed = self._committed({t: list(parts) for t, parts in end.items()})
+        # A partition absent from ``start`` appeared after the last batch: read it from its
+        # earliest offset, as latestOffset() planned it.
+        new = {t: [int(k) for k in parts if k not in start.get(t, {})] for t, parts in end.items()}
+        earliest = (
+            self._watermarks({t: p for t, p in new.items() if p}, "earliest") if any(new.values()) else {}
+        )
         ranges = []
         for topic, parts in end.items():
             for key, stop in parts.items():
-                begin = start.get(topic, {}).get(key, stop)
+                begin = start.get(topic, {}).get(key)
+                if begin is None:
+                    begin = earliest.get(topic, {}).get(key, stop)
                 begin = max(begin, committed.get(topic, {}).get(key, begin))
                 if stop > begin:
                     ranges.append(KafkaPartitionRange(topic, int(key), begin, stop, config, self._decoding))

@@ -155,6 +155,21 @@ def test_topic_pattern_reads_every_matching_topic(spark, kafka, tmp_path):
     data = DeltaTable(str(tmp_path / "t")).to_pyarrow_table()
     assert sorted(data["topic"].to_pylist()) == [first] * 5 + [second] * 6
 
+    # Partitions that appear later (here: a new matching topic) are read from their start.
+    third = kafka.create_topic(2, f"{prefix}-z")
+    kafka.produce(third, [b"3"] * 4, partitions=2)
+    kafka.produce(first, [b"1"] * 2, partitions=1)
+    query = deltaflow.write_stream(
+        reader.load(),
+        str(tmp_path / "t"),
+        pipeline_id="pat",
+        checkpoint_location=str(tmp_path / "cp"),
+        trigger={"availableNow": True},
+    )
+    assert query.awaitTermination(300)
+    data = DeltaTable(str(tmp_path / "t")).to_pyarrow_table()
+    assert sorted(data["topic"].to_pylist()) == [first] * 7 + [second] * 6 + [third] * 4
+
 
 def test_missing_topic_is_a_clear_error(spark, kafka, tmp_path):
     from pyspark.errors import PySparkException
