@@ -19,6 +19,21 @@ __all__ = ["main"]
 #: Exit codes: 0 ok, 1 a failure that may pass on retry, 2 bad input or configuration.
 EXIT_TRANSIENT = 1
 EXIT_TERMINAL = 2
+
+
+class _Lines(click.types.StringParamType):
+    """A repeatable option whose environment variable holds one value per line (transforms and
+    settings contain spaces, so click's default whitespace split would cut them apart)."""
+
+    name = "text"
+    envvar_list_splitter = "\n"
+
+    def split_envvar_value(self, rv: str) -> list[str]:
+        return [line.strip() for line in (rv or "").splitlines() if line.strip()]
+
+
+LINES = _Lines()
+
 #: How often the daemon loop checks for a stop signal while a query runs.
 STOP_POLL_S = 1
 
@@ -206,9 +221,11 @@ def _key_values(values: tuple[str, ...], flag: str) -> dict[str, str]:
     "--transform",
     "transforms",
     multiple=True,
+    type=LINES,
     envvar="TRANSFORMS",
     show_envvar=True,
-    help="'target.path: source' (repeatable): kafka.<partition|offset|topic|timestamp|key|headers>, "
+    help="'target.path: source' (repeatable; in the env var one per line): "
+    "kafka.<partition|offset|topic|timestamp|key|headers>, "
     "a JSON field path, substr(path, `0`, `10`), epoch_seconds_to_iso8601(path), "
     "epoch_millis_to_iso8601(path), or 'sql: <expr>'.",
 )
@@ -217,6 +234,7 @@ def _key_values(values: tuple[str, ...], flag: str) -> dict[str, str]:
     "--kafka_setting",
     "kafka_settings",
     multiple=True,
+    type=LINES,
     envvar="KAFKA_SETTINGS",
     show_envvar=True,
     help="librdkafka setting key=value (repeatable).",
@@ -265,6 +283,7 @@ def _key_values(values: tuple[str, ...], flag: str) -> dict[str, str]:
     "--dlq_transform",
     "dlq_transforms",
     multiple=True,
+    type=LINES,
     envvar="DLQ_TRANSFORMS",
     show_envvar=True,
     help="'target: source' transform of dead-letter rows (repeatable), over their columns "
@@ -388,6 +407,8 @@ def ingest(
             f"not a JSON object of partition -> offset: {exc}", param_hint="--seek_offsets"
         ) from None
     if avro:
+        if value_format == "raw":
+            raise click.BadParameter("--avro and --raw exclude each other", param_hint="--avro")
         value_format = "avro"
     config = IngestConfig(
         topic=topic,
@@ -420,7 +441,10 @@ def ingest(
     if metrics_port is not None:
         from deltaflow.metrics import metrics
 
-        bound = metrics.serve(metrics_port)
+        try:
+            bound = metrics.serve(metrics_port)
+        except OSError as exc:
+            raise click.BadParameter(f"cannot serve metrics on port {metrics_port}: {exc}") from None
         click.echo(f"metrics on http://0.0.0.0:{bound}/metrics", err=True)
     spark = deltaflow.spark_session(spark_master)
     from deltaflow.daemon import run_until_stopped

@@ -20,7 +20,6 @@ import logging
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -90,6 +89,12 @@ class IngestConfig:
             raise ConfigError("Avro values need --avro <schema registry URL or .avsc file>")
         if self.decompress_gzip and self.value_format == "raw":
             raise ConfigError("--decompress_gzip applies to decoded values (--json or --avro), not --raw")
+        if self.dlq_table_location and normalize_uri(self.dlq_table_location) == normalize_uri(
+            self.table_uri
+        ):
+            raise ConfigError("--dlq_table_location must be another table than the main one")
+        if self.dlq_transforms and not self.dlq_table_location:
+            raise ConfigError("--dlq_transform needs --dlq_table_location")
         if self.schema_evolution and self.value_format != "json":
             raise ConfigError("--schema_evolution applies to JSON values (Avro columns follow the registry)")
         if self.commit_to_group and not self.consumer_group:
@@ -265,7 +270,11 @@ def build_ingest_frame(spark: SparkSession, config: IngestConfig) -> DataFrame:
         reader = reader.option("value_format", "avro")
         assert config.avro is not None
         if config.avro.startswith(("http://", "https://")):
-            reader = reader.option("schema_registry_url", config.avro)
+            from deltaflow.sources.decode import SchemaRegistry
+
+            # The reader schema, fixed once for the query (the source and its tasks share it).
+            _id, latest = SchemaRegistry(config.avro).latest(f"{config.topic}-value")
+            reader = reader.option("schema_registry_url", config.avro).option("avro_schema", latest)
         else:
             try:
                 reader = reader.option("avro_schema", Path(config.avro).read_text())
@@ -286,6 +295,16 @@ def build_ingest_frame(spark: SparkSession, config: IngestConfig) -> DataFrame:
     else:
         meta = F.struct("error", "unknown_fields", "key", "value")
         decoded = raw.select("data.*", kafka, meta.alias(META))
+        produced = sorted({t.target[0].lower() for t in transforms})
+        if produced:
+            # A field a transform produces is not "unknown" when the message carries it too.
+            kept = F.filter(
+                F.col(f"{META}.unknown_fields"),
+                lambda name: ~F.lower(F.split(name, r"\.").getItem(0)).isin(produced),
+            )
+            decoded = decoded.withColumn(
+                META, F.col(META).withField("unknown_fields", F.when(F.size(kept) > 0, kept))
+            )
     out = apply_transforms(decoded, transforms)
     failures = [c for t in transforms if (c := t.failure()) is not None]
     if failures:
@@ -336,6 +355,7 @@ class IngestWriter:
         *,
         group_config: Mapping[str, str] | None = None,
         schema_evolution: bool = False,
+        gzipped: bool = False,
     ) -> None:
         from deltaflow._spark_writer import SparkBatchWriter
 
@@ -343,6 +363,7 @@ class IngestWriter:
         self._main_options = main
         self._group_config = dict(group_config) if group_config else None
         self._evolve = schema_evolution
+        self._gzipped = gzipped
         self._dlq = SparkBatchWriter(dlq) if dlq else None
         self._dlq_options = dlq
         self._dlq_transforms = list(dlq_transforms)
@@ -379,9 +400,7 @@ class IngestWriter:
                 )
             if stats["failed"]:
                 self.failed_total += stats["failed"]
-                metrics.records_failed(
-                    pipeline=pipeline, table=table, count=stats["failed"], dead_lettered=self._dlq is not None
-                )
+                metrics.records_failed(pipeline=pipeline, table=table, count=stats["failed"])
                 self._dead_letter(batch, batch_id, stats["failed"], stats["first_error"])
             self._main(main_rows(batch), batch_id)
         finally:
@@ -406,19 +425,26 @@ class IngestWriter:
         from deltaflow import delta_log
         from deltaflow.exceptions import SchemaEvolvedError
 
-        top = [n for n in names if "." not in n]
-        if not top:
-            return  # new fields inside structs: reported only (Delta cannot add them in place)
-        sample = (
-            batch.filter(F.size(F.col(f"{META}.unknown_fields")) > 0)
-            .select(F.col(f"{META}.value").cast("string").alias("v"))
-            .limit(SCHEMA_SAMPLE_PER_PARTITION)
-        )
-        inferred = batch.sparkSession.read.json(sample.rdd.map(lambda r: r.v)).schema
-        new = [f for f in inferred.fields if f.name in set(top)]
         uri = normalize_uri(self._main_options.table_uri)
         table = delta_log.load(uri, self._main_options.storage_options)
-        if table is None or not new:
+        if table is None:
+            return
+        have = {name.lower() for name in table.schema().to_arrow().names}
+        # Nested new fields are reported only (Delta cannot add them to a struct in place); a
+        # name the table has in another case would clash (Delta names are case-insensitive).
+        top = {n for n in names if "." not in n and n.lower() not in have}
+        if not top:
+            return
+        gzipped = self._gzipped
+        sample = (
+            batch.filter(F.size(F.col(f"{META}.unknown_fields")) > 0)
+            .select(F.col(f"{META}.value").alias("v"))
+            .limit(SCHEMA_SAMPLE_PER_PARTITION)
+        )
+        texts = sample.rdd.map(lambda r: _sample_text(r.v, gzipped) or "")
+        inferred = batch.sparkSession.read.json(texts).schema
+        new = [f for f in inferred.fields if f.name in top]
+        if not new:
             return
         import pyarrow as pa
 
@@ -442,10 +468,8 @@ class IngestWriter:
                 first_error,
             )
             return
-        rows = dead_letters(batch, self._dlq_transforms)
         seen = _already_dead_lettered(self._dlq_options, batch_id)
-        if seen is not None:
-            rows = rows.filter(~seen)
+        rows = dead_letters(batch if seen is None else batch.filter(~seen), self._dlq_transforms)
         logger.info(
             "batch %s: %d message(s) to the dead-letter table; first error: %s", batch_id, failed, first_error
         )
@@ -466,12 +490,13 @@ def _already_dead_lettered(options: SinkOptions, batch_id: int) -> Column | None
     table = delta_log.load(normalize_uri(options.table_uri), options.storage_options)
     layout = {t: list(parts) for t, parts in read_batch_offsets(options, batch_id).items()}
     done = delta_log.kafka_progress(table, options.pipeline_id or "", layout)
-    conditions = [
-        (F.col("topic") == topic) & (F.col("partition") == int(p)) & (F.col("offset") <= last)
-        for topic, parts in done.items()
-        for p, last in parts.items()
-    ]
-    return reduce(lambda a, b: a | b, conditions) if conditions else None
+    last = {f"{topic}:{p}": v for topic, parts in done.items() for p, v in parts.items()}
+    if not last:
+        return None
+    # One map lookup per row (not an OR per partition), on the message's own coordinates.
+    lookup = F.create_map(*(F.lit(x) for kv in sorted(last.items()) for x in kv))
+    key = F.concat_ws(":", F.col("kafka.topic"), F.col("kafka.partition").cast("string"))
+    return F.col("kafka.offset") <= F.coalesce(lookup[key], F.lit(-1))
 
 
 def ingest(spark: SparkSession, config: IngestConfig) -> StreamingQuery:
@@ -491,7 +516,12 @@ def ingest(spark: SparkSession, config: IngestConfig) -> StreamingQuery:
         group = {"bootstrap.servers": config.brokers, **config.kafka_settings}
         group["group.id"] = config.consumer_group or ""
     writer = IngestWriter(
-        main, dlq, dlq_transforms, group_config=group, schema_evolution=config.schema_evolution
+        main,
+        dlq,
+        dlq_transforms,
+        group_config=group,
+        schema_evolution=config.schema_evolution,
+        gzipped=config.decompress_gzip,
     )
     stream = (
         frame.writeStream.foreachBatch(writer).option("checkpointLocation", location).queryName(config.app_id)

@@ -73,12 +73,9 @@ class Metrics:
         )
         self._failed = Counter(
             "deltaflow_ingest_records_failed",
-            "Messages that failed decoding or a transform (dead-lettered or skipped).",
+            "Messages seen failing decoding or a transform (dead-lettered or skipped).",
             _SINK,
             registry=r,
-        )
-        self._dead_letters = Counter(
-            "deltaflow_ingest_dead_letters", "Messages committed to the dead-letter table.", _SINK, registry=r
         )
         self._unknown = Counter(
             "deltaflow_ingest_records_with_unknown_fields",
@@ -127,10 +124,10 @@ class Metrics:
 
     # -- ingest -------------------------------------------------------------------------------
 
-    def records_failed(self, *, pipeline: str, table: str, count: int, dead_lettered: bool) -> None:
+    def records_failed(self, *, pipeline: str, table: str, count: int) -> None:
+        """Failed messages seen in a batch (a replayed batch counts them again). Those committed
+        to the dead-letter table are its ``records_written`` (pipeline ``<app_id>-dlq``)."""
         self._failed.labels(pipeline, table).inc(count)
-        if dead_lettered:
-            self._dead_letters.labels(pipeline, table).inc(count)
 
     def unknown_fields_seen(self, *, pipeline: str, table: str, count: int) -> None:
         self._unknown.labels(pipeline, table).inc(count)

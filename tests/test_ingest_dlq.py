@@ -67,7 +67,7 @@ def _assert_split(table: Path, dlq: Path, produced: int, partitions: int, second
         assert (row["partition"], row["offset"]) == (i % partitions, i // partitions)
         key = i - second_produce if second_produce and i >= second_produce else i
         assert base64.b64decode(row["key_base64"]) == str(key).encode()
-        expected = {3: "JSON:", 5: "JSON: Column(/id) changed", 7: "transform 'at_iso': at is not a number"}
+        expected = {3: "JSON:", 5: "JSON: id: expected int64", 7: "transform 'at_iso': at is not a number"}
         assert row["error"].startswith(expected[i % 10]), row["error"]
     assert list(DeltaTable(str(dlq)).schema().to_arrow().names) == list(DLQ_COLUMNS)
 

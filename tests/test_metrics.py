@@ -27,7 +27,7 @@ def test_facade_names_labels_and_lag_from_a_progress_report():
     port = m.serve(0, addr="127.0.0.1")
     m.batch_committed(pipeline="p", table="/t", rows=10, files=2, bytes_=300, seconds=0.02, retries=1)
     m.batch_committed(pipeline="p", table="/t", rows=5, files=1, bytes_=100, seconds=0.01, retries=0)
-    m.records_failed(pipeline="p", table="/t", count=3, dead_lettered=True)
+    m.records_failed(pipeline="p", table="/t", count=3)
     m.progress_reported(
         "p",
         {
@@ -52,7 +52,7 @@ def test_facade_names_labels_and_lag_from_a_progress_report():
     assert got[("deltaflow_sink_commit_retries_total", sink)] == 1
     assert got[("deltaflow_sink_commit_latency_seconds_count", sink)] == 2
     assert got[("deltaflow_sink_batch_records_sum", sink)] == 15
-    assert got[("deltaflow_ingest_dead_letters_total", sink)] == 3
+    assert got[("deltaflow_ingest_records_failed_total", sink)] == 3
     assert got[("deltaflow_source_lag_records", (("pipeline", "p"), ("source", "t:0")))] == 4
     assert got[("deltaflow_source_lag_records", (("pipeline", "p"), ("source", "t:1")))] == 0
     assert got[("deltaflow_source_input_rows_per_second", (("pipeline", "p"), ("source", "kafka")))] == 12.5
@@ -82,7 +82,7 @@ def test_ingest_counts_what_it_commits_and_dead_letters(spark, kafka, tmp_path):
     dlq = (("pipeline", "metrics-test-dlq"), ("table", str(tmp_path / "dlq")))
     assert got[("deltaflow_sink_records_written_total", main)] == 48
     assert got[("deltaflow_sink_records_written_total", dlq)] == 12
-    assert got[("deltaflow_ingest_dead_letters_total", main)] == 12
+    assert got[("deltaflow_ingest_records_failed_total", main)] == 12
     assert got[("deltaflow_ingest_records_with_unknown_fields_total", main)] == 1
     assert got[("deltaflow_sink_commits_success_total", main)] == 2
     for p in range(2):

@@ -9,6 +9,8 @@ table) and null data. Fields a message has but the schema lacks are reported per
 from __future__ import annotations
 
 import base64
+import datetime as dt
+import decimal
 import gzip
 import io
 import json
@@ -41,6 +43,8 @@ logger = logging.getLogger(__name__)
 
 #: Confluent wire format: magic byte 0, then a 4-byte big-endian schema id.
 _CONFLUENT_HEADER = struct.Struct(">bI")
+#: A failing block is halved down to this many messages; those are decoded one by one.
+SLOW_PATH_BLOCK = 64
 #: Timeout of one schema registry request.
 REGISTRY_TIMEOUT_S = 10.0
 
@@ -80,6 +84,9 @@ class JsonDecoder:
     def __init__(self, schema: pa.Schema) -> None:
         self.schema = schema
         self._type = pa.struct(list(schema))
+        # pyarrow's parser handles these types; any other (date, map, decimal, binary) sends
+        # every message through the Python path.
+        self._fast = all(_fast_type(f.type) for f in schema)
 
     def decode(self, values: Sequence[bytes | None]) -> Decoded:
         n = len(values)
@@ -118,31 +125,66 @@ class JsonDecoder:
         unknown: list[list[str] | None],
         out: list[tuple[list[int], pa.Table]],
     ) -> None:
-        """Parse ``lines`` as one block; on failure split in halves to isolate bad messages."""
+        """Parse ``lines`` as one block; on failure halve it, and decode small failing blocks
+        message by message in Python (which also takes what pyarrow's parser refuses)."""
         if not idx:
             return
-        table, error = self._parse_block(lines, "infer")
-        if table is not None and table.num_rows == len(idx):
-            extra = _extra_fields(table.schema, self.schema)
+        if self._fast:
+            table, _error = self._parse_block(lines, "infer")
+            if table is not None:
+                extra = _extra_fields(table.schema, self.schema)
+                if extra:
+                    for k, names in _rows_with(table, extra).items():
+                        unknown[idx[k]] = names
+                    table, _error = self._parse_block(lines, "ignore")
+            else:
+                # An unknown field whose type changes breaks inference: parse without it.
+                table, _error = self._parse_block(lines, "ignore")
+                if table is not None:
+                    self._top_level_unknown(idx, lines, unknown)
+            if table is not None:
+                out.append((idx, table))
+                return
+            if len(idx) > SLOW_PATH_BLOCK:
+                half = len(idx) // 2
+                self._parse(idx[:half], lines[:half], errors, unknown, out)
+                self._parse(idx[half:], lines[half:], errors, unknown, out)
+                return
+        self._slow(idx, lines, errors, unknown, out)
+
+    def _top_level_unknown(self, idx: list[int], lines: list[bytes], unknown: list[list[str] | None]) -> None:
+        names = set(self.schema.names)
+        for i, line in zip(idx, lines, strict=True):
+            extra = [k for k in json.loads(line) if k not in names]
             if extra:
-                for k, names in _rows_with(table, extra).items():
-                    unknown[idx[k]] = names
-                table, error = self._parse_block(lines, "ignore")
-            if table is not None and table.num_rows == len(idx):
-                out.append((idx, table))
-                return
-        elif table is None:
-            # An unknown field with changing types breaks inference: try without it.
-            table, error = self._parse_block(lines, "ignore")
-            if table is not None and table.num_rows == len(idx):
-                out.append((idx, table))
-                return
-        if len(idx) == 1:
-            errors[idx[0]] = error or "not one JSON object"
-            return
-        half = len(idx) // 2
-        self._parse(idx[:half], lines[:half], errors, unknown, out)
-        self._parse(idx[half:], lines[half:], errors, unknown, out)
+                unknown[i] = extra
+
+    def _slow(
+        self,
+        idx: list[int],
+        lines: list[bytes],
+        errors: list[str | None],
+        unknown: list[list[str] | None],
+        out: list[tuple[list[int], pa.Table]],
+    ) -> None:
+        """Decode each message with ``json`` and coerce it as Spark's JSON reader would."""
+        rows: list[dict[str, Any]] = []
+        good: list[int] = []
+        for i, line in zip(idx, lines, strict=True):
+            extra: list[str] = []
+            try:
+                obj = json.loads(line)
+                if not isinstance(obj, dict):
+                    raise ValueError(f"not a JSON object but {_json_kind(obj)}")
+                rows.append(_coerce_fields(obj, self._type, "", extra))
+            except (ValueError, TypeError, OverflowError, ArithmeticError) as exc:
+                errors[i] = f"JSON: {exc}"
+                continue
+            good.append(i)
+            if extra:
+                unknown[i] = extra
+        if good:
+            out.append((good, pa.Table.from_pylist(rows, schema=self.schema)))
 
     def _parse_block(self, lines: list[bytes], behavior: str) -> tuple[pa.Table | None, str | None]:
         buf = b"\n".join(lines)
@@ -160,6 +202,86 @@ class JsonDecoder:
         if table.num_rows != len(lines):
             return None, "not one JSON object per message"
         return table, None
+
+
+def _fast_type(t: pa.DataType) -> bool:
+    if pa.types.is_struct(t):
+        return all(_fast_type(f.type) for f in t)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _fast_type(t.value_type)
+    return bool(
+        pa.types.is_boolean(t)
+        or pa.types.is_integer(t)
+        or pa.types.is_floating(t)
+        or pa.types.is_string(t)
+        or pa.types.is_timestamp(t)
+    )
+
+
+def _json_kind(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, (int, float)):
+        return "a number"
+    if isinstance(v, str):
+        return "a string"
+    return "an array" if isinstance(v, list) else "an object"
+
+
+def _coerce_fields(
+    obj: dict[str, Any], struct_type: pa.StructType, path: str, extra: list[str]
+) -> dict[str, Any]:
+    names = {f.name for f in struct_type}
+    extra += [f"{path}{k}" for k in obj if k not in names]
+    return {f.name: _coerce(obj.get(f.name), f.type, f"{path}{f.name}", extra) for f in struct_type}
+
+
+def _coerce(v: Any, t: pa.DataType, path: str, extra: list[str]) -> Any:
+    """A JSON value as a value of Arrow type ``t``, with the leniency of Spark's JSON reader:
+    strings take any value (numbers and objects as their JSON text), dates and timestamps
+    take ISO-8601 strings, timestamps also epoch seconds."""
+    if v is None:
+        return None
+    number = isinstance(v, (int, float)) and not isinstance(v, bool)
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        if isinstance(v, str):
+            return v
+        return json.dumps(v, separators=(",", ":"))
+    if pa.types.is_boolean(t) and isinstance(v, bool):
+        return v
+    if pa.types.is_integer(t) and number and float(v).is_integer():
+        value = int(v)
+        low, high = (
+            (-(1 << (t.bit_width - 1)), 1 << (t.bit_width - 1))
+            if pa.types.is_signed_integer(t)
+            else (0, 1 << t.bit_width)
+        )
+        if low <= value < high:
+            return value
+        raise ValueError(f"{path}: {value} does not fit {t}")
+    if pa.types.is_floating(t) and number:
+        return float(v)
+    if pa.types.is_decimal(t) and (number or isinstance(v, str)):
+        return decimal.Decimal(str(v))
+    if pa.types.is_timestamp(t):
+        if isinstance(v, str):
+            stamp = dt.datetime.fromisoformat(v)
+            return stamp if stamp.tzinfo else stamp.replace(tzinfo=dt.UTC)
+        if number:
+            return dt.datetime.fromtimestamp(v, dt.UTC)
+    if pa.types.is_date(t) and isinstance(v, str):
+        return dt.date.fromisoformat(v)
+    if (pa.types.is_binary(t) or pa.types.is_large_binary(t)) and isinstance(v, str):
+        return base64.b64decode(v, validate=True)
+    if pa.types.is_struct(t) and isinstance(v, dict):
+        return _coerce_fields(v, t, f"{path}.", extra)
+    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and isinstance(v, list):
+        return [_coerce(x, t.value_type, path, extra) for x in v]
+    if pa.types.is_map(t) and isinstance(v, dict):
+        return [(str(k), _coerce(x, t.item_type, path, extra)) for k, x in v.items()]
+    raise ValueError(f"{path}: expected {t}, got {_json_kind(v)}")
 
 
 def _select(table: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -260,14 +382,22 @@ class AvroDecoder:
         self._type = arrow_type
         self._registry = registry
         self._writers: dict[int, Any] = {}
+        self._missing: dict[int, str] = {}
         #: Per writer schema: its top-level fields the reader schema lacks (dropped on read).
         self._extra: dict[int, list[str] | None] = {}
         self._reader_fields = set(_field_names(self._reader))
 
     def _writer(self, schema_id: int) -> Any:
+        if schema_id in self._missing:
+            raise ValueError(self._missing[schema_id])
         if schema_id not in self._writers:
             assert self._registry is not None
-            parsed = self._fastavro.parse_schema(json.loads(self._registry.schema_by_id(schema_id)))
+            try:
+                text = self._registry.schema_by_id(schema_id)
+            except ConfigError as exc:  # unknown id: every message naming it is a dead letter
+                self._missing[schema_id] = str(exc)
+                raise
+            parsed = self._fastavro.parse_schema(json.loads(text))
             self._writers[schema_id] = parsed
             extra = [name for name in _field_names(parsed) if name not in self._reader_fields]
             self._extra[schema_id] = extra or None
@@ -358,6 +488,8 @@ _AVRO_PRIMITIVES = {
     "fixed": "BINARY",
     "enum": "STRING",
 }
+#: Avro logical types without a Spark column type here: refused at start, not per message.
+_AVRO_UNSUPPORTED = ("time-millis", "time-micros", "duration")
 _AVRO_LOGICAL = {
     "timestamp-millis": "TIMESTAMP",
     "timestamp-micros": "TIMESTAMP",
@@ -379,6 +511,8 @@ def _avro_type(t: Any) -> str:
             return _AVRO_PRIMITIVES[t]
         raise ConfigError(f"Avro type {t!r} is not supported (named type references are not)")
     logical = t.get("logicalType")
+    if logical in _AVRO_UNSUPPORTED:
+        raise ConfigError(f"Avro logical type {logical!r} has no Spark column type; it is not supported")
     if logical in _AVRO_LOGICAL:
         return _AVRO_LOGICAL[logical]
     if logical == "decimal":

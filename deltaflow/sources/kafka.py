@@ -295,7 +295,7 @@ class Decoding:
     keep_value: bool = False
     avro_schema: str | None = None
     registry_url: str | None = None
-    registry_auth: str | None = None
+    registry_auth: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -439,17 +439,19 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._latest = latest
         earliest: Offsets | None = None
         end: Offsets = {}
+        begins: Offsets = {}  # start, plus the earliest offset of partitions new since then
         for topic, parts in layout.items():
-            end[topic] = {}
+            end[topic], begins[topic] = {}, {}
             for p in parts:
                 key = str(p)
                 begin = start.get(topic, {}).get(key)
                 if begin is None:  # a partition (or topic) that appeared since the last batch
                     earliest = earliest or self._watermarks(layout, "earliest")
                     begin = earliest[topic][key]
+                begins[topic][key] = begin
                 end[topic][key] = max(begin, latest.get(topic, {}).get(key, begin))
         if isinstance(limit, ReadMaxRows):
-            end = _admit(start, end, limit.max_rows)
+            end = _admit(begins, end, limit.max_rows)
         return end
 
     def reportLatestOffset(self) -> Offsets | None:  # noqa: N802

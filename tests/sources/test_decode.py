@@ -53,7 +53,8 @@ def test_json_good_bad_and_unknown_fields_keep_message_order():
     for i in range(len(values)):
         assert (out.errors[i] is not None) == (i in bad), (i, out.errors[i])
         assert (rows[i] is None) == (i in bad)
-    assert "changed from number to string" in out.errors[3]
+    assert out.errors[3] == "JSON: id: expected int64, got a string"
+    assert out.errors[4] == "JSON: not a JSON object but a number"
     assert out.errors[1].startswith("empty message")
     assert out.unknown_fields[0] == ["extra"]
     assert out.unknown_fields[5] == ["meta.b"]
@@ -69,11 +70,54 @@ def test_json_one_bad_message_in_a_large_chunk_is_isolated():
     assert [i for i, e in enumerate(out.errors) if e] == [1234]
 
 
-def test_json_unknown_field_with_changing_types_is_not_an_error():
+def test_json_unknown_field_with_changing_types_is_reported_not_an_error():
     values = [b'{"id": 1, "x": 1}', b'{"id": 2, "x": "one"}']
     out = JsonDecoder(SCHEMA).decode(values)
     assert [r["id"] for r in out.data.to_pylist()] == [1, 2]
     assert out.errors == [None, None]
+    assert out.unknown_fields == [["x"], ["x"]]
+
+
+def test_json_is_as_lenient_as_spark_where_pyarrow_is_strict():
+    # Strings take numbers, booleans and objects (as their JSON text); timestamps take epoch
+    # seconds; every message of a chunk falls back to the Python path without failing.
+    values = [
+        json.dumps({"id": i, "user": i, "ts": 1_795_000_000 + i, "meta": {"a": i}}).encode()
+        for i in range(300)
+    ]
+    values[7] = b'{"id": 7, "user": {"name": "x"}, "ts": "2026-11-22T10:00:00+01:00"}'
+    values[8] = b'{"id": 8, "user": true, "ts": "2026-11-22 10:00:00"}'
+    values[9] = b'{"id": 9.5}'
+    out = JsonDecoder(SCHEMA).decode(values)
+    rows = out.data.to_pylist()
+    assert rows[0]["user"] == "0" and rows[0]["ts"] == dt.datetime.fromtimestamp(1_795_000_000, dt.UTC)
+    assert rows[7]["user"] == '{"name":"x"}'
+    assert rows[7]["ts"] == dt.datetime(2026, 11, 22, 9, 0, tzinfo=dt.UTC)
+    assert rows[8]["user"] == "true" and rows[8]["ts"] == dt.datetime(2026, 11, 22, 10, 0, tzinfo=dt.UTC)
+    assert [i for i, e in enumerate(out.errors) if e] == [9]
+    assert out.errors[9] == "JSON: id: expected int64, got a number"
+    assert [r["id"] for r in rows if r] == [i for i in range(300) if i != 9]
+
+
+def test_json_types_pyarrow_cannot_parse_go_through_python():
+    schema = pa.schema(
+        [
+            ("d", pa.date32()),
+            ("m", pa.map_(pa.string(), pa.int64())),
+            ("n", pa.decimal128(10, 2)),
+            ("b", pa.binary()),
+        ]
+    )
+    out = JsonDecoder(schema).decode(
+        [b'{"d": "2026-11-22", "m": {"a": 1}, "n": 1.25, "b": "aGk="}', b'{"d": "22.11."}']
+    )
+    assert out.data.to_pylist()[0] == {
+        "d": dt.date(2026, 11, 22),
+        "m": [("a", 1)],
+        "n": __import__("decimal").Decimal("1.25"),
+        "b": b"hi",
+    }
+    assert out.errors[0] is None and out.errors[1].startswith("JSON: Invalid isoformat string")
 
 
 def test_gzip_decompress_flags_bad_payloads():
