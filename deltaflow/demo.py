@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 __all__ = ["DemoResult", "generate_events", "run_demo", "run_kafka_demo"]
 
@@ -65,6 +66,20 @@ def generate_events(landing: Path, *, events: int, files: int, seed: int = 7) ->
         tmp = landing / f".events-{f:04d}.json.tmp"
         tmp.write_text("\n".join(lines) + "\n")
         tmp.rename(landing / f"events-{f:04d}.json")  # the file source must never see half a file
+
+
+def _print_content(
+    data: Any, files: int, distinct_ids: int, samples: int, echo: Callable[[str], None]
+) -> None:
+    """Files, rows, rows per day and a few sample rows of a demo table."""
+    echo(f"  data files     {files}")
+    echo(f"  rows           {data.num_rows:,} ({distinct_ids:,} distinct event ids)")
+    per_day = data.group_by("event_date").aggregate([("event_id", "count")]).sort_by("event_date")
+    for row in per_day.to_pylist():
+        echo(f"    {row['event_date']}  {row['event_id_count']:,} rows")
+    echo("  sample:")
+    for row in data.sort_by("event_id").slice(0, samples).to_pylist():
+        echo("    " + json.dumps(row, default=str))
 
 
 @dataclass(frozen=True)
@@ -143,15 +158,7 @@ def run_demo(
     echo(f"\nDelta table {result.table_uri}")
     echo(f"  version        {result.version}")
     echo(f"  micro-batches  {result.batches} in {result.seconds:.1f} s")
-    echo(f"  data files     {result.files}")
-    echo(f"  rows           {result.rows:,} ({result.distinct_ids:,} distinct event ids)")
-    per_day = data.group_by("event_date").aggregate([("event_id", "count")]).sort_by("event_date")
-    for row in per_day.to_pylist():
-        echo(f"    {row['event_date']}  {row['event_id_count']:,} rows")
-    echo("  sample:")
-    sample = data.sort_by("event_id").slice(0, 5).to_pylist()
-    for row in sample:
-        echo("    " + json.dumps(row, default=str))
+    _print_content(data, result.files, result.distinct_ids, 5, echo)
     ok = result.rows == events == result.distinct_ids
     echo(f"\nexactly once: {'OK' if ok else 'MISMATCH'} ({events:,} events generated)")
     spark.stop()
@@ -255,15 +262,8 @@ def run_kafka_demo(
         seconds=seconds,
     )
     echo(f"\nDelta table {result.table_uri}")
-    echo(f"  version        {table.version()} ({batches} micro-batches in {seconds:.1f} s)")
-    echo(f"  data files     {len(table.file_uris())}")
-    echo(f"  rows           {result.rows:,} ({result.distinct_ids:,} distinct event ids)")
-    per_day = data.group_by("event_date").aggregate([("event_id", "count")]).sort_by("event_date")
-    for row in per_day.to_pylist():
-        echo(f"    {row['event_date']}  {row['event_id_count']:,} rows")
-    echo("  sample:")
-    for row in data.sort_by("event_id").slice(0, 3).to_pylist():
-        echo("    " + json.dumps(row, default=str))
+    echo(f"  version        {table.version()} ({batches} micro-batch(es) in {seconds:.1f} s)")
+    _print_content(data, len(table.file_uris()), result.distinct_ids, 3, echo)
     echo(f"\ndead-letter table {result.dlq_uri}: {result.dead_letters:,} message(s)")
     for row in dead.sort_by("offset").slice(0, 2).to_pylist():
         echo(f"    partition {row['partition']} offset {row['offset']}: {row['error']}")

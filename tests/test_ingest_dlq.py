@@ -17,6 +17,7 @@ import pytest
 from deltalake import DeltaTable
 
 from deltaflow.ingest import DLQ_COLUMNS, IngestConfig, ingest
+from tests.fixtures.registry import AVRO_V1, AVRO_V2
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = "id LONG, user STRING, at STRING"
@@ -170,21 +171,6 @@ def test_gzip_values_and_a_payload_that_is_not_gzip(spark, kafka, tmp_path):
     assert sorted(DeltaTable(str(tmp_path / "t")).to_pyarrow_table()["id"].to_pylist()) == list(range(10))
     (dead,) = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().to_pylist()
     assert dead["error"].startswith("gzip:") and dead["offset"] == 10
-
-
-AVRO_V1 = {
-    "type": "record",
-    "name": "Click",
-    "fields": [
-        {"name": "id", "type": "long"},
-        {"name": "url", "type": "string"},
-        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
-    ],
-}
-AVRO_V2 = {
-    **AVRO_V1,
-    "fields": [*AVRO_V1["fields"], {"name": "ref", "type": ["null", "string"], "default": None}],
-}
 
 
 def test_avro_with_a_schema_registry_end_to_end(kafka, schema_registry, tmp_path):

@@ -19,6 +19,7 @@ from deltaflow.sources.decode import (
     avro_to_spark_ddl,
     decompress,
 )
+from tests.fixtures.registry import AVRO_V1, AVRO_V2
 
 SCHEMA = pa.schema(
     [
@@ -125,21 +126,6 @@ def test_gzip_decompress_flags_bad_payloads():
     assert values[0] == b'{"id": 1}'
     assert values[1] is None and errors[1].startswith("gzip:")
     assert values[2] is None and errors[2] is None
-
-
-AVRO_V1 = {
-    "type": "record",
-    "name": "Click",
-    "fields": [
-        {"name": "id", "type": "long"},
-        {"name": "url", "type": "string"},
-        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
-    ],
-}
-AVRO_V2 = {
-    **AVRO_V1,
-    "fields": [*AVRO_V1["fields"], {"name": "ref", "type": ["null", "string"], "default": None}],
-}
 
 
 def _bare(schema, record):
