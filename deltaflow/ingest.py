@@ -14,10 +14,8 @@ committed, the main rows land. See docs/DESIGN.md (invariant 9).
 
 from __future__ import annotations
 
-import gzip
 import json
 import logging
-import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -226,9 +224,10 @@ def _sample_text(value: bytes | None, gzipped: bool) -> str | None:
     if not value:
         return None
     if gzipped:
-        try:
-            value = gzip.decompress(value)
-        except (OSError, EOFError, zlib.error):
+        from deltaflow.sources.decode import decompress
+
+        (value,), _errors = decompress([value], "gzip")
+        if value is None:
             return None  # a dead letter, not a sample
     return value.decode("utf-8", "replace")
 
