@@ -28,6 +28,7 @@ import pickle
 import shutil
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
@@ -46,7 +47,7 @@ from deltaflow.sink import DeltaCommitMessage, _DeltaSink, is_committed
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["SparkBatchWriter", "STAGING_DIR"]
+__all__ = ["PendingCommit", "SparkBatchWriter", "STAGING_DIR"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,15 @@ _MESSAGE_SCHEMA = pa.schema([("m", pa.binary())])
 
 #: Where Spark writes a batch before its files move into the table (under the table root).
 STAGING_DIR = "_deltaflow/staging"
+
+
+@dataclass(frozen=True)
+class PendingCommit:
+    """Files of one micro-batch written to a table and not committed yet."""
+
+    sink: _DeltaSink
+    messages: list[DeltaCommitMessage]
+    batch_id: int
 
 
 class SparkBatchWriter:
@@ -72,18 +82,32 @@ class SparkBatchWriter:
         self._bytes_per_row: float | None = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        pending = self.write_files(batch, batch_id)
+        if pending is not None:
+            self.commit(pending)
+
+    def write_files(self, batch: DataFrame, batch_id: int) -> PendingCommit | None:
+        """Steps a and b: write the batch's files, commit nothing; ``None`` for a replay.
+
+        The caller then commits it (:meth:`commit`) or drops it (:meth:`discard`); files left by
+        a crash in between are orphans no reader sees (vacuum full removes them).
+        """
         from deltaflow import delta_log
 
         opts = self._options
         sink = _DeltaSink(opts, batch.schema, self._overwrite)
 
-        # a. Replay check before writing anything.
-        table = delta_log.load(sink.table_uri, opts.storage_options)
+        # a. Replay check before writing anything (with kafka_offsets the source has already
+        # left out every offset the table holds: a replayed batch is empty).
         if not opts.kafka_offsets and is_committed(
-            table, sink.table_uri, opts.pipeline_id, batch_id, streaming=True
+            delta_log.load(sink.table_uri, opts.storage_options),
+            sink.table_uri,
+            opts.pipeline_id,
+            batch_id,
+            streaming=True,
         ):
             logger.info("batch %s of %r is already committed: replay skipped", batch_id, opts.pipeline_id)
-            return
+            return None
 
         # b. Write the files.
         started = time.monotonic()
@@ -102,9 +126,17 @@ class SparkBatchWriter:
             sum(len(m.files) for m in messages),
             time.monotonic() - started,
         )
+        return PendingCommit(sink, messages, batch_id)
 
-        # Steps 1-5 of the sink: the same checks and the same single commit.
-        sink.commit_batch(messages, batch_id)
+    def commit(self, pending: PendingCommit) -> None:
+        """Steps 1-5 of the sink: the same checks and the same single commit."""
+        pending.sink.commit_batch(pending.messages, pending.batch_id)
+
+    def discard(self, pending: PendingCommit) -> None:
+        """Delete the files of a batch that will not be committed."""
+        files = [f for m in pending.messages for f in m.files]
+        deleted = pending.sink.delete_uncommitted(files)
+        logger.info("batch %s: %d uncommitted file(s) deleted", pending.batch_id, deleted)
 
     def _spark_write(self, batch: DataFrame, staging: Path) -> None:
         opts = self._options

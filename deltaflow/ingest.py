@@ -238,6 +238,7 @@ def build_ingest_frame(spark: SparkSession, config: IngestConfig) -> DataFrame:
     from pyspark.sql import functions as F  # noqa: N812
 
     from deltaflow.api import register
+    from deltaflow.sources.kafka import METADATA_COLUMNS
 
     register(spark)
     reader = (
@@ -261,6 +262,11 @@ def build_ingest_frame(spark: SparkSession, config: IngestConfig) -> DataFrame:
     if failing or config.schema_evolution:
         # A transform may still reject a message; evolution samples the new fields' values.
         reader = reader.option("keep_value", "true")
+    # Kafka metadata no transform reads is built for failed messages only (the dead letters').
+    used = set().union(*(t.kafka_fields() for t in [*transforms, *config.parsed_dlq_transforms()]))
+    if failing:
+        used |= {"key", "timestamp"}  # a transform's dead letters carry them
+    reader = reader.option("metadata", ",".join(c for c in METADATA_COLUMNS if c in used))
     if config.value_format == "json":
         reader = reader.option("value_format", "json").option(
             "value_schema", _value_schema(spark, config).json()
@@ -370,17 +376,25 @@ class IngestWriter:
         self.unknown_total = 0
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        from pyspark.sql import Observation
         from pyspark.sql import functions as F  # noqa: N812
 
-        batch = batch.persist()
+        # One pass over the batch: the main files are written while the statistics are
+        # observed; the batch is read again only when it holds failed messages (dead letters)
+        # or new fields to evolve the schema with. Nothing is committed before both are known.
+        seen = Observation(f"deltaflow-ingest-{self._main_options.pipeline_id}-{batch_id}")
+        observed = batch.observe(
+            seen,
+            F.count(F.col(f"{META}.error")).alias("failed"),
+            F.first(F.col(f"{META}.error"), ignorenulls=True).alias("first_error"),
+            F.count(F.col(f"{META}.unknown_fields")).alias("unknown"),
+            F.array_distinct(F.flatten(F.collect_set(F.col(f"{META}.unknown_fields")))).alias("names"),
+        )
+        pending = self._main.write_files(main_rows(observed), batch_id)
+        if pending is None:
+            return  # a replay of a committed batch: nothing was read
         try:
-            stats = batch.agg(
-                F.count(F.col(f"{META}.error")).alias("failed"),
-                F.first(F.col(f"{META}.error"), ignorenulls=True).alias("first_error"),
-                F.count(F.col(f"{META}.unknown_fields")).alias("unknown"),
-                F.array_distinct(F.flatten(F.collect_set(F.col(f"{META}.unknown_fields")))).alias("names"),
-            ).first()
-            assert stats is not None
+            stats = seen.get
             pipeline, table = (
                 self._main_options.pipeline_id or "",
                 normalize_uri(self._main_options.table_uri),
@@ -401,9 +415,10 @@ class IngestWriter:
                 self.failed_total += stats["failed"]
                 metrics.records_failed(pipeline=pipeline, table=table, count=stats["failed"])
                 self._dead_letter(batch, batch_id, stats["failed"], stats["first_error"])
-            self._main(main_rows(batch), batch_id)
-        finally:
-            batch.unpersist()
+        except BaseException:
+            self._main.discard(pending)
+            raise
+        self._main.commit(pending)
         if self._group_config is not None:
             # After the Delta commit, for lag monitoring only: progress is read from the table.
             from deltaflow.sink import read_batch_offsets

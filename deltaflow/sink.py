@@ -202,11 +202,11 @@ class _DeltaSink:
         try:
             replay = is_committed(table, self.table_uri, app_id, version, streaming=batch_id is not None)
         except CheckpointMismatchError:
-            self._delete(files)
+            self.delete_uncommitted(files)
             raise
         if replay:
             metrics.batch_skipped(pipeline=opts.pipeline_id or "", table=self.table_uri)
-            removed = self._delete(files)
+            removed = self.delete_uncommitted(files)
             logger.info(
                 "batch %s of pipeline %r is already in %s: skipped the replay, deleted %d new file(s)",
                 version,
@@ -220,7 +220,7 @@ class _DeltaSink:
         try:
             self._check(table, files)
         except DeltaflowError:
-            self._delete(files)
+            self.delete_uncommitted(files)
             raise
         source_txns: dict[str, int] = {}
         if opts.kafka_offsets and batch_id is not None:
@@ -229,7 +229,7 @@ class _DeltaSink:
                 # Every partition of this batch is already in the log: a replay the source did
                 # not clamp (its delta_table_uri option is unset). Never commit it twice.
                 metrics.batch_skipped(pipeline=opts.pipeline_id or "", table=self.table_uri)
-                removed = self._delete(files)
+                removed = self.delete_uncommitted(files)
                 logger.info(
                     "batch %s: its Kafka offsets are committed already; deleted %d file(s)", batch_id, removed
                 )
@@ -266,7 +266,7 @@ class _DeltaSink:
             raise
         if not outcome.committed:
             # An earlier attempt landed although it reported an error: these files are extra.
-            self._delete(files)
+            self.delete_uncommitted(files)
             logger.info("batch %s of %r was committed by an earlier attempt", batch_id, app_id)
             return
         maybe_crash("after_commit", batch_id)
@@ -303,7 +303,7 @@ class _DeltaSink:
             logger.warning("abort of batch %s of %r: its txn is in the log, files kept", version, app_id)
             return
         files = [f for m in messages if isinstance(m, DeltaCommitMessage) for f in m.files]
-        removed = self._delete(files)
+        removed = self.delete_uncommitted(files)
         logger.warning(
             "aborted batch %s of %r on %s: deleted %d file(s)", batch_id, app_id, self.table_uri, removed
         )
@@ -377,7 +377,7 @@ class _DeltaSink:
                     path=f.path,
                 )
 
-    def _delete(self, files: Sequence[WrittenFile]) -> int:
+    def delete_uncommitted(self, files: Sequence[WrittenFile]) -> int:
         if not files:
             return 0
         fs, root = filesystem(self.table_uri, self.options.storage_options)

@@ -66,6 +66,16 @@ class Transform:
             transform=src,
         )
 
+    def kafka_fields(self) -> frozenset[str]:
+        """The ``kafka`` struct's fields this transform reads (every one for SQL naming it)."""
+        src = self.source
+        if src.startswith("sql:"):
+            return frozenset(KAFKA_FIELDS) if "kafka" in src.lower() else frozenset()
+        head, _, rest = src.partition(".")
+        if _FIELD.match(src) and head == "kafka":
+            return frozenset({rest.split(".")[0]})
+        return frozenset()
+
     def failure(self) -> Column | None:
         """A column holding why this transform failed for a row (else null), where it can fail.
 

@@ -225,3 +225,7 @@ def test_schema_evolution_adds_new_fields_as_columns_and_restarts(kafka, tmp_pat
     assert [r["id"] for r in rows] == list(range(30))
     assert [r["score"] for r in rows] == [None] * 10 + [i / 2 for i in range(10, 30)]
     assert [r["tag"] for r in rows] == [None] * 10 + [f"t{i}" for i in range(10, 30)]
+    # The batch that met the new fields had its files written, then deleted uncommitted.
+    on_disk = {str(p) for p in (tmp_path / "t").rglob("*.parquet")}
+    assert on_disk == {str(Path(uri.removeprefix("file://"))) for uri in table.file_uris()}
+    assert "uncommitted file(s) deleted" in out.stderr

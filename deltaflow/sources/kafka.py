@@ -71,6 +71,8 @@ _FAST_CONSUMER = {
 _SECRET_SETTINGS = re.compile(r"password|secret|token|key\.pem|keystore|jaas", re.IGNORECASE)
 
 Offsets = dict[str, dict[str, int]]
+#: The Kafka metadata columns a pipeline may leave unfilled (see ``metadata``).
+METADATA_COLUMNS: tuple[Literal["key", "timestamp", "headers"], ...] = ("key", "timestamp", "headers")
 
 
 class KafkaSourceOptions(BaseModel):
@@ -108,6 +110,10 @@ class KafkaSourceOptions(BaseModel):
         value_compression: ``gzip`` to decompress each value before decoding.
         keep_value: With decoding, keep every message's bytes in ``value`` (default: only the
             failed ones'), for pipelines that may reject a decoded row later.
+        metadata: Which of the columns ``key``, ``timestamp`` (with ``timestamp_type``) and
+            ``headers`` to fill for every message (comma-separated; default all). The others
+            are null, except on messages that failed to decode (dead letters keep them):
+            building them costs as much as decoding JSON, for pipelines that drop them.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -130,8 +136,9 @@ class KafkaSourceOptions(BaseModel):
     schema_registry_auth: SecretStr | None = None
     value_compression: Literal["none", "gzip"] = "none"
     keep_value: bool = False
+    metadata: tuple[Literal["key", "timestamp", "headers"], ...] = METADATA_COLUMNS
 
-    @field_validator("topic", mode="before")
+    @field_validator("topic", "metadata", mode="before")
     @classmethod
     def _split_topics(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -293,6 +300,7 @@ class Decoding:
     arrow_schema: pa.Schema
     compression: str = "none"
     keep_value: bool = False
+    metadata: frozenset[str] = frozenset(METADATA_COLUMNS)
     avro_schema: str | None = None
     registry_url: str | None = None
     registry_auth: str | None = field(default=None, repr=False)
@@ -340,6 +348,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             arrow_schema=spark_to_arrow(schema),
             compression=options.value_compression,
             keep_value=options.keep_value,
+            metadata=frozenset(options.metadata),
             avro_schema=options.reader_avro_schema() if options.value_format == "avro" else None,
             registry_url=options.schema_registry_url,
             registry_auth=(
@@ -606,10 +615,9 @@ def _to_arrow(
     import pyarrow as pa
 
     n = len(rows)
-    stamps = [m.timestamp() for m in rows]
-    headers = [m.headers() for m in rows]
     values = [m.value() for m in rows]
     decoded: list[Any] = []
+    errors: list[str | None] | None = None
     if decoder is not None:
         payloads, errors = decompress(values, decoding.compression)
         result = decoder.decode(payloads)
@@ -622,22 +630,39 @@ def _to_arrow(
             pa.array(errors, pa.string()),
             pa.array(result.unknown_fields, schema.field("unknown_fields").type),
         ]
+    # The metadata columns a pipeline does not use: only the failed messages' (dead letters).
+    failed: Sequence[Any] | None = None
+    if decoding.metadata != frozenset(METADATA_COLUMNS):
+        failed = [m if e is not None else None for m, e in zip(rows, errors, strict=True)] if errors else []
+
+    def column(name: str, build: Any, dtype: pa.DataType) -> pa.Array:
+        if failed is None or name in decoding.metadata:
+            return pa.array([build(m) for m in rows], dtype)
+        if not any(m is not None for m in failed):
+            return pa.nulls(n, dtype)
+        return pa.array([None if m is None else build(m) for m in failed], dtype)
+
+    stamp_type = schema.field("timestamp").type
     return pa.RecordBatch.from_arrays(
         [
-            pa.array([m.key() for m in rows], pa.binary()),
+            column("key", lambda m: m.key(), pa.binary()),
             pa.array(values, pa.binary()),
-            pa.array([task.topic] * n, pa.string()),
-            pa.array([task.partition] * n, pa.int32()),
+            pa.repeat(pa.scalar(task.topic, pa.string()), n),
+            pa.repeat(pa.scalar(task.partition, pa.int32()), n),
             pa.array([m.offset() for m in rows], pa.int64()),
-            pa.array([s[1] * 1000 if s[0] else None for s in stamps], pa.int64()).cast(
-                schema.field("timestamp").type
-            ),
-            pa.array([s[0] for s in stamps], pa.int32()),
-            pa.array(
-                [[{"key": k, "value": v} for k, v in h] if h else [] for h in headers],
-                schema.field("headers").type,
-            ),
+            column("timestamp", _timestamp_us, pa.int64()).cast(stamp_type),
+            column("timestamp", lambda m: m.timestamp()[0], pa.int32()),
+            column("headers", _headers, schema.field("headers").type),
             *decoded,
         ],
         schema=schema,
     )
+
+
+def _timestamp_us(message: Any) -> int | None:
+    kind, millis = message.timestamp()
+    return millis * 1000 if kind else None
+
+
+def _headers(message: Any) -> list[dict[str, Any]]:
+    return [{"key": k, "value": v} for k, v in message.headers() or ()]

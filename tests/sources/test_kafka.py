@@ -112,6 +112,24 @@ def test_multi_partition_topic_lands_exactly_once_with_metadata(spark, kafka, tm
     assert len(pairs) == 3000
 
 
+def test_unused_metadata_is_filled_for_failed_messages_only(spark, kafka, tmp_path):
+    topic = kafka.create_topic(partitions=2)
+    kafka.produce(topic, [b'{"n": %d}' % i if i % 5 else b"not json" for i in range(40)], partitions=2)
+    _stream(spark, kafka, topic, tmp_path, value_format="json", value_schema="n INT", metadata="headers")
+    rows = DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pylist()
+    assert len(rows) == 40
+    for row in rows:
+        (header,) = row["headers"]  # asked for: filled for every message
+        i = int(header["value"])
+        if i % 5:
+            assert (row["data"], row["error"]) == ({"n": i}, None)
+            assert (row["key"], row["timestamp"], row["timestamp_type"], row["value"]) == (None,) * 4
+        else:  # a failed message keeps everything a dead letter needs
+            assert row["error"] is not None and row["value"] == b"not json"
+            assert row["key"] == str(i).encode() and row["timestamp"] is not None
+            assert row["timestamp_type"] == 1
+
+
 def test_restart_reads_only_new_messages(spark, kafka, tmp_path):
     topic = kafka.create_topic(partitions=2)
     kafka.produce(topic, [b"a"] * 100, partitions=2)
