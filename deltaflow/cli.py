@@ -5,8 +5,11 @@ pyspark is imported inside the commands that need it, so ``--help`` is instant.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -461,6 +464,348 @@ def ingest(
     click.echo(f"ingested {summary.messages:,} message(s) in {summary.batches} batch(es) into {table_uri}")
 
 
+# ---------------------------------------------------------------------------------------------
+# Table maintenance (deltaflow.maintenance): no Spark, text or --json output.
+
+_JSON = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (for scripts).")
+_STORAGE = click.option(
+    "--storage-option",
+    "storage_options",
+    multiple=True,
+    type=LINES,
+    envvar="DELTAFLOW_STORAGE_OPTIONS",
+    show_envvar=True,
+    help="key=value for the object store (repeatable), e.g. AWS_ENDPOINT_URL=http://127.0.0.1:9000.",
+)
+
+
+def _emit(as_json: bool, value: object, text: Callable[[], None]) -> None:
+    if as_json:
+        from deltaflow.maintenance import to_jsonable
+
+        click.echo(json.dumps(to_jsonable(value), indent=2, default=str))
+    else:
+        text()
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"  # pragma: no cover
+
+
+def _print_rows(table: object) -> None:
+    import pyarrow as pa
+
+    assert isinstance(table, pa.Table)
+    if table.num_rows == 0:
+        click.echo(f"(no rows; columns: {', '.join(table.column_names)})")
+        return
+    frame = table.to_pandas()
+    click.echo(frame.to_string(index=False, max_colwidth=60))
+    click.echo(f"({table.num_rows} row(s))")
+
+
+@cli.command()
+@click.argument("table_uri")
+@click.option("--where", help="Partition predicate: date = '2026-11-22' AND country IN ('DE', 'FR').")
+@click.option(
+    "--zorder", multiple=True, help="Z-order by these data columns (repeatable) instead of bin-packing."
+)
+@click.option("--target-size", default="256MB", help="Target file size (e.g. 128MB, 1GB).")
+@_STORAGE
+@_JSON
+def optimize(
+    table_uri: str,
+    where: str | None,
+    zorder: tuple[str, ...],
+    target_size: str,
+    storage_options: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Compact small files (bin-packing) or Z-order them; the data does not change."""
+    from deltaflow import maintenance
+
+    click.echo(f"{'z-ordering' if zorder else 'compacting'} {table_uri} ...", err=True)
+    started = time.monotonic()
+    result = maintenance.optimize(
+        table_uri,
+        where=where,
+        zorder=zorder,
+        target_size=target_size,
+        storage_options=_key_values(storage_options, "--storage-option"),
+    )
+    _emit(
+        as_json,
+        result,
+        lambda: click.echo(
+            f"{result.mode}: {result.files_removed} file(s) ({_size(result.bytes_removed)}) -> "
+            f"{result.files_added} file(s) ({_size(result.bytes_added)}) in "
+            f"{result.partitions_optimized} partition(s); table version {result.version} "
+            f"({time.monotonic() - started:.1f} s)"
+        ),
+    )
+
+
+@cli.command()
+@click.argument("table_uri")
+@click.option(
+    "--retention-hours",
+    type=click.IntRange(min=0),
+    help="Keep files needed by versions this recent "
+    "[default: the table's delta.deletedFileRetentionDuration, 168 h unless set].",
+)
+@click.option("--dry-run/--execute", default=True, help="List the files (default) or delete them.")
+@click.option("--full", is_flag=True, help="Also delete files no commit ever referenced (failed writes).")
+@click.option("--force", is_flag=True, help="Allow a retention below the table's minimum.")
+@_STORAGE
+@_JSON
+def vacuum(
+    table_uri: str,
+    retention_hours: int | None,
+    dry_run: bool,
+    full: bool,
+    force: bool,
+    storage_options: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Delete data files older versions no longer need (a dry run unless --execute)."""
+    from deltaflow import maintenance
+
+    result = maintenance.vacuum(
+        table_uri,
+        retention_hours=retention_hours,
+        dry_run=dry_run,
+        full=full,
+        force=force,
+        storage_options=_key_values(storage_options, "--storage-option"),
+    )
+
+    def text() -> None:
+        for path in [*result.files, *result.staging_files]:
+            click.echo(path)
+        count = len(result.files) + len(result.staging_files)
+        if result.dry_run:
+            click.echo(
+                f"dry run: {count} file(s) would be deleted (retention {result.retention_hours} h); "
+                "add --execute to delete them",
+                err=True,
+            )
+        else:
+            click.echo(f"deleted {count} file(s) (retention {result.retention_hours} h)", err=True)
+
+    _emit(as_json, result, text)
+
+
+@cli.command()
+@click.argument("table_uri")
+@click.option(
+    "--cleanup", is_flag=True, help="Also delete log entries older than delta.logRetentionDuration."
+)
+@_STORAGE
+@_JSON
+def checkpoint(table_uri: str, cleanup: bool, storage_options: tuple[str, ...], as_json: bool) -> None:
+    """Write a Delta log checkpoint of the current version."""
+    from deltaflow import maintenance
+
+    result = maintenance.checkpoint(
+        table_uri, cleanup=cleanup, storage_options=_key_values(storage_options, "--storage-option")
+    )
+    _emit(as_json, result, lambda: click.echo(f"checkpoint written at version {result['version']}"))
+
+
+@cli.command()
+@click.argument("table_uri")
+@click.option("--limit", type=click.IntRange(min=1), help="Newest N commits only.")
+@_STORAGE
+@_JSON
+def history(table_uri: str, limit: int | None, storage_options: tuple[str, ...], as_json: bool) -> None:
+    """The table's commits, newest first."""
+    from deltaflow import maintenance
+
+    entries = maintenance.history(
+        table_uri, limit=limit, storage_options=_key_values(storage_options, "--storage-option")
+    )
+
+    def text() -> None:
+        for e in entries:
+            params = e.get("operationParameters") or {}
+            extra = {k: v for k, v in e.items() if k.startswith("deltaflow.")}
+            detail = ", ".join(f"{k}={v}" for k, v in {**params, **extra}.items())
+            click.echo(
+                f"{e.get('version', '?'):>6}  {e.get('timestamp', '')}  {e.get('operation', ''):<10} {detail}"
+            )
+
+    _emit(as_json, entries, text)
+
+
+@cli.command()
+@click.argument("table_uri")
+@click.option("--small-file-size", default="128MB", help="Files below this size count as small.")
+@_STORAGE
+@_JSON
+def describe(table_uri: str, small_file_size: str, storage_options: tuple[str, ...], as_json: bool) -> None:
+    """Schema, partitioning, properties, protocol, version, files and their sizes."""
+    from deltaflow import maintenance
+
+    info = maintenance.describe(
+        table_uri,
+        small_file_size=small_file_size,
+        storage_options=_key_values(storage_options, "--storage-option"),
+    )
+
+    def text() -> None:
+        files = info["files"]
+        protocol = info["protocol"]
+        click.echo(f"table      {info['table_uri']}")
+        click.echo(f"version    {info['version']} (created {info['created']}, id {info['id']})")
+        click.echo(
+            f"partitions {', '.join(info['partition_columns']) or '-'} ({files['partitions']} value(s))"
+        )
+        click.echo(
+            f"protocol   reader {protocol['min_reader_version']}, writer {protocol['min_writer_version']}"
+            + (f", features {', '.join(protocol['writer_features'])}" if protocol["writer_features"] else "")
+        )
+        click.echo(
+            f"files      {files['count']} ({_size(files['bytes'])}, {files['rows']} rows); small "
+            f"(< {_size(files['small_file_size'])}): {files['small_files']} "
+            f"({files['small_file_ratio']:.0%})"
+        )
+        for bucket in files["size_histogram"]:
+            upper = _size(bucket["to_bytes"]) if bucket["to_bytes"] is not None else "+"
+            click.echo(f"  {_size(bucket['from_bytes']):>9} .. {upper:<9} {bucket['files']}")
+        click.echo("schema")
+        for f in info["schema"]:
+            click.echo(f"  {f['name']}: {f['type']}{'' if f['nullable'] else ' NOT NULL'}")
+        if info["properties"]:
+            click.echo("properties")
+            for key, value in sorted(info["properties"].items()):
+                click.echo(f"  {key} = {value}")
+
+    _emit(as_json, info, text)
+
+
+@cli.command()
+@click.argument("table_uri")
+@click.option("--version", "version", type=click.IntRange(min=0), help="The version to restore.")
+@click.option("--timestamp", help="Restore the last version committed at or before this ISO-8601 time.")
+@_STORAGE
+@_JSON
+def restore(
+    table_uri: str,
+    version: int | None,
+    timestamp: str | None,
+    storage_options: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Make an earlier version the current content again (a new commit; history is kept)."""
+    from deltaflow import maintenance
+
+    result = maintenance.restore(
+        table_uri,
+        version=version,
+        timestamp=timestamp,
+        storage_options=_key_values(storage_options, "--storage-option"),
+    )
+    _emit(
+        as_json,
+        result,
+        lambda: click.echo(
+            f"restored {result.table_uri} to version {result.restored_to}: now version {result.version}"
+        ),
+    )
+
+
+@cli.command()
+@click.argument("table_uri")
+@click.argument("action", type=click.Choice(["show", "set", "unset"]), default="show")
+@click.argument("items", nargs=-1)
+@_STORAGE
+@_JSON
+def properties(
+    table_uri: str, action: str, items: tuple[str, ...], storage_options: tuple[str, ...], as_json: bool
+) -> None:
+    """Show table properties, or `set k=v ...` / `unset k ...` them."""
+    from deltaflow import maintenance
+
+    if action != "show" and not items:
+        raise click.BadParameter(f"{action} needs at least one property", param_hint="ITEMS")
+    result = maintenance.properties(
+        table_uri,
+        set_=_key_values(items, "ITEMS") if action == "set" else None,
+        unset=items if action == "unset" else (),
+        storage_options=_key_values(storage_options, "--storage-option"),
+    )
+    _emit(as_json, result, lambda: click.echo("\n".join(f"{k} = {v}" for k, v in sorted(result.items()))))
+
+
+@cli.command()
+@click.argument("table_uri")
+@click.option("--version", "version", type=click.IntRange(min=0), help="Read this version (time travel).")
+@click.option("--timestamp", help="Read the table as of this ISO-8601 time.")
+@click.option("--where", help="SQL predicate over the columns, e.g. \"country = 'DE' AND amount > 10\".")
+@click.option("--column", "columns", multiple=True, help="Only these columns (repeatable).")
+@click.option("--limit", type=click.IntRange(min=0), default=20, help="At most N rows (0 = all).")
+@_STORAGE
+@_JSON
+def read(
+    table_uri: str,
+    version: int | None,
+    timestamp: str | None,
+    where: str | None,
+    columns: tuple[str, ...],
+    limit: int,
+    storage_options: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Print rows of the table, now or at an earlier version."""
+    from deltaflow import maintenance
+
+    rows = maintenance.read(
+        table_uri,
+        version=version,
+        timestamp=timestamp,
+        where=where,
+        columns=columns,
+        limit=limit or None,
+        storage_options=_key_values(storage_options, "--storage-option"),
+    )
+    _emit(as_json, rows, lambda: _print_rows(rows))
+
+
+@cli.command()
+@click.argument("table_uri")
+@click.option("--from-version", type=click.IntRange(min=0), default=0, help="First version to include.")
+@click.option("--to-version", type=click.IntRange(min=0), help="Last version to include [default: current].")
+@click.option("--limit", type=click.IntRange(min=0), default=0, help="At most N rows (0 = all).")
+@_STORAGE
+@_JSON
+def changes(
+    table_uri: str,
+    from_version: int,
+    to_version: int | None,
+    limit: int,
+    storage_options: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Print the change data feed (tables with delta.enableChangeDataFeed=true)."""
+    from deltaflow import maintenance
+
+    rows = maintenance.changes(
+        table_uri,
+        from_version=from_version,
+        to_version=to_version,
+        limit=limit or None,
+        storage_options=_key_values(storage_options, "--storage-option"),
+    )
+    _emit(as_json, rows, lambda: _print_rows(rows))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: runs the CLI and maps exceptions to exit codes and short messages."""
     verbose = "-v" in (argv or sys.argv) or "--verbose" in (argv or sys.argv)
@@ -479,6 +824,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(EXIT_TERMINAL if isinstance(exc, TerminalError) else EXIT_TRANSIENT)
     except KeyboardInterrupt:
         sys.exit(130)
+    except Exception as exc:
+        if verbose or not type(exc).__module__.startswith("deltalake"):
+            raise
+        click.echo(f"error: delta-rs: {exc}", err=True)  # e.g. a commit that lost a race
+        sys.exit(EXIT_TRANSIENT)
 
 
 if __name__ == "__main__":  # pragma: no cover
