@@ -67,6 +67,11 @@ class SinkOptions(BaseModel):
             ``arrow`` (Python workers with pyarrow; any storage), ``auto`` (``spark`` for
             local tables, else ``arrow``). ``df.writeStream.format("deltaflow")`` and batch
             writes always use ``arrow``.
+        auto_compact: Streams only: once a partition the stream writes holds
+            ``auto_compact_min_files`` files smaller than half of ``target_file_size_mb``,
+            compact it in the background (``dataChange=false``; never blocks or fails the
+            stream; see ``deltaflow.compaction``).
+        auto_compact_min_files: Small files in one partition that trigger a compaction.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -87,6 +92,8 @@ class SinkOptions(BaseModel):
     write_path: WritePath = "auto"
     kafka_offsets: bool = False
     checkpoint_location: str | None = None
+    auto_compact: bool = True
+    auto_compact_min_files: int = Field(default=50, ge=2)
 
     @field_validator("table_uri")
     @classmethod

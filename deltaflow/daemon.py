@@ -45,6 +45,8 @@ logger = logging.getLogger(__name__)
 POLL_S = 1
 #: The first wait before a restart; it doubles after each failed restart.
 INITIAL_BACKOFF_S = 1.0
+#: How long a clean stop waits for a running auto-compaction to commit.
+COMPACTION_STOP_TIMEOUT_S = 60.0
 #: Default cap of the wait between restarts: long enough not to hammer a broker that is down,
 #: short enough that ingestion resumes soon after it returns.
 DEFAULT_MAX_BACKOFF_S = 30.0
@@ -150,35 +152,52 @@ def run_until_stopped(
             max_backoff_s=max_backoff_s,
         )
     tally = _Tally(name)
+    try:
+        with _stop_signals() as received:
+            return _loop(start_query, received, tally, name, poll_s, max_backoff_s)
+    finally:
+        # A compaction in progress may finish (its commit never conflicts with the stream's).
+        from deltaflow.compaction import close_all
+
+        close_all(COMPACTION_STOP_TIMEOUT_S)
+
+
+def _loop(
+    start_query: Callable[[], StreamingQuery],
+    received: list[int],
+    tally: _Tally,
+    name: str,
+    poll_s: int,
+    max_backoff_s: float,
+) -> RunSummary:
     restarts = 0
     backoff = INITIAL_BACKOFF_S
-    with _stop_signals() as received:
-        while True:
-            failure: TransientError | None
-            try:
-                query = start_query()
-            except Exception as exc:  # noqa: BLE001 - classified: transient ones are retried
-                failure = _transient_or_raise(exc, name)
-            else:
-                if restarts:
-                    logger.info("query %r restarted (restart %d)", name, restarts)
-                before = tally.messages
-                failure = _watch(query, received, tally, poll_s, name)
-                if failure is None:
-                    return tally.summary(restarts, received[0] if received else None)
-                if tally.messages > before:
-                    backoff = INITIAL_BACKOFF_S  # it recovered once: a new outage starts over
-            logger.warning(
-                "query %r failed, restarting in %.0f s (transient: retrying may help): %s",
-                name,
-                backoff,
-                failure,
-            )
-            if not _wait(backoff, received):
-                logger.info("received signal %d while waiting to restart %r: stopping", received[0], name)
-                return tally.summary(restarts, received[0])
-            restarts += 1
-            backoff = min(backoff * 2, max_backoff_s)
+    while True:
+        failure: TransientError | None
+        try:
+            query = start_query()
+        except Exception as exc:  # noqa: BLE001 - classified: transient ones are retried
+            failure = _transient_or_raise(exc, name)
+        else:
+            if restarts:
+                logger.info("query %r restarted (restart %d)", name, restarts)
+            before = tally.messages
+            failure = _watch(query, received, tally, poll_s, name)
+            if failure is None:
+                return tally.summary(restarts, received[0] if received else None)
+            if tally.messages > before:
+                backoff = INITIAL_BACKOFF_S  # it recovered once: a new outage starts over
+        logger.warning(
+            "query %r failed, restarting in %.0f s (transient: retrying may help): %s",
+            name,
+            backoff,
+            failure,
+        )
+        if not _wait(backoff, received):
+            logger.info("received signal %d while waiting to restart %r: stopping", received[0], name)
+            return tally.summary(restarts, received[0])
+        restarts += 1
+        backoff = min(backoff * 2, max_backoff_s)
 
 
 def _watch(

@@ -83,6 +83,24 @@ class Metrics:
             _SINK,
             registry=r,
         )
+        self._compactions = Counter(
+            "deltaflow_compaction_runs",
+            "Auto-compactions by outcome (success, failed).",
+            (*_SINK, "outcome"),
+            registry=r,
+        )
+        self._compacted_removed = Counter(
+            "deltaflow_compaction_files_removed",
+            "Small files replaced by auto-compaction.",
+            _SINK,
+            registry=r,
+        )
+        self._compacted_added = Counter(
+            "deltaflow_compaction_files_added", "Files written by auto-compaction.", _SINK, registry=r
+        )
+        self._table_files = Gauge(
+            "deltaflow_table_files", "Data files in the table's current version.", _SINK, registry=r
+        )
         self._lag = Gauge(
             "deltaflow_source_lag_records",
             "Messages between the last planned batch and the newest offset, per topic-partition.",
@@ -131,6 +149,18 @@ class Metrics:
 
     def unknown_fields_seen(self, *, pipeline: str, table: str, count: int) -> None:
         self._unknown.labels(pipeline, table).inc(count)
+
+    # -- maintenance --------------------------------------------------------------------------
+
+    def compaction(
+        self, *, pipeline: str, table: str, outcome: str, files_removed: int = 0, files_added: int = 0
+    ) -> None:
+        self._compactions.labels(pipeline, table, outcome).inc()
+        self._compacted_removed.labels(pipeline, table).inc(files_removed)
+        self._compacted_added.labels(pipeline, table).inc(files_added)
+
+    def table_files(self, *, pipeline: str, table: str, count: int) -> None:
+        self._table_files.labels(pipeline, table).set(count)
 
     # -- source (copied from Spark's progress reports) ----------------------------------------
 

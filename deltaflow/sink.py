@@ -45,6 +45,8 @@ from deltaflow.metrics import metrics
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
+    from deltaflow.compaction import AutoCompactor
+
 __all__ = ["DeltaCommitMessage", "DeltaflowDataSource", "FORMAT_NAME"]
 
 logger = logging.getLogger(__name__)
@@ -292,6 +294,17 @@ class _DeltaSink:
             outcome.retries,
             "y" if outcome.retries == 1 else "ies",
         )
+        if opts.auto_compact and batch_id is not None and files and not self.overwrite:
+            self._compactor().after_commit(f.partition_values for f in files)
+
+    def _compactor(self) -> AutoCompactor:
+        from deltaflow.compaction import CompactionPolicy, compactor_for
+
+        opts = self.options
+        policy = CompactionPolicy(
+            min_files=opts.auto_compact_min_files, target_bytes=opts.target_file_size_bytes
+        )
+        return compactor_for(self.table_uri, opts.storage_options, policy, pipeline=opts.pipeline_id or "")
 
     def abort_batch(self, messages: Sequence[WriterCommitMessage | None], batch_id: int | None) -> None:
         """Delete the files of a failed batch, unless its commit landed after all."""

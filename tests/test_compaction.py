@@ -1,0 +1,160 @@
+"""Auto-compaction: a running stream keeps its partitions' file count bounded, and no stream
+commit fails or loses a row while compactions commit beside it."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+import deltaflow
+from deltaflow import compaction
+from deltaflow.compaction import AutoCompactor, CompactionPolicy
+from deltaflow.metrics import metrics
+
+
+def _files_per_day(uri: str) -> dict[str, int]:
+    adds = pa.table(DeltaTable(uri).get_add_actions(flatten=True)).to_pylist()
+    out: dict[str, int] = {}
+    for a in adds:
+        out[a["partition.day"]] = out.get(a["partition.day"], 0) + 1
+    return out
+
+
+def test_compactor_compacts_only_partitions_over_the_threshold(tmp_path):
+    uri = str(tmp_path / "t")
+    for b in range(6):
+        day = "a" if b < 5 else "b"  # 5 small files in a, 1 in b
+        write_deltalake(
+            uri,
+            pa.table({"id": [b], "day": [day]}),
+            partition_by=["day"],
+            mode="append",
+            commit_properties=CommitProperties(app_transactions=[Transaction("pipe", b)]),
+        )
+    compactor = AutoCompactor(uri, {}, CompactionPolicy(min_files=5, target_bytes=1024**2), pipeline="pipe")
+    compactor.after_commit([{"day": "a"}, {"day": "b"}])
+    assert compactor.wait_idle(60)
+    assert _files_per_day(uri) == {"a": 1, "b": 1}
+    assert (compactor.compactions, compactor.failures) == (1, 0)
+    table = DeltaTable(uri)
+    assert sorted(table.to_pyarrow_table()["id"].to_pylist()) == list(range(6))
+    assert table.transaction_version("pipe") == 5
+    assert table.history(1)[0]["operation"] == "OPTIMIZE"
+    # Below the threshold again: nothing to do.
+    compactor.after_commit([{"day": "a"}])
+    assert compactor.wait_idle(60) and compactor.compactions == 1
+    compactor.close()
+
+
+def test_unpartitioned_table_is_compacted_as_a_whole(tmp_path):
+    uri = str(tmp_path / "t")
+    for b in range(3):
+        write_deltalake(uri, pa.table({"id": [b]}), mode="append")
+    compactor = AutoCompactor(uri, {}, CompactionPolicy(min_files=3, target_bytes=1024**2))
+    compactor.after_commit([{}])
+    assert compactor.wait_idle(60)
+    assert len(DeltaTable(uri).file_uris()) == 1
+    compactor.close()
+
+
+def _scrape(name: str, **labels: str) -> float:
+    value = metrics.registry.get_sample_value(name, labels)
+    return value or 0.0
+
+
+def test_a_running_stream_stays_compacted_without_a_failed_commit(spark, tmp_path):
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    batches, rows = 24, 20
+    for f in range(batches):
+        lines = [json.dumps({"id": f * rows + i, "day": f"2026-11-{20 + i % 2}"}) for i in range(rows)]
+        (landing / f"f{f:03d}.json").write_text("\n".join(lines) + "\n")
+    uri = str(tmp_path / "t")
+    labels = {"pipeline": "compacted", "table": uri}
+    source = spark.readStream.schema("id LONG, day STRING").option("maxFilesPerTrigger", 1).json(str(landing))
+    query = deltaflow.write_stream(
+        source,
+        uri,
+        pipeline_id="compacted",
+        checkpoint_location=str(tmp_path / "cp"),
+        partition_columns=["day"],
+        auto_compact_min_files=4,
+    )
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert query.exception() is None
+    (compactor,) = [c for c in compaction.compactors() if c.table_uri == uri]
+    assert compactor.wait_idle(120)
+
+    table = DeltaTable(uri)
+    assert sorted(table.to_pyarrow_table()["id"].to_pylist()) == list(range(batches * rows))
+    assert table.transaction_version("compacted") == batches - 1
+    epochs = [h["deltaflow.epoch"] for h in table.history() if h.get("deltaflow.pipeline_id") == "compacted"]
+    assert sorted(epochs) == list(range(batches))  # every batch committed once
+    optimizes = [h for h in table.history() if h["operation"] == "OPTIMIZE"]
+    assert len(optimizes) >= 2 * (batches // 4 - 1)
+    # Without compaction: 48 files (one per day per batch). With it, fewer than 4 per day.
+    assert all(n < 4 for n in _files_per_day(uri).values()), _files_per_day(uri)
+    assert compactor.failures == 0
+    assert _scrape("deltaflow_sink_commits_failed_total", **labels) == 0
+    assert _scrape("deltaflow_compaction_runs_total", outcome="success", **labels) == compactor.compactions
+    assert _scrape("deltaflow_table_files", **labels) > 0
+    compactor.close()
+
+
+def test_auto_compact_can_be_turned_off(spark, tmp_path):
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    for f in range(5):
+        (landing / f"f{f}.json").write_text(json.dumps({"id": f}) + "\n")
+    uri = str(tmp_path / "t")
+    source = spark.readStream.schema("id LONG").option("maxFilesPerTrigger", 1).json(str(landing))
+    query = deltaflow.write_stream(
+        source,
+        uri,
+        pipeline_id="plain",
+        checkpoint_location=str(tmp_path / "cp"),
+        auto_compact=False,
+        auto_compact_min_files=2,
+    )
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert not [c for c in compaction.compactors() if c.table_uri == uri]
+    assert len(DeltaTable(uri).file_uris()) == 5
+
+
+def test_the_format_entry_point_compacts_in_its_commit_process(spark, tmp_path):
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    for f in range(6):
+        (landing / f"f{f}.json").write_text(json.dumps({"id": f}) + "\n")
+    uri = str(tmp_path / "t")
+    deltaflow.register(spark)
+    source = spark.readStream.schema("id LONG").option("maxFilesPerTrigger", 1).json(str(landing))
+    query = (
+        source.writeStream.format("deltaflow")
+        .option("table_uri", uri)
+        .option("pipeline_id", "fmt")
+        .option("auto_compact_min_files", 3)
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+        deadline = time.monotonic() + 60
+        while not [h for h in DeltaTable(uri).history() if h["operation"] == "OPTIMIZE"]:
+            assert time.monotonic() < deadline, "no compaction within 60 s"
+            time.sleep(0.2)
+    finally:
+        query.stop()
+    table = DeltaTable(uri)
+    assert sorted(table.to_pyarrow_table()["id"].to_pylist()) == list(range(6))
+    assert table.transaction_version("fmt") == 5
+    assert len(table.file_uris()) < 6
