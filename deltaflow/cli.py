@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -327,6 +328,15 @@ def _key_values(values: tuple[str, ...], flag: str) -> dict[str, str]:
     "latency, dead letters, unknown fields, lag per partition, rates.",
 )
 @click.option(
+    "--status_port",
+    type=click.IntRange(min=0, max=65535),
+    default=None,
+    envvar="STATUS_PORT",
+    show_envvar=True,
+    help="Serve a read-only status page on this port (/ and /status.json): state, last batch, "
+    "throughput and lag over the last 15 minutes, table health.",
+)
+@click.option(
     "--write_path",
     type=click.Choice(["auto", "spark", "arrow"]),
     default="auto",
@@ -386,6 +396,7 @@ def ingest(
     commit_to_group: bool,
     schema_evolution: bool,
     metrics_port: int | None,
+    status_port: int | None,
     write_path: str,
     schema: str | None,
     partition_by: tuple[str, ...],
@@ -449,6 +460,15 @@ def ingest(
         except OSError as exc:
             raise click.BadParameter(f"cannot serve metrics on port {metrics_port}: {exc}") from None
         click.echo(f"metrics on http://0.0.0.0:{bound}/metrics", err=True)
+    from deltaflow.status import board
+
+    board.register(app_id, table_uri=table_uri, source=f"kafka {topic} @ {brokers}")
+    if status_port is not None:
+        try:
+            bound = board.serve(status_port, addr="0.0.0.0")
+        except OSError as exc:
+            raise click.BadParameter(f"cannot serve the status page on port {status_port}: {exc}") from None
+        click.echo(f"status page on http://0.0.0.0:{bound}/", err=True)
     spark = deltaflow.spark_session(spark_master)
     from deltaflow.daemon import run_until_stopped
 
@@ -804,6 +824,86 @@ def changes(
         storage_options=_key_values(storage_options, "--storage-option"),
     )
     _emit(as_json, rows, lambda: _print_rows(rows))
+
+
+@cli.command()
+@click.argument("table_uris", nargs=-1)
+@click.option("--url", help="A running daemon's status page (its --status_port), e.g. http://127.0.0.1:8080.")
+@click.option("--minutes", type=click.IntRange(min=1), default=15, help="Window for commits and throughput.")
+@_STORAGE
+@_JSON
+def status(
+    table_uris: tuple[str, ...],
+    url: str | None,
+    minutes: int,
+    storage_options: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Pipelines and table health: from a running daemon (--url) or from tables' Delta logs."""
+    from deltaflow import status as status_module
+
+    if bool(url) == bool(table_uris):
+        raise click.UsageError("give either TABLE_URI(s) or --url")
+    if url:
+        import urllib.request
+
+        target = url.rstrip("/") + "/status.json"
+        try:
+            with urllib.request.urlopen(target, timeout=10) as response:
+                data = json.load(response)
+        except OSError as exc:
+            raise click.ClickException(f"cannot read {target}: {exc}") from None
+        _emit(as_json, data, lambda: _print_daemon_status(data))
+        return
+    options = _key_values(storage_options, "--storage-option")
+    tables = [status_module.table_status(u, minutes=minutes, storage_options=options) for u in table_uris]
+
+    def text() -> None:
+        for info in tables:
+            _print_table_status(info)
+
+    _emit(as_json, tables, text)
+
+
+def _print_health(health: dict[str, Any] | None) -> None:
+    if not health:
+        click.echo("  table: not available yet")
+        return
+    last = health["last_compaction"]
+    click.echo(
+        f"  table: version {health['version']}, {health['files']} file(s) ({_size(health['bytes'])}, "
+        f"{health['rows']} rows), small {health['small_file_ratio']:.0%}, last compaction "
+        + (f"version {last['version']} at {last['at']}" if last else "none")
+    )
+
+
+def _print_table_status(info: dict[str, Any]) -> None:
+    click.echo(f"{info['table_uri']}")
+    _print_health(info["table"])
+    if not info["pipelines"]:
+        click.echo("  no deltaflow pipeline commits in the last 1000 commits")
+    for p in info["pipelines"]:
+        last = p["last_commit"]
+        click.echo(
+            f"  pipeline {p['name']}: last batch {last['batch_id']} ({last['rows']} rows) at {last['at']} "
+            f"(version {last['version']}); {p['commits_in_window']} commit(s), {p['rows_in_window']} rows in "
+            f"{info['window_minutes']} min ({p['rows_per_second']} rows/s)"
+        )
+
+
+def _print_daemon_status(data: dict[str, Any]) -> None:
+    for p in data["pipelines"]:
+        batch = p["last_batch"]
+        click.echo(f"{p['name']}: {p['state']} since {p['since']} ({p['restarts']} restart(s))")
+        click.echo(f"  source {p['source']} -> {p['table_uri']}")
+        click.echo(
+            "  last batch "
+            + (f"{batch['batch_id']}: {batch['rows']} rows at {batch['at']}" if batch else "-")
+            + f"; {p['rows_last_minute']} rows in the last minute; lag {p['lag']}"
+        )
+        if p["error"]:
+            click.echo(f"  error: {p['error']}")
+        _print_health(p["table"])
 
 
 def main(argv: list[str] | None = None) -> None:

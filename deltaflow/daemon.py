@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from deltaflow import exceptions
 from deltaflow.exceptions import ConfigError, DeltaflowError, QueryFailedError, TerminalError, TransientError
-from deltaflow.metrics import metrics
+from deltaflow.metrics import metrics, source_lags
+from deltaflow.status import board
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
@@ -174,6 +175,7 @@ def _loop(
     backoff = INITIAL_BACKOFF_S
     while True:
         failure: TransientError | None
+        board.set_state(name, "restarting" if restarts else "starting")
         try:
             query = start_query()
         except Exception as exc:  # noqa: BLE001 - classified: transient ones are retried
@@ -181,12 +183,15 @@ def _loop(
         else:
             if restarts:
                 logger.info("query %r restarted (restart %d)", name, restarts)
+            board.set_state(name, "running")
             before = tally.messages
             failure = _watch(query, received, tally, poll_s, name)
             if failure is None:
+                board.set_state(name, "stopped")
                 return tally.summary(restarts, received[0] if received else None)
             if tally.messages > before:
                 backoff = INITIAL_BACKOFF_S  # it recovered once: a new outage starts over
+        board.set_state(name, "restarting", error=f"{type(failure).__name__}: {failure}")
         logger.warning(
             "query %r failed, restarting in %.0f s (transient: retrying may help): %s",
             name,
@@ -195,6 +200,7 @@ def _loop(
         )
         if not _wait(backoff, received):
             logger.info("received signal %d while waiting to restart %r: stopping", received[0], name)
+            board.set_state(name, "stopped")
             return tally.summary(restarts, received[0])
         restarts += 1
         backoff = min(backoff * 2, max_backoff_s)
@@ -231,6 +237,7 @@ def _transient_or_raise(error: BaseException, name: str) -> TransientError:
     if isinstance(failure, TransientError):
         return failure
     logger.error("query %r failed and will not be restarted: %s", name, failure)
+    board.set_state(name, "failed", error=f"{type(failure).__name__}: {failure}")
     raise failure from error
 
 
@@ -279,6 +286,7 @@ class _Tally:
         if last is None or (last["runId"], last["batchId"]) == self._last_seen:
             return  # nothing new: skip fetching (and parsing) the whole recent history
         metrics.progress_reported(self.name, last)
+        board.progress(self.name, last)
         self._last_seen = (last["runId"], last["batchId"])
         new_batches = new_messages = 0
         for progress in query.recentProgress:
@@ -292,13 +300,18 @@ class _Tally:
         if new_batches:
             self.batches += new_batches
             self.messages += new_messages
+            lag = sum(sum(source_lags(source).values()) for source in last.get("sources") or [])
+            rate = float(last.get("processedRowsPerSecond") or 0.0)
             logger.info(
-                "query %r: %d message(s) in %d batch(es); %d message(s) in %d batch(es) in all",
+                "query %r: %d message(s) in %d batch(es); %d message(s) in %d batch(es) in all; "
+                "%d behind the newest offsets%s",
                 self.name,
                 new_messages,
                 new_batches,
                 self.messages,
                 self.batches,
+                lag,
+                f" (~{lag / rate:.0f} s at {rate:,.0f} msgs/s)" if lag and rate else "",
             )
 
     def summary(self, restarts: int, signum: int | None) -> RunSummary:

@@ -173,7 +173,7 @@ class Metrics:
                 self._processed_rate.labels(pipeline, name).set(
                     float(source.get("processedRowsPerSecond") or 0)
                 )
-                for key, lag in _lags(source).items():
+                for key, lag in source_lags(source).items():
                     self._lag.labels(pipeline, key).set(lag)
         except (TypeError, ValueError, AttributeError) as exc:  # a report we do not understand
             logger.debug("progress of %r not copied to metrics: %s", pipeline, exc)
@@ -188,7 +188,7 @@ class Metrics:
         return bound
 
 
-def _lags(source: Mapping[str, Any]) -> dict[str, int]:
+def source_lags(source: Mapping[str, Any]) -> dict[str, int]:
     """``topic:partition`` -> latest offset - end offset of the batch, for Kafka-shaped offsets."""
     import json
 

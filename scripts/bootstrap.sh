@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prepare a fresh Debian machine for deltaflow: Java (for Spark), a virtualenv in .venv, and
-# the package with its test extras. Idempotent; fast when nothing changed.
+# the package with its test extras; with --test also Chromium (the status page's test renders
+# it headless). Idempotent; fast when nothing changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,6 +30,11 @@ if [ ! -x .venv/bin/python ]; then
     apt_install python3-venv
   fi
   "$PYTHON" -m venv .venv
+fi
+
+if [ "${1:-}" = "--test" ] && ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
+  echo "bootstrap: installing Chromium for the status page test"
+  apt_install chromium
 fi
 
 stamp=.venv/.deltaflow-installed

@@ -107,13 +107,18 @@ def test_a_running_stream_stays_compacted_without_a_failed_commit(spark, tmp_pat
     compactor.close()
 
 
-def test_auto_compact_can_be_turned_off(spark, tmp_path):
+def _one_row_files(spark, tmp_path, count: int):
+    """A stream of ``count`` micro-batches of one row each (ids 0..count-1)."""
     landing = tmp_path / "landing"
     landing.mkdir()
-    for f in range(5):
+    for f in range(count):
         (landing / f"f{f}.json").write_text(json.dumps({"id": f}) + "\n")
+    return spark.readStream.schema("id LONG").option("maxFilesPerTrigger", 1).json(str(landing))
+
+
+def test_auto_compact_can_be_turned_off(spark, tmp_path):
+    source = _one_row_files(spark, tmp_path, 5)
     uri = str(tmp_path / "t")
-    source = spark.readStream.schema("id LONG").option("maxFilesPerTrigger", 1).json(str(landing))
     query = deltaflow.write_stream(
         source,
         uri,
@@ -131,13 +136,9 @@ def test_auto_compact_can_be_turned_off(spark, tmp_path):
 
 
 def test_the_format_entry_point_compacts_in_its_commit_process(spark, tmp_path):
-    landing = tmp_path / "landing"
-    landing.mkdir()
-    for f in range(6):
-        (landing / f"f{f}.json").write_text(json.dumps({"id": f}) + "\n")
+    source = _one_row_files(spark, tmp_path, 6)
     uri = str(tmp_path / "t")
     deltaflow.register(spark)
-    source = spark.readStream.schema("id LONG").option("maxFilesPerTrigger", 1).json(str(landing))
     query = (
         source.writeStream.format("deltaflow")
         .option("table_uri", uri)

@@ -1,0 +1,170 @@
+"""Status: the board the daemon fills, the page it serves (rendered in headless Chromium), and
+`deltaflow status` from a daemon or from a table's log."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from deltalake import DeltaTable
+
+from deltaflow.cli import cli
+from deltaflow.status import StatusBoard
+
+ROOT = Path(__file__).resolve().parent.parent
+#: Where the rendered page's screenshot is kept for a human to look at.
+SCREENSHOT = ROOT / "tests" / ".artifacts" / "status-page.png"
+
+
+def _progress(batch: int, at: str, rows: int, lag: int) -> dict:
+    """A progress report shaped as Spark's ``StreamingQueryProgress.json``."""
+    return {
+        "batchId": batch,
+        "timestamp": at,
+        "numInputRows": rows,
+        "inputRowsPerSecond": rows / 2,
+        "processedRowsPerSecond": float(rows),
+        "durationMs": {"triggerExecution": 900},
+        "sources": [{"endOffset": {"t": {"0": 10 * batch}}, "latestOffset": {"t": {"0": 10 * batch + lag}}}],
+    }
+
+
+def test_board_keeps_states_restarts_and_a_window_of_progress():
+    board = StatusBoard(window_minutes=1)
+    board.register("p", table_uri=None, source="kafka t")
+    board.set_state("p", "running")
+    now = time.time()
+
+    def iso(t: float) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + ".000Z"
+
+    board.progress("p", _progress(0, iso(now - 120), 100, 5))  # outside the 1-minute window
+    board.progress("p", _progress(1, iso(now - 30), 200, 7))
+    board.progress("p", _progress(2, iso(now - 1), 0, 3))  # an idle trigger
+    board.progress("p", _progress(2, iso(now - 1), 0, 3))  # the same report polled twice
+    board.set_state("p", "restarting", error="TransientError: broker gone")
+    board.set_state("p", "restarting", error="TransientError: broker gone")
+    board.set_state("p", "running")
+    (p,) = board.snapshot()["pipelines"]
+    assert (p["state"], p["restarts"], p["error"]) == ("running", 1, None)
+    assert [x["rows"] for x in p["series"]] == [200, 0]
+    assert p["last_batch"]["batch_id"] == 1 and p["last_batch"]["rows"] == 200
+    assert (p["lag"], p["rows_last_minute"]) == (3, 200)
+    board.progress("p", {"timestamp": "not a time"})  # ignored, never raises
+
+
+def _wait_for(condition, timeout_s: float, what: str, daemon: subprocess.Popen) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert daemon.poll() is None, f"the daemon exited early waiting for {what}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s} s"
+        time.sleep(0.5)  # condition poll: the daemon works in the background
+
+
+def _get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.load(response)
+
+
+def test_status_page_of_a_running_ingest_in_chromium(kafka, tmp_path):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "Chromium is missing: ./scripts/bootstrap.sh installs it (Debian package chromium)"
+    topic = kafka.create_topic(partitions=2)
+    kafka.produce(topic, [json.dumps({"id": i}).encode() for i in range(300)], partitions=2)
+    table = tmp_path / "t"
+    log = tmp_path / "daemon.log"
+    command = [sys.executable, "-m", "deltaflow.cli", "ingest", topic, str(table), "--kafka", kafka.bootstrap]
+    command += ["--app_id", "page", "--schema", "id LONG", "--allowed_latency", "1", "--status_port", "0"]
+    command += ["--max_messages_per_batch", "100"]
+    with log.open("w") as stderr:
+        daemon = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    try:
+        _wait_for(lambda: "status page on http" in log.read_text(), 120, "status page", daemon)
+        port = int(re.search(r"status page on http://0\.0\.0\.0:(\d+)/", log.read_text()).group(1))
+        base = f"http://127.0.0.1:{port}"
+
+        def landed() -> bool:
+            (p,) = _get_json(f"{base}/status.json")["pipelines"]
+            return p["state"] == "running" and bool(p["table"]) and p["table"]["rows"] == 300
+
+        _wait_for(landed, 180, "300 rows reported on the status page", daemon)
+        kafka.produce(topic, [json.dumps({"id": i}).encode() for i in range(300, 400)], partitions=2)
+
+        def window_rows() -> int:
+            return sum(x["rows"] for x in _get_json(f"{base}/status.json")["pipelines"][0]["series"])
+
+        _wait_for(lambda: window_rows() == 400, 120, "400 rows in the page's series", daemon)
+        (p,) = _get_json(f"{base}/status.json")["pipelines"]
+        assert p["name"] == "page" and p["source"].startswith(f"kafka {topic}")
+        assert p["table_uri"] == str(table) and p["restarts"] == 0 and p["error"] is None
+        assert len(p["series"]) >= 3 and p["last_batch"]["rows"] > 0
+
+        # The page as a browser renders it: the pipeline's card, its state and both charts.
+        flags = ["--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000"]
+        dom = subprocess.run(
+            [chromium, *flags, "--dump-dom", f"{base}/"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        ).stdout
+        assert 'data-pipeline="page"' in dom and 'data-state="running"' in dom
+        assert "data-rendered=" in dom
+        polylines = re.findall(r'<polyline points="([^"]*)"[^>]*data-series="(\w+)"', dom)
+        series = {name: points.split() for points, name in polylines}
+        assert set(series) == {"processed_rps", "input_rps", "lag"}
+        assert all(len(points) >= 3 for points in series.values())  # one vertex per progress report
+        SCREENSHOT.parent.mkdir(exist_ok=True)
+        SCREENSHOT.unlink(missing_ok=True)
+        subprocess.run(
+            [chromium, *flags, "--window-size=1200,700", f"--screenshot={SCREENSHOT}", f"{base}/"],
+            capture_output=True,
+            timeout=120,
+            check=True,
+        )
+        assert SCREENSHOT.stat().st_size > 10_000  # a rendered page, not a blank one
+
+        out = CliRunner().invoke(cli, ["status", "--url", base])
+        assert out.exit_code == 0, out.output
+        assert "page: running since" in out.stdout and "last batch" in out.stdout
+        daemon.send_signal(signal.SIGTERM)
+        daemon.communicate(timeout=120)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+    assert daemon.returncode == 0, log.read_text()[-3000:]
+
+    # Without a daemon: the table's log tells the pipeline's commits and the table's health.
+    out = CliRunner().invoke(cli, ["status", str(table), "--json"])
+    assert out.exit_code == 0, out.output
+    (info,) = json.loads(out.stdout)
+    (pipeline,) = info["pipelines"]
+    last_version = DeltaTable(str(table)).version()
+    assert pipeline["name"] == "page" and pipeline["rows_in_window"] == 400
+    assert pipeline["last_commit"]["version"] == last_version
+    assert info["table"]["rows"] == 400 and info["table"]["files"] >= 1
+    text = CliRunner().invoke(cli, ["status", str(table)]).stdout
+    assert "pipeline page: last batch" in text and "400 rows in 15 min" in text
+
+
+def test_status_needs_tables_or_a_url():
+    out = CliRunner().invoke(cli, ["status"])
+    assert out.exit_code == 2 and "give either TABLE_URI(s) or --url" in out.output
+
+
+@pytest.mark.parametrize("path", ["/nope"])
+def test_unknown_paths_are_404(path):
+    port = StatusBoard().serve(0)
+    with pytest.raises(urllib.error.HTTPError, match="404"):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10)
