@@ -328,6 +328,29 @@ def _key_values(values: tuple[str, ...], flag: str) -> dict[str, str]:
     "latency, dead letters, unknown fields, lag per partition, rates.",
 )
 @click.option(
+    "--auto_compact/--no_auto_compact",
+    default=True,
+    envvar="AUTO_COMPACT",
+    show_envvar=True,
+    help="Compact a partition in the background once it holds --auto_compact_min_files small files.",
+)
+@click.option(
+    "--auto_compact_min_files",
+    type=click.IntRange(min=2),
+    default=50,
+    envvar="AUTO_COMPACT_MIN_FILES",
+    show_envvar=True,
+    help="Small files (below half the target file size) in one partition that trigger a compaction.",
+)
+@click.option(
+    "--vacuum_interval_hours",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    envvar="VACUUM_INTERVAL_HOURS",
+    show_envvar=True,
+    help="Vacuum the tables this often in the background (0 = never); never below their retention.",
+)
+@click.option(
     "--status_port",
     type=click.IntRange(min=0, max=65535),
     default=None,
@@ -397,6 +420,9 @@ def ingest(
     schema_evolution: bool,
     metrics_port: int | None,
     status_port: int | None,
+    auto_compact: bool,
+    auto_compact_min_files: int,
+    vacuum_interval_hours: float,
     write_path: str,
     schema: str | None,
     partition_by: tuple[str, ...],
@@ -449,6 +475,9 @@ def ingest(
         commit_to_group=commit_to_group,
         schema_evolution=schema_evolution,
         write_path=write_path,  # type: ignore[arg-type]
+        auto_compact=auto_compact,
+        auto_compact_min_files=auto_compact_min_files,
+        vacuum_interval_hours=vacuum_interval_hours,
     )  # validates every flag (and parses the transforms) before Spark starts
     import deltaflow
 

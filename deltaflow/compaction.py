@@ -35,10 +35,14 @@ PartitionKey = tuple[tuple[str, str | None], ...]
 @dataclass(frozen=True)
 class CompactionPolicy:
     """When and how to compact: ``min_files`` small files in a partition trigger it; files
-    below ``small_file_bytes`` are small; compaction writes files of ``target_bytes``."""
+    below ``small_file_bytes`` are small; compaction writes files of ``target_bytes``.
+    ``compact=False`` leaves only the scheduled vacuum (every ``vacuum_interval_s``, 0 = never),
+    which keeps the table's own retention (``delta.deletedFileRetentionDuration``)."""
 
     min_files: int
     target_bytes: int
+    compact: bool = True
+    vacuum_interval_s: float = 0.0
 
     @property
     def small_file_bytes(self) -> int:
@@ -67,11 +71,15 @@ class AutoCompactor:
         self._thread: threading.Thread | None = None
         self.compactions = 0
         self.failures = 0
+        self.vacuums = 0
+        self._next_vacuum = (
+            time.monotonic() + policy.vacuum_interval_s if policy.vacuum_interval_s > 0 else None
+        )
 
     def after_commit(self, partitions: Iterable[Mapping[str, str | None]]) -> None:
         """Note the partitions a commit added files to (never blocks on compaction)."""
-        keys = {tuple(sorted(p.items())) for p in partitions}
-        if not keys:
+        keys = {tuple(sorted(p.items())) for p in partitions} if self.policy.compact else set()
+        if not keys and self._next_vacuum is None:
             return
         with self._cond:
             if self._closed:
@@ -85,7 +93,7 @@ class AutoCompactor:
             self._cond.notify()
 
     def wait_idle(self, timeout: float) -> bool:
-        """Block until nothing is pending or running (tests, clean shutdown)."""
+        """Block until no compaction is pending or running (tests, clean shutdown)."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while self._pending or self._busy:
@@ -111,23 +119,54 @@ class AutoCompactor:
                     timeout,
                 )
 
+    def _vacuum_wait(self) -> float | None:
+        """Seconds until the next scheduled vacuum (``None``: none scheduled)."""
+        return None if self._next_vacuum is None else max(0.0, self._next_vacuum - time.monotonic())
+
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._pending and not self._closed:
-                    self._cond.wait()
+                while not self._pending and not self._closed and self._vacuum_wait() != 0.0:
+                    self._cond.wait(self._vacuum_wait())
                 if self._closed:
                     return
                 keys, self._pending = self._pending, set()
                 self._busy = True
             try:
-                self._compact_due(keys)
-            except Exception:  # a compaction problem must never stop the stream
-                logger.exception("auto-compaction of %s failed", self.table_uri)
+                if keys:
+                    self._compact_due(keys)
+                if self._vacuum_wait() == 0.0:
+                    self._vacuum()
+            except Exception:  # a maintenance problem must never stop the stream
+                logger.exception("auto-maintenance of %s failed", self.table_uri)
             finally:
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
+
+    def _vacuum(self) -> None:
+        """Delete the files the table's retention no longer protects (never below it)."""
+        from deltaflow import maintenance
+
+        self._next_vacuum = time.monotonic() + self.policy.vacuum_interval_s
+        started = time.monotonic()
+        try:
+            result = maintenance.vacuum(self.table_uri, dry_run=False, storage_options=self._storage_options)
+        except Exception as exc:  # noqa: BLE001 - retried at the next interval
+            metrics.vacuum(pipeline=self._pipeline, table=self.table_uri, outcome="failed")
+            logger.warning("scheduled vacuum of %s failed, retried next interval: %s", self.table_uri, exc)
+            return
+        self.vacuums += 1
+        metrics.vacuum(
+            pipeline=self._pipeline, table=self.table_uri, outcome="success", files_deleted=len(result.files)
+        )
+        logger.info(
+            "scheduled vacuum of %s: %d file(s) deleted (retention %d h) in %.2f s",
+            self.table_uri,
+            len(result.files),
+            result.retention_hours,
+            time.monotonic() - started,
+        )
 
     def _compact_due(self, keys: set[PartitionKey]) -> None:
         import pyarrow as pa

@@ -72,6 +72,8 @@ class SinkOptions(BaseModel):
             compact it in the background (``dataChange=false``; never blocks or fails the
             stream; see ``deltaflow.compaction``).
         auto_compact_min_files: Small files in one partition that trigger a compaction.
+        vacuum_interval_hours: Streams only: vacuum the table this often in the background
+            (0 = never), keeping the table's ``delta.deletedFileRetentionDuration``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -94,6 +96,7 @@ class SinkOptions(BaseModel):
     checkpoint_location: str | None = None
     auto_compact: bool = True
     auto_compact_min_files: int = Field(default=50, ge=2)
+    vacuum_interval_hours: float = Field(default=0.0, ge=0.0)
 
     @field_validator("table_uri")
     @classmethod

@@ -81,6 +81,9 @@ class IngestConfig:
     consumer_group: str | None = None
     commit_to_group: bool = False
     write_path: Literal["auto", "spark", "arrow"] = "auto"
+    auto_compact: bool = True
+    auto_compact_min_files: int = 50
+    vacuum_interval_hours: float = 0.0
 
     def __post_init__(self) -> None:
         if self.value_format == "avro" and not self.avro:
@@ -118,6 +121,9 @@ class IngestConfig:
             "schema_mode": "merge",
             "write_path": self.write_path,
             "checkpoint_location": checkpoint_location,
+            "auto_compact": self.auto_compact,
+            "auto_compact_min_files": self.auto_compact_min_files,
+            "vacuum_interval_hours": self.vacuum_interval_hours,
         }
         if self.min_bytes_per_file:
             values["target_file_size_mb"] = max(1, self.min_bytes_per_file // (1024 * 1024))
@@ -135,6 +141,9 @@ class IngestConfig:
                 "schema_mode": "merge",
                 "write_path": self.write_path,
                 "checkpoint_location": checkpoint_location,
+                "auto_compact": self.auto_compact,
+                "auto_compact_min_files": self.auto_compact_min_files,
+                "vacuum_interval_hours": self.vacuum_interval_hours,
             }
         )
 

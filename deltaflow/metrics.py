@@ -98,6 +98,15 @@ class Metrics:
         self._compacted_added = Counter(
             "deltaflow_compaction_files_added", "Files written by auto-compaction.", _SINK, registry=r
         )
+        self._vacuums = Counter(
+            "deltaflow_vacuum_runs",
+            "Scheduled vacuums by outcome (success, failed).",
+            (*_SINK, "outcome"),
+            registry=r,
+        )
+        self._vacuumed = Counter(
+            "deltaflow_vacuum_files_deleted", "Files deleted by scheduled vacuums.", _SINK, registry=r
+        )
         self._table_files = Gauge(
             "deltaflow_table_files", "Data files in the table's current version.", _SINK, registry=r
         )
@@ -158,6 +167,10 @@ class Metrics:
         self._compactions.labels(pipeline, table, outcome).inc()
         self._compacted_removed.labels(pipeline, table).inc(files_removed)
         self._compacted_added.labels(pipeline, table).inc(files_added)
+
+    def vacuum(self, *, pipeline: str, table: str, outcome: str, files_deleted: int = 0) -> None:
+        self._vacuums.labels(pipeline, table, outcome).inc()
+        self._vacuumed.labels(pipeline, table).inc(files_deleted)
 
     def table_files(self, *, pipeline: str, table: str, count: int) -> None:
         self._table_files.labels(pipeline, table).set(count)

@@ -294,7 +294,7 @@ class _DeltaSink:
             outcome.retries,
             "y" if outcome.retries == 1 else "ies",
         )
-        if opts.auto_compact and batch_id is not None and files and not self.overwrite:
+        if (opts.auto_compact or opts.vacuum_interval_hours) and batch_id is not None and not self.overwrite:
             self._compactor().after_commit(f.partition_values for f in files)
 
     def _compactor(self) -> AutoCompactor:
@@ -302,7 +302,10 @@ class _DeltaSink:
 
         opts = self.options
         policy = CompactionPolicy(
-            min_files=opts.auto_compact_min_files, target_bytes=opts.target_file_size_bytes
+            min_files=opts.auto_compact_min_files,
+            target_bytes=opts.target_file_size_bytes,
+            compact=opts.auto_compact,
+            vacuum_interval_s=opts.vacuum_interval_hours * 3600,
         )
         return compactor_for(self.table_uri, opts.storage_options, policy, pipeline=opts.pipeline_id or "")
 

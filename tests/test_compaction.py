@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
@@ -82,6 +83,8 @@ def test_a_running_stream_stays_compacted_without_a_failed_commit(spark, tmp_pat
         checkpoint_location=str(tmp_path / "cp"),
         partition_columns=["day"],
         auto_compact_min_files=4,
+        vacuum_interval_hours=0.0005,  # every 1.8 s; the retention below lets it delete at once
+        table_properties={"delta.deletedFileRetentionDuration": "interval 0 seconds"},
     )
     try:
         query.processAllAvailable()
@@ -104,6 +107,14 @@ def test_a_running_stream_stays_compacted_without_a_failed_commit(spark, tmp_pat
     assert _scrape("deltaflow_sink_commits_failed_total", **labels) == 0
     assert _scrape("deltaflow_compaction_runs_total", outcome="success", **labels) == compactor.compactions
     assert _scrape("deltaflow_table_files", **labels) > 0
+    # The scheduled vacuum deletes the files compaction replaced: on disk = in the table.
+    live = {Path(u.removeprefix("file://")) for u in DeltaTable(uri).file_uris()}
+    deadline = time.monotonic() + 60
+    while {p for p in Path(uri).rglob("*.parquet") if "_deltaflow" not in p.parts} != live:
+        assert time.monotonic() < deadline, "the scheduled vacuum did not run within 60 s"
+        time.sleep(0.5)  # condition poll: the vacuum runs in the compactor's thread
+    assert compactor.vacuums >= 1
+    assert _scrape("deltaflow_vacuum_files_deleted_total", **labels) >= 2 * (batches - 3)
     compactor.close()
 
 
