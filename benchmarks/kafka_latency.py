@@ -109,6 +109,7 @@ class LogPoller(threading.Thread):
         # (version, visible wall clock, commit file mtime, batch id, ids, produced_us)
         self.versions: list[tuple[int, float, float, int | None, np.ndarray, np.ndarray]] = []
         self.files: list[int] = []  # files added per version with data
+        self.compacted_files = 0  # files written by compactions
 
     def run(self) -> None:
         version = 0
@@ -124,8 +125,10 @@ class LogPoller(threading.Thread):
             adds, batch = [], None
             for line in text.splitlines():
                 action = json.loads(line)
-                if "add" in action:
+                if "add" in action and action["add"].get("dataChange", True):
                     adds.append(unquote(action["add"]["path"]))
+                elif "add" in action:
+                    self.compacted_files += 1  # rewritten by auto-compaction: not new rows
                 elif "commitInfo" in action:
                     batch = action["commitInfo"].get("deltaflow.epoch", batch)
             ids, produced = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
@@ -286,6 +289,14 @@ def main() -> None:
     )
     files = np.array(poller.files)
     print(f"files per commit: p50 {pct(files, 50):.0f}, max {files.max()}, {files.sum():,} in all")
+    from deltalake import DeltaTable
+
+    final = DeltaTable(str(table))
+    compactions = [h for h in final.history() if h.get("operation") == "OPTIMIZE"]
+    print(
+        f"auto-compaction: {len(compactions)} compaction(s) wrote {poller.compacted_files} file(s); "
+        f"{len(final.file_uris())} file(s) in the table at the end (of {files.sum():,} committed)"
+    )
     keys = ("triggerExecution", "addBatch", "latestOffset", "queryPlanning", "walCommit", "commitOffsets")
     for key in keys:
         print(f"  {durations(key)}")
