@@ -42,6 +42,7 @@ from deltaflow._schema import file_schema
 from deltaflow._storage import normalize_uri
 from deltaflow.config import SinkOptions
 from deltaflow.exceptions import ConfigError
+from deltaflow.metrics import metrics
 from deltaflow.sink import DeltaCommitMessage, _DeltaSink, is_committed
 
 if TYPE_CHECKING:
@@ -120,6 +121,9 @@ class SparkBatchWriter:
             maybe_crash("write", batch_id)
         else:
             messages = _arrow_write(batch, sink, batch_id)
+        metrics.batch_written(
+            pipeline=opts.pipeline_id or "", table=sink.table_uri, seconds=time.monotonic() - started
+        )
         logger.debug(
             "batch %s: wrote %d file(s) in %.2f s",
             batch_id,

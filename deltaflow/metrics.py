@@ -71,6 +71,26 @@ class Metrics:
             buckets=_BATCH_BUCKETS,
             registry=r,
         )
+        self._batch_min = Gauge(
+            "deltaflow_sink_batch_records_min", "Fewest rows in a committed batch so far.", _SINK, registry=r
+        )
+        self._batch_max = Gauge(
+            "deltaflow_sink_batch_records_max", "Most rows in a committed batch so far.", _SINK, registry=r
+        )
+        self._flushed = Counter(
+            "deltaflow_sink_batches_flushed",
+            "Micro-batches whose files were written (foreachBatch writers).",
+            _SINK,
+            registry=r,
+        )
+        self._write_latency = Histogram(
+            "deltaflow_sink_write_latency_seconds",
+            "Time to write one batch's data files, before its commit (foreachBatch writers).",
+            _SINK,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._extremes: dict[tuple[str, str], tuple[int, int]] = {}
         self._failed = Counter(
             "deltaflow_ingest_records_failed",
             "Messages seen failing decoding or a transform (dead-lettered or skipped).",
@@ -142,6 +162,14 @@ class Metrics:
         self._retries.labels(*labels).inc(retries)
         self._commit_latency.labels(*labels).observe(seconds)
         self._batch_records.labels(*labels).observe(rows)
+        low, high = self._extremes.get(labels, (rows, rows))
+        self._extremes[labels] = low, high = min(low, rows), max(high, rows)
+        self._batch_min.labels(*labels).set(low)
+        self._batch_max.labels(*labels).set(high)
+
+    def batch_written(self, *, pipeline: str, table: str, seconds: float) -> None:
+        self._flushed.labels(pipeline, table).inc()
+        self._write_latency.labels(pipeline, table).observe(seconds)
 
     def commit_failed(self, *, pipeline: str, table: str) -> None:
         self._commit_failures.labels(pipeline, table).inc()

@@ -52,6 +52,8 @@ def test_facade_names_labels_and_lag_from_a_progress_report():
     assert got[("deltaflow_sink_commit_retries_total", sink)] == 1
     assert got[("deltaflow_sink_commit_latency_seconds_count", sink)] == 2
     assert got[("deltaflow_sink_batch_records_sum", sink)] == 15
+    assert got[("deltaflow_sink_batch_records_min", sink)] == 5
+    assert got[("deltaflow_sink_batch_records_max", sink)] == 10
     assert got[("deltaflow_ingest_records_failed_total", sink)] == 3
     assert got[("deltaflow_source_lag_records", (("pipeline", "p"), ("source", "t:0")))] == 4
     assert got[("deltaflow_source_lag_records", (("pipeline", "p"), ("source", "t:1")))] == 0
@@ -85,6 +87,9 @@ def test_ingest_counts_what_it_commits_and_dead_letters(spark, kafka, tmp_path):
     assert got[("deltaflow_ingest_records_failed_total", main)] == 12
     assert got[("deltaflow_ingest_records_with_unknown_fields_total", main)] == 1
     assert got[("deltaflow_sink_commits_success_total", main)] == 2
+    assert got[("deltaflow_sink_batches_flushed_total", main)] == 2
+    assert got[("deltaflow_sink_write_latency_seconds_count", main)] == 2
+    assert got[("deltaflow_sink_batch_records_max", main)] == 24
     for p in range(2):
         assert (
             got[("deltaflow_source_lag_records", (("pipeline", "metrics-test"), ("source", f"{topic}:{p}")))]
