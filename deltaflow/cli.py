@@ -152,6 +152,34 @@ def demo(
         raise click.ClickException("the table does not hold every event exactly once")
 
 
+class ProgressLine:
+    """A one-line progress bar on a terminal (``--ends_at_latest_offsets`` backfills)."""
+
+    WIDTH = 30
+
+    def __init__(self) -> None:
+        self._shown = False
+
+    @classmethod
+    def render(cls, done: int, left: int, rate: float) -> str:
+        total = done + left
+        fraction = done / total if total else 1.0
+        filled = int(cls.WIDTH * fraction)
+        eta = f", ~{left / rate:.0f} s left" if left and rate else ""
+        return (
+            f"[{'#' * filled}{'.' * (cls.WIDTH - filled)}] {fraction:4.0%} "
+            f"{done:,}/{total:,} messages, {rate:,.0f} msgs/s{eta}"
+        )
+
+    def show(self, done: int, left: int, rate: float) -> None:
+        click.echo("\r" + self.render(done, left, rate).ljust(100), nl=False, err=True)
+        self._shown = True
+
+    def close(self) -> None:
+        if self._shown:
+            click.echo("", err=True)
+
+
 def _key_values(values: tuple[str, ...], flag: str) -> dict[str, str]:
     out = {}
     for item in values:
@@ -503,7 +531,15 @@ def ingest(
 
     try:
         # Restarts the query with backoff when the broker goes away; stops on SIGTERM/SIGINT.
-        summary = run_until_stopped(lambda: start_ingest(spark, config), name=app_id, poll_s=STOP_POLL_S)
+        bar = ProgressLine() if ends_at_latest_offsets and sys.stderr.isatty() else None
+        summary = run_until_stopped(
+            lambda: start_ingest(spark, config),
+            name=app_id,
+            poll_s=STOP_POLL_S,
+            on_progress=bar.show if bar else None,
+        )
+        if bar:
+            bar.close()
     finally:
         spark.stop()
     if summary.signal is not None:

@@ -127,6 +127,7 @@ def run_until_stopped(
     name: str,
     max_backoff_s: float = DEFAULT_MAX_BACKOFF_S,
     poll_s: int = POLL_S,
+    on_progress: Callable[[int, int, float], None] | None = None,
 ) -> RunSummary:
     """Run the query ``start_query()`` starts until it ends, a signal stops it, or it fails for good.
 
@@ -139,6 +140,8 @@ def run_until_stopped(
         name: The query's name in log lines (the pipeline id).
         max_backoff_s: The longest wait between two restarts.
         poll_s: Seconds per ``awaitTermination`` call (and the longest a signal waits).
+        on_progress: Called after each new progress report with the messages ingested so far,
+            the messages behind the newest offsets, and the processing rate (rows/s).
 
     Returns:
         Messages and batches ingested over all restarts, restarts, and the stopping signal.
@@ -152,7 +155,7 @@ def run_until_stopped(
             f"max_backoff_s must be at least {INITIAL_BACKOFF_S} s, got {max_backoff_s}",
             max_backoff_s=max_backoff_s,
         )
-    tally = _Tally(name)
+    tally = _Tally(name, on_progress)
     try:
         with _stop_signals() as received:
             return _loop(start_query, received, tally, name, poll_s, max_backoff_s)
@@ -274,8 +277,9 @@ def _stop_signals() -> Iterator[list[int]]:
 class _Tally:
     """Counts completed micro-batches over every run of a query, each batch once."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, on_progress: Callable[[int, int, float], None] | None = None) -> None:
         self.name = name
+        self._on_progress = on_progress
         self.messages = 0
         self.batches = 0
         self._counted: dict[str, int] = {}  # runId -> last batchId counted
@@ -297,11 +301,11 @@ class _Tally:
                 self._counted[run] = batch
                 new_batches += 1
                 new_messages += rows
+        lag = sum(sum(source_lags(source).values()) for source in last.get("sources") or [])
+        rate = float(last.get("processedRowsPerSecond") or 0.0)
         if new_batches:
             self.batches += new_batches
             self.messages += new_messages
-            lag = sum(sum(source_lags(source).values()) for source in last.get("sources") or [])
-            rate = float(last.get("processedRowsPerSecond") or 0.0)
             logger.info(
                 "query %r: %d message(s) in %d batch(es); %d message(s) in %d batch(es) in all; "
                 "%d behind the newest offsets%s",
@@ -313,6 +317,8 @@ class _Tally:
                 lag,
                 f" (~{lag / rate:.0f} s at {rate:,.0f} msgs/s)" if lag and rate else "",
             )
+        if self._on_progress is not None:
+            self._on_progress(self.messages, lag, rate)
 
     def summary(self, restarts: int, signum: int | None) -> RunSummary:
         return RunSummary(self.messages, self.batches, restarts, signum)

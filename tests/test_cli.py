@@ -79,3 +79,11 @@ def test_kafka_demo_ingests_every_message_exactly_once(tmp_path):
     assert "clickstream_dead_letters: 7 message(s)" in out.stdout
     assert "exactly once: OK (3,004 messages = 2,997 rows + 7 dead letters" in out.stdout
     assert (tmp_path / "tables" / "clickstream" / "_delta_log").is_dir()
+
+
+def test_backfill_progress_line():
+    from deltaflow.cli import ProgressLine
+
+    line = ProgressLine.render(350_000, 650_000, 50_000.0)
+    assert line == "[" + "#" * 10 + "." * 20 + "]  35% 350,000/1,000,000 messages, 50,000 msgs/s, ~13 s left"
+    assert ProgressLine.render(10, 0, 0.0).startswith("[" + "#" * 30 + "] 100% 10/10 messages")

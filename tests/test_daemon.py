@@ -190,7 +190,11 @@ def test_transient_failures_restart_the_query_and_the_counts_add_up(spark, tmp_p
         starts.append(False)
         return start()
 
-    summary = run_until_stopped(start_query, name="flaky")
+    reported = []
+    summary = run_until_stopped(
+        start_query, name="flaky", on_progress=lambda done, left, rate: reported.append((done, left))
+    )
+    assert reported and reported[-1] == (7, 0)  # the file source reports no lag
     assert seen == ["failed", 7]
     assert (summary.messages, summary.batches, summary.restarts, summary.signal) == (7, 1, 2, None)
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
