@@ -532,14 +532,16 @@ def ingest(
     try:
         # Restarts the query with backoff when the broker goes away; stops on SIGTERM/SIGINT.
         bar = ProgressLine() if ends_at_latest_offsets and sys.stderr.isatty() else None
-        summary = run_until_stopped(
-            lambda: start_ingest(spark, config),
-            name=app_id,
-            poll_s=STOP_POLL_S,
-            on_progress=bar.show if bar else None,
-        )
-        if bar:
-            bar.close()
+        try:
+            summary = run_until_stopped(
+                lambda: start_ingest(spark, config),
+                name=app_id,
+                poll_s=STOP_POLL_S,
+                on_progress=bar.show if bar else None,
+            )
+        finally:
+            if bar:
+                bar.close()
     finally:
         spark.stop()
     if summary.signal is not None:
@@ -990,7 +992,9 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as exc:
-        if verbose or not type(exc).__module__.startswith("deltalake"):
+        from deltalake.exceptions import DeltaError
+
+        if verbose or not isinstance(exc, DeltaError):
             raise
         click.echo(f"error: delta-rs: {exc}", err=True)  # e.g. a commit that lost a race
         sys.exit(EXIT_TRANSIENT)

@@ -111,7 +111,7 @@ class AutoCompactor:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout)
-            if self._thread.is_alive():
+            if self._thread.is_alive() and self._busy:
                 logger.warning(
                     "compaction of %s still running after %.0f s; abandoned (its files stay "
                     "uncommitted and vacuum --full removes them)",
@@ -170,6 +170,7 @@ class AutoCompactor:
 
     def _compact_due(self, keys: set[PartitionKey]) -> None:
         import pyarrow as pa
+        import pyarrow.compute as pc
 
         from deltaflow import delta_log
 
@@ -179,14 +180,17 @@ class AutoCompactor:
         adds = pa.table(table.get_add_actions(flatten=True))
         metrics.table_files(pipeline=self._pipeline, table=self.table_uri, count=adds.num_rows)
         partition_columns = list(table.metadata().partition_columns)
-        small = [
-            tuple((c, row.get(f"partition.{c}")) for c in partition_columns)
-            for row in adds.select(["size_bytes", *(f"partition.{c}" for c in partition_columns)]).to_pylist()
-            if row["size_bytes"] < self.policy.small_file_bytes
-        ]
+        # Counted in Arrow (no Python object per file): this thread shares the driver's GIL.
+        small = adds.filter(pc.less(adds["size_bytes"], self.policy.small_file_bytes))
+        values = {c: pc.cast(small[f"partition.{c}"], pa.string()) for c in partition_columns}
         for key in sorted(keys, key=str):
             ordered = tuple((c, dict(key).get(c)) for c in partition_columns)
-            count = sum(1 for s in small if _same(s, ordered))
+            mask = pa.array([True] * small.num_rows, pa.bool_())
+            for column, value in ordered:
+                text = _partition_text(value)
+                match = pc.is_null(values[column]) if text is None else pc.equal(values[column], text)
+                mask = pc.and_(mask, pc.fill_null(match, False))
+            count = int(pc.sum(mask).as_py() or 0)
             if count >= self.policy.min_files:
                 self._compact(ordered, count)
 
@@ -238,11 +242,6 @@ class AutoCompactor:
                 time.monotonic() - started,
             )
             return
-
-
-def _same(a: PartitionKey, b: PartitionKey) -> bool:
-    """Partition values from the log (typed) against those the writer reported (strings)."""
-    return all(_partition_text(x) == _partition_text(y) for (_, x), (_, y) in zip(a, b, strict=True))
 
 
 def _partition_text(value: object) -> str | None:

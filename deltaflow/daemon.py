@@ -159,6 +159,9 @@ def run_until_stopped(
     try:
         with _stop_signals() as received:
             return _loop(start_query, received, tally, name, poll_s, max_backoff_s)
+    except Exception as exc:
+        board.set_state(name, "failed", error=f"{type(exc).__name__}: {exc}")
+        raise
     finally:
         # A compaction in progress may finish (its commit never conflicts with the stream's).
         from deltaflow.compaction import close_all

@@ -491,12 +491,31 @@ class IngestWriter:
                 first_error,
             )
             return
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F  # noqa: N812
+
+        from deltaflow.exceptions import TransientError
+
+        # This pass reads the batch again: it must see the same failed messages as the first.
+        again = Observation(f"deltaflow-dlq-{self._dlq_options.pipeline_id}-{batch_id}")
+        source = batch.observe(again, F.count(F.col(f"{META}.error")).alias("failed"))
         seen = _already_dead_lettered(self._dlq_options, batch_id)
-        rows = dead_letters(batch if seen is None else batch.filter(~seen), self._dlq_transforms)
+        rows = dead_letters(source if seen is None else source.filter(~seen), self._dlq_transforms)
         logger.info(
             "batch %s: %d message(s) to the dead-letter table; first error: %s", batch_id, failed, first_error
         )
-        self._dlq(rows, batch_id)
+        pending = self._dlq.write_files(rows, batch_id)
+        if pending is None:
+            return
+        if again.get["failed"] != failed:
+            self._dlq.discard(pending)
+            raise TransientError(
+                f"batch {batch_id} held {failed} failed message(s) when read for the main table and "
+                f"{again.get['failed']} when read again for the dead-letter table (did compaction or "
+                "retention change the topic?); nothing of the batch was committed, retrying it",
+                batch_id=batch_id,
+            )
+        self._dlq.commit(pending)
 
 
 def _already_dead_lettered(options: SinkOptions, batch_id: int) -> Column | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -62,7 +63,7 @@ _INTERVAL = re.compile(
     re.IGNORECASE,
 )
 _TERM = re.compile(
-    r"^\s*(`[^`]+`|[A-Za-z_][A-Za-z0-9_]*)\s*(=|==|!=|<>|<=|>=|<|>|not\s+in|in)\s*(.+?)\s*$",
+    r"^\s*(`[^`]+`|[A-Za-z_][A-Za-z0-9_]*)\s*(==|=|!=|<>|<=|>=|<|>|not\s+in\b|in\b)\s*(.+?)\s*$",
     re.IGNORECASE | re.DOTALL,
 )
 
@@ -184,11 +185,20 @@ def _split_commas(text: str) -> list[str]:
     return [v for v in out if v.strip()]
 
 
+_QUOTED = re.compile(r"^'((?:[^']|'')*)'$")
+_BARE = re.compile(r"^[A-Za-z0-9_.:+\-]+$")
+
+
 def _literal(raw: str) -> str:
     raw = raw.strip()
-    if len(raw) >= 2 and raw[0] == raw[-1] == "'":
-        return raw[1:-1].replace("''", "'")
-    return raw
+    if (m := _QUOTED.match(raw)) is not None:
+        return m.group(1).replace("''", "'")
+    if _BARE.match(raw):
+        return raw
+    raise ConfigError(
+        f"cannot read the value {raw!r} in --where; quote text values ('2026-11-22') and join terms with AND",
+        value=raw,
+    )
 
 
 @dataclass(frozen=True)
@@ -297,7 +307,7 @@ def vacuum(
     """
     table = open_table(uri, storage_options)
     minimum = retention(table)
-    min_hours = int(minimum.total_seconds() // 3600)
+    min_hours = math.ceil(minimum.total_seconds() / 3600)
     hours = min_hours if retention_hours is None else retention_hours
     if hours < 0:
         raise ConfigError("--retention-hours must be 0 or more")

@@ -295,7 +295,10 @@ class _DeltaSink:
             "y" if outcome.retries == 1 else "ies",
         )
         if (opts.auto_compact or opts.vacuum_interval_hours) and batch_id is not None and not self.overwrite:
-            self._compactor().after_commit(f.partition_values for f in files)
+            try:
+                self._compactor().after_commit(f.partition_values for f in files)
+            except Exception:  # the batch is committed: maintenance must not fail it
+                logger.exception("auto-maintenance of %s not scheduled", self.table_uri)
 
     def _compactor(self) -> AutoCompactor:
         from deltaflow.compaction import CompactionPolicy, compactor_for

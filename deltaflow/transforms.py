@@ -32,6 +32,9 @@ _PATH = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
 _SUBSTR = re.compile(rf"^substr\(\s*({_PATH})\s*,\s*`?(\d+)`?\s*,\s*`?(\d+)`?\s*\)$")
 _EPOCH = re.compile(rf"^epoch_(seconds|millis)_to_iso8601\(\s*({_PATH})\s*\)$")
 _FIELD = re.compile(rf"^{_PATH}$")
+#: ``kafka.<field>`` anywhere in a source (backticks allowed), and ``kafka`` on its own.
+_KAFKA_FIELD = re.compile(r"(?<![\w.`])`?kafka`?\s*\.\s*`?(\w+)", re.IGNORECASE)
+_WHOLE_KAFKA = re.compile(r"(?<![\w.`])`?kafka`?(?![`\w]|\s*\.)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -67,14 +70,12 @@ class Transform:
         )
 
     def kafka_fields(self) -> frozenset[str]:
-        """The ``kafka`` struct's fields this transform reads (every one for SQL naming it)."""
-        src = self.source
-        if src.startswith("sql:"):
-            return frozenset(KAFKA_FIELDS) if "kafka" in src.lower() else frozenset()
-        head, _, rest = src.partition(".")
-        if _FIELD.match(src) and head == "kafka":
-            return frozenset({rest.split(".")[0]})
-        return frozenset()
+        """The ``kafka`` struct's fields this transform reads, wherever the source names them
+        (``kafka.key``, ``substr(kafka.key, ...)``, SQL); the whole struct: every field."""
+        src = self.source.removeprefix("sql:")
+        if _WHOLE_KAFKA.search(src):
+            return frozenset(KAFKA_FIELDS)
+        return frozenset(m.lower() for m in _KAFKA_FIELD.findall(src)) & frozenset(KAFKA_FIELDS)
 
     def failure(self) -> Column | None:
         """A column holding why this transform failed for a row (else null), where it can fail.

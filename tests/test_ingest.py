@@ -44,6 +44,8 @@ def test_ingest_decodes_transforms_and_resumes(spark, kafka, tmp_path):
             "meta.kafka.offset: kafka.offset",
             "meta.kafka.partition: kafka.partition",
             "meta.kafka.topic: kafka.topic",
+            "key_head: substr(kafka.key, 0, 2)",  # metadata inside a function: built too
+            "header: sql: cast(kafka.headers[0].value as string)",
         ],
         partition_by=["date"],
     )
@@ -59,6 +61,7 @@ def test_ingest_decodes_transforms_and_resumes(spark, kafka, tmp_path):
         assert r["date"] == f"2026-11-{20 + r['id'] % 3}"
         assert r["user"] == f"u{r['id'] % 7}"
         assert r["meta"]["kafka"] == {"offset": r["id"] // 2, "partition": r["id"] % 2, "topic": topic}
+        assert (r["key_head"], r["header"]) == (str(r["id"])[:2], str(r["id"]))
     assert table.transaction_version(f"ingest-test-{topic}-0") == 249
     assert table.transaction_version(f"ingest-test-{topic}-1") == 249
 

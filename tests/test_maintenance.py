@@ -89,7 +89,19 @@ def test_optimize_where_errors_name_the_problem(tmp_path, where, message):
         maintenance.optimize(str(table), where=where)
 
 
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [("day = 'x' AND", "cannot read the value"), ("day = x y", "cannot read the value")],
+)
+def test_partition_predicate_leftovers_are_refused(where, message):
+    with pytest.raises(ConfigError, match=message):
+        maintenance.parse_partition_predicate(where, ["day"])
+
+
 def test_partition_predicate_parsing():
+    assert maintenance.parse_partition_predicate("day == '2026-11-22'", ["day"]) == [
+        ("day", "=", "2026-11-22")
+    ]
     parsed = maintenance.parse_partition_predicate(
         "day = 'a and b' AND `day` IN ('x', 'it''s') and day != 3 AND day NOT IN ('q')", ["day"]
     )
@@ -190,6 +202,10 @@ def test_vacuum_refuses_a_retention_below_the_tables_minimum(tmp_path):
     with pytest.raises(ConfigError, match="minimum of 48 h"):
         maintenance.vacuum(str(table), retention_hours=47)
     assert maintenance.vacuum(str(table)).retention_hours == 48  # the table's own minimum by default
+    maintenance.properties(str(table), set_={"delta.deletedFileRetentionDuration": "interval 90 minutes"})
+    assert maintenance.vacuum(str(table)).retention_hours == 2  # rounded up, never below
+    with pytest.raises(ConfigError, match="minimum of 2 h"):
+        maintenance.vacuum(str(table), retention_hours=1)
 
 
 def test_restore_and_its_guard_against_vacuumed_files(tmp_path):

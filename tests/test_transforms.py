@@ -2,7 +2,7 @@ import pytest
 from pyspark.sql import functions as F  # noqa: N812
 
 from deltaflow.exceptions import ConfigError
-from deltaflow.transforms import apply_transforms, parse_transform
+from deltaflow.transforms import KAFKA_FIELDS, apply_transforms, parse_transform
 
 
 @pytest.mark.parametrize("text", ["no colon", ": kafka.offset", "a.b:", "bad target!: kafka.offset"])
@@ -43,3 +43,22 @@ def test_transforms_compile_to_spark_columns(spark):
     assert row["seen_at"] == "2021-07-20T05:59:55Z"
     assert row["seen_at_ms"] == "2021-07-20T05:59:55.123Z"
     assert row["shout"] == "ADA"
+
+
+@pytest.mark.parametrize(
+    ("text", "fields"),
+    [
+        ("a: kafka.offset", {"offset"}),
+        ("k: substr(kafka.key, 0, 4)", {"key"}),
+        ("t: epoch_millis_to_iso8601(kafka.timestamp)", {"timestamp"}),
+        ("s: sql: kafka.headers[0].key", {"headers"}),
+        ("s: sql: `kafka`.`timestamp`", {"timestamp"}),
+        ("a: kafka", set(KAFKA_FIELDS)),
+        ("s: sql: to_json(kafka)", set(KAFKA_FIELDS)),
+        ("s: sql: upper(user) || kafkaesque", set()),
+        ("x: meta.kafka.key", set()),
+    ],
+)
+def test_kafka_fields_a_transform_reads(text, fields):
+    """The source builds only these metadata columns for good messages: none may be missed."""
+    assert parse_transform(text).kafka_fields() == fields
