@@ -283,6 +283,7 @@ class _Tally:
     def __init__(self, name: str, on_progress: Callable[[int, int, float], None] | None = None) -> None:
         self.name = name
         self._on_progress = on_progress
+        self._reported = ""  # timestamp of the newest progress report given to the board
         self.messages = 0
         self.batches = 0
         self._counted: dict[str, int] = {}  # runId -> last batchId counted
@@ -293,10 +294,13 @@ class _Tally:
         if last is None or (last["runId"], last["batchId"]) == self._last_seen:
             return  # nothing new: skip fetching (and parsing) the whole recent history
         metrics.progress_reported(self.name, last)
-        board.progress(self.name, last)
         self._last_seen = (last["runId"], last["batchId"])
         new_batches = new_messages = 0
         for progress in query.recentProgress:
+            stamp = str(progress.get("timestamp", ""))
+            if stamp > self._reported:  # every report once, even those between two polls
+                self._reported = stamp
+                board.progress(self.name, progress)
             rows = int(progress.get("numInputRows") or 0)
             run, batch = str(progress["runId"]), int(progress["batchId"])
             # Idle triggers report the next batch id with no rows: count only batches with rows.
