@@ -562,6 +562,7 @@ _STORAGE = click.option(
     type=LINES,
     envvar="DELTAFLOW_STORAGE_OPTIONS",
     show_envvar=True,
+    callback=lambda _ctx, _param, values: _key_values(values, "--storage-option"),
     help="key=value for the object store (repeatable), e.g. AWS_ENDPOINT_URL=http://127.0.0.1:9000.",
 )
 
@@ -612,7 +613,7 @@ def optimize(
     where: str | None,
     zorder: tuple[str, ...],
     target_size: str,
-    storage_options: tuple[str, ...],
+    storage_options: dict[str, str],
     as_json: bool,
 ) -> None:
     """Compact small files (bin-packing) or Z-order them; the data does not change."""
@@ -625,7 +626,7 @@ def optimize(
         where=where,
         zorder=zorder,
         target_size=target_size,
-        storage_options=_key_values(storage_options, "--storage-option"),
+        storage_options=storage_options,
     )
     _emit(
         as_json,
@@ -658,7 +659,7 @@ def vacuum(
     dry_run: bool,
     full: bool,
     force: bool,
-    storage_options: tuple[str, ...],
+    storage_options: dict[str, str],
     as_json: bool,
 ) -> None:
     """Delete data files older versions no longer need (a dry run unless --execute)."""
@@ -670,7 +671,7 @@ def vacuum(
         dry_run=dry_run,
         full=full,
         force=force,
-        storage_options=_key_values(storage_options, "--storage-option"),
+        storage_options=storage_options,
     )
 
     def text() -> None:
@@ -696,13 +697,11 @@ def vacuum(
 )
 @_STORAGE
 @_JSON
-def checkpoint(table_uri: str, cleanup: bool, storage_options: tuple[str, ...], as_json: bool) -> None:
+def checkpoint(table_uri: str, cleanup: bool, storage_options: dict[str, str], as_json: bool) -> None:
     """Write a Delta log checkpoint of the current version."""
     from deltaflow import maintenance
 
-    result = maintenance.checkpoint(
-        table_uri, cleanup=cleanup, storage_options=_key_values(storage_options, "--storage-option")
-    )
+    result = maintenance.checkpoint(table_uri, cleanup=cleanup, storage_options=storage_options)
     _emit(as_json, result, lambda: click.echo(f"checkpoint written at version {result['version']}"))
 
 
@@ -711,13 +710,11 @@ def checkpoint(table_uri: str, cleanup: bool, storage_options: tuple[str, ...], 
 @click.option("--limit", type=click.IntRange(min=1), help="Newest N commits only.")
 @_STORAGE
 @_JSON
-def history(table_uri: str, limit: int | None, storage_options: tuple[str, ...], as_json: bool) -> None:
+def history(table_uri: str, limit: int | None, storage_options: dict[str, str], as_json: bool) -> None:
     """The table's commits, newest first."""
     from deltaflow import maintenance
 
-    entries = maintenance.history(
-        table_uri, limit=limit, storage_options=_key_values(storage_options, "--storage-option")
-    )
+    entries = maintenance.history(table_uri, limit=limit, storage_options=storage_options)
 
     def text() -> None:
         for e in entries:
@@ -736,14 +733,14 @@ def history(table_uri: str, limit: int | None, storage_options: tuple[str, ...],
 @click.option("--small-file-size", default="128MB", help="Files below this size count as small.")
 @_STORAGE
 @_JSON
-def describe(table_uri: str, small_file_size: str, storage_options: tuple[str, ...], as_json: bool) -> None:
+def describe(table_uri: str, small_file_size: str, storage_options: dict[str, str], as_json: bool) -> None:
     """Schema, partitioning, properties, protocol, version, files and their sizes."""
     from deltaflow import maintenance
 
     info = maintenance.describe(
         table_uri,
         small_file_size=small_file_size,
-        storage_options=_key_values(storage_options, "--storage-option"),
+        storage_options=storage_options,
     )
 
     def text() -> None:
@@ -787,7 +784,7 @@ def restore(
     table_uri: str,
     version: int | None,
     timestamp: str | None,
-    storage_options: tuple[str, ...],
+    storage_options: dict[str, str],
     as_json: bool,
 ) -> None:
     """Make an earlier version the current content again (a new commit; history is kept)."""
@@ -797,7 +794,7 @@ def restore(
         table_uri,
         version=version,
         timestamp=timestamp,
-        storage_options=_key_values(storage_options, "--storage-option"),
+        storage_options=storage_options,
     )
     _emit(
         as_json,
@@ -815,7 +812,7 @@ def restore(
 @_STORAGE
 @_JSON
 def properties(
-    table_uri: str, action: str, items: tuple[str, ...], storage_options: tuple[str, ...], as_json: bool
+    table_uri: str, action: str, items: tuple[str, ...], storage_options: dict[str, str], as_json: bool
 ) -> None:
     """Show table properties, or `set k=v ...` / `unset k ...` them."""
     from deltaflow import maintenance
@@ -826,7 +823,7 @@ def properties(
         table_uri,
         set_=_key_values(items, "ITEMS") if action == "set" else None,
         unset=items if action == "unset" else (),
-        storage_options=_key_values(storage_options, "--storage-option"),
+        storage_options=storage_options,
     )
     _emit(as_json, result, lambda: click.echo("\n".join(f"{k} = {v}" for k, v in sorted(result.items()))))
 
@@ -847,7 +844,7 @@ def read(
     where: str | None,
     columns: tuple[str, ...],
     limit: int,
-    storage_options: tuple[str, ...],
+    storage_options: dict[str, str],
     as_json: bool,
 ) -> None:
     """Print rows of the table, now or at an earlier version."""
@@ -860,7 +857,7 @@ def read(
         where=where,
         columns=columns,
         limit=limit or None,
-        storage_options=_key_values(storage_options, "--storage-option"),
+        storage_options=storage_options,
     )
     _emit(as_json, rows, lambda: _print_rows(rows))
 
@@ -877,7 +874,7 @@ def changes(
     from_version: int,
     to_version: int | None,
     limit: int,
-    storage_options: tuple[str, ...],
+    storage_options: dict[str, str],
     as_json: bool,
 ) -> None:
     """Print the change data feed (tables with delta.enableChangeDataFeed=true)."""
@@ -888,7 +885,7 @@ def changes(
         from_version=from_version,
         to_version=to_version,
         limit=limit or None,
-        storage_options=_key_values(storage_options, "--storage-option"),
+        storage_options=storage_options,
     )
     _emit(as_json, rows, lambda: _print_rows(rows))
 
@@ -903,7 +900,7 @@ def status(
     table_uris: tuple[str, ...],
     url: str | None,
     minutes: int,
-    storage_options: tuple[str, ...],
+    storage_options: dict[str, str],
     as_json: bool,
 ) -> None:
     """Pipelines and table health: from a running daemon (--url) or from tables' Delta logs."""
@@ -922,8 +919,9 @@ def status(
             raise click.ClickException(f"cannot read {target}: {exc}") from None
         _emit(as_json, data, lambda: _print_daemon_status(data))
         return
-    options = _key_values(storage_options, "--storage-option")
-    tables = [status_module.table_status(u, minutes=minutes, storage_options=options) for u in table_uris]
+    tables = [
+        status_module.table_status(u, minutes=minutes, storage_options=storage_options) for u in table_uris
+    ]
 
     def text() -> None:
         for info in tables:

@@ -308,6 +308,9 @@ def test_cli_commands_print_text_and_json_and_map_errors_to_exit_codes(tmp_path)
     out = runner.invoke(cli, ["properties", str(table), "set", "team=data", "--json"])
     assert json.loads(out.stdout) == {"team": "data"}
 
+    out = runner.invoke(cli, ["describe", str(table), "--storage-option", "not-a-pair"])
+    assert out.exit_code == 2 and "'not-a-pair' must look like key=value" in out.output
+
     out = runner.invoke(cli, ["checkpoint", str(table)])
     assert out.exit_code == 0 and "checkpoint written at version" in out.stdout
 
