@@ -185,7 +185,7 @@ class AutoCompactor:
         values = {c: pc.cast(small[f"partition.{c}"], pa.string()) for c in partition_columns}
         for key in sorted(keys, key=str):
             ordered = tuple((c, dict(key).get(c)) for c in partition_columns)
-            mask = pa.array([True] * small.num_rows, pa.bool_())
+            mask = pa.repeat(pa.scalar(True), small.num_rows)
             for column, value in ordered:
                 text = _partition_text(value)
                 match = pc.is_null(values[column]) if text is None else pc.equal(values[column], text)
