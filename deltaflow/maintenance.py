@@ -98,14 +98,12 @@ def open_table(
         TableNotFoundError: no Delta table there.
         ConfigError: the version does not exist.
     """
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError as DeltaTableNotFound
+    from deltaflow import delta_log
 
     table_uri = normalize_uri(uri)
-    try:
-        table = DeltaTable(table_uri, storage_options=dict(storage_options or {}))
-    except DeltaTableNotFound:
-        raise TableNotFoundError(f"no Delta table at {table_uri!r}", table_uri=table_uri) from None
+    table = delta_log.load(table_uri, storage_options or {})
+    if table is None:
+        raise TableNotFoundError(f"no Delta table at {table_uri!r}", table_uri=table_uri)
     if version is not None:
         try:
             table.load_as_version(version)
