@@ -34,6 +34,33 @@ def spark_to_arrow(schema: StructType) -> pa.Schema:
     return to_arrow_schema(schema, timezone="UTC")
 
 
+def plain_schema(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with Arrow view types (delta-rs' and DataFusion's output) as plain ones, nested
+    types included: Spark, Parquet writers and printers take the plain types only."""
+    return pa.schema([f.with_type(_plain_type(f.type)) for f in schema], metadata=schema.metadata)
+
+
+def _plain_type(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_string_view(t) or pa.types.is_large_string(t):
+        return pa.string()
+    if pa.types.is_binary_view(t) or pa.types.is_large_binary(t):
+        return pa.binary()
+    if (
+        pa.types.is_list_view(t)
+        or pa.types.is_large_list_view(t)
+        or pa.types.is_large_list(t)
+        or (pa.types.is_list(t))
+    ):
+        return pa.list_(t.value_field.with_type(_plain_type(t.value_type)))
+    if pa.types.is_struct(t):
+        return pa.struct([t.field(i).with_type(_plain_type(t.field(i).type)) for i in range(t.num_fields)])
+    if pa.types.is_map(t):
+        return pa.map_(
+            t.key_field.with_type(_plain_type(t.key_type)), t.item_field.with_type(_plain_type(t.item_type))
+        )
+    return t
+
+
 def delta_schema(arrow_schema: pa.Schema) -> DeltaSchema:
     """The Delta schema of an Arrow schema."""
     return DeltaSchema.from_arrow(arrow_schema)

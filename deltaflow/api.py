@@ -27,14 +27,19 @@ STATE_DIR = "_deltaflow"
 def register(spark: SparkSession) -> None:
     """Register deltaflow's data sources with ``spark``, once per session.
 
-    ``deltaflow`` (the Delta sink) and ``deltaflow-kafka`` (the Kafka source).
+    ``deltaflow`` (the Delta sink), ``deltaflow-kafka`` (the Kafka source), ``deltaflow-delta``
+    (a Delta table as a stream) and ``deltaflow-generator`` (synthetic events).
     """
     if getattr(spark, "_deltaflow_registered", False):
         return
+    from deltaflow.sources.delta import DeltaTableDataSource
+    from deltaflow.sources.generator import GeneratorDataSource
     from deltaflow.sources.kafka import KafkaDataSource
 
     spark.dataSource.register(DeltaflowDataSource)
     spark.dataSource.register(KafkaDataSource)
+    spark.dataSource.register(DeltaTableDataSource)
+    spark.dataSource.register(GeneratorDataSource)
     spark._deltaflow_registered = True  # type: ignore[attr-defined]
 
 

@@ -552,6 +552,117 @@ def ingest(
 
 
 # ---------------------------------------------------------------------------------------------
+# Declarative pipelines (deltaflow.pipeline, deltaflow.runner).
+
+
+@cli.command()
+@click.argument("pipeline_file", type=click.Path(dir_okay=False))
+@click.option("--show", is_flag=True, help="Print the resolved configuration (secrets masked).")
+def validate(pipeline_file: str, show: bool) -> None:
+    """Check PIPELINE_FILE without starting Spark: every problem with its YAML path."""
+    from deltaflow.pipeline import load_pipelines, masked
+
+    file = load_pipelines(pipeline_file)
+    if show:
+        import yaml
+
+        dumped = masked(file.model_dump(mode="json", by_alias=True, exclude_defaults=True))
+        click.echo(yaml.safe_dump(dumped, sort_keys=False).rstrip())
+    from deltaflow.runner import describe_source
+
+    for spec in file.pipelines:
+        routes = ", ".join(
+            f"{name} -> {sink.table_uri}" + (f" when {sink.when}" if sink.when else "")
+            for name, sink in zip(spec.sink_names(), spec.sinks, strict=True)
+        )
+        extra = f"; {len(spec.expectations)} expectation(s)" if spec.expectations else ""
+        off = "" if spec.enabled else " (disabled)"
+        click.echo(f"{spec.id}{off}: {describe_source(spec)} => {routes}{extra}")
+    click.echo(f"{pipeline_file}: {len(file.pipelines)} pipeline(s), valid")
+
+
+@cli.command()
+@click.argument("pipeline_file", type=click.Path(dir_okay=False))
+@click.option(
+    "--pipeline",
+    "pipeline_ids",
+    multiple=True,
+    help="Run only this pipeline (repeatable) [default: every enabled pipeline of the file].",
+)
+@click.option(
+    "--available-now",
+    "--once",
+    "available_now",
+    is_flag=True,
+    help="Commit all input available now, then exit 0 (Spark's availableNow trigger).",
+)
+@click.option(
+    "--metrics_port",
+    type=click.IntRange(min=0, max=65535),
+    default=None,
+    envvar="METRICS_PORT",
+    show_envvar=True,
+    help="Serve Prometheus metrics on this port.",
+)
+@click.option(
+    "--status_port",
+    type=click.IntRange(min=0, max=65535),
+    default=None,
+    envvar="STATUS_PORT",
+    show_envvar=True,
+    help="Serve the status page on this port.",
+)
+@click.option(
+    "--spark_master",
+    default=None,
+    envvar="DELTAFLOW_SPARK_MASTER",
+    show_envvar=True,
+    help="Spark master URL [default: the file's spark.master, else local[*]].",
+)
+def run(
+    pipeline_file: str,
+    pipeline_ids: tuple[str, ...],
+    available_now: bool,
+    metrics_port: int | None,
+    status_port: int | None,
+    spark_master: str | None,
+) -> None:
+    """Run the pipelines of PIPELINE_FILE in one Spark application until SIGTERM/SIGINT.
+
+    Each pipeline keeps its own checkpoint; a transient failure restarts it with backoff, a
+    terminal one stops all of them (exit 2).
+    """
+    import signal
+
+    from deltaflow.runner import load_and_select, run_pipelines
+
+    file, selected = load_and_select(pipeline_file, pipeline_ids)
+    if not selected:
+        raise click.UsageError(f"{pipeline_file}: no enabled pipeline to run")
+    if metrics_port is not None:
+        from deltaflow.metrics import metrics
+
+        click.echo(f"metrics on http://0.0.0.0:{metrics.serve(metrics_port)}/metrics", err=True)
+    if status_port is not None:
+        from deltaflow.status import board
+
+        click.echo(f"status page on http://0.0.0.0:{board.serve(status_port, addr='0.0.0.0')}/", err=True)
+    import deltaflow
+
+    spark = deltaflow.spark_session(spark_master or file.spark.master, **file.spark.conf)
+    try:
+        summaries = run_pipelines(spark, selected, available_now=available_now)
+    finally:
+        spark.stop()
+    for name, summary in summaries.items():
+        note = f", {summary.restarts} restart(s)" if summary.restarts else ""
+        click.echo(f"{name}: {summary.messages:,} row(s) in {summary.batches} batch(es){note}")
+    stopped = {s.signal for s in summaries.values() if s.signal}
+    if stopped:
+        click.echo(f"stopped by {', '.join(signal.Signals(s).name for s in sorted(stopped))}", err=True)
+
+
+# ---------------------------------------------------------------------------------------------
 # Table maintenance (deltaflow.maintenance): no Spark, text or --json output.
 
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (for scripts).")

@@ -24,7 +24,7 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType
@@ -38,7 +38,7 @@ from deltaflow.status import board
 if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
 
-__all__ = ["RunSummary", "classify_failure", "run_until_stopped"]
+__all__ = ["RunSummary", "classify_failure", "run_all", "run_until_stopped"]
 
 logger = logging.getLogger(__name__)
 
@@ -169,6 +169,64 @@ def run_until_stopped(
         close_all(COMPACTION_STOP_TIMEOUT_S)
 
 
+#: Recorded instead of a signal number when another pipeline failed for good.
+OTHER_FAILED = 0
+
+
+def run_all(
+    starters: Mapping[str, Callable[[], StreamingQuery]],
+    *,
+    max_backoff_s: float = DEFAULT_MAX_BACKOFF_S,
+    poll_s: int = POLL_S,
+) -> dict[str, RunSummary]:
+    """Run several queries in one application, each as :func:`run_until_stopped` runs one.
+
+    Each query is watched (and restarted after transient failures) by its own thread; the
+    calling (main) thread handles SIGTERM/SIGINT, which stop them all. When one query fails for
+    good, the others are stopped cleanly (their current batch committed whole or not at all)
+    and its error is raised.
+
+    Returns:
+        Each query's summary by name.
+
+    Raises:
+        TerminalError: the first query that failed for good.
+    """
+    results: dict[str, RunSummary] = {}
+    errors: dict[str, BaseException] = {}
+    try:
+        with _stop_signals() as received:
+
+            def watch(name: str, start: Callable[[], StreamingQuery]) -> None:
+                try:
+                    results[name] = _loop(start, received, _Tally(name), name, poll_s, max_backoff_s)
+                except BaseException as exc:  # noqa: BLE001 - re-raised by the main thread
+                    board.set_state(name, "failed", error=f"{type(exc).__name__}: {exc}")
+                    errors[name] = exc
+                    received.append(OTHER_FAILED)
+
+            threads = [
+                threading.Thread(target=watch, args=(name, start), name=f"deltaflow-{name}", daemon=True)
+                for name, start in starters.items()
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                while thread.is_alive():
+                    thread.join(BACKOFF_SLICE_S)  # short joins: signal handlers run in between
+    finally:
+        from deltaflow.compaction import close_all
+
+        close_all(COMPACTION_STOP_TIMEOUT_S)
+    for name in starters:
+        if name in errors:
+            others = [n for n in starters if n != name]
+            if others:
+                logger.error("pipeline %r failed; stopped the others: %s", name, ", ".join(others))
+            raise errors[name]
+    return results
+
+
 def _loop(
     start_query: Callable[[], StreamingQuery],
     received: list[int],
@@ -220,7 +278,10 @@ def _watch(
 
     while True:
         if received:
-            logger.info("received signal %d: stopping query %r", received[0], name)
+            if received[0] == OTHER_FAILED:
+                logger.info("another query failed: stopping query %r", name)
+            else:
+                logger.info("received signal %d: stopping query %r", received[0], name)
             query.stop()  # the current batch is abandoned uncommitted or was committed whole
             tally.update(query)
             return None

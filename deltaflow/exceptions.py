@@ -21,7 +21,9 @@ __all__ = [
     "CheckpointMismatchError",
     "CommitError",
     "ConfigError",
+    "DeltaSourceError",
     "DeltaflowError",
+    "ExpectationFailedError",
     "QueryFailedError",
     "SchemaEvolvedError",
     "SchemaMismatchError",
@@ -116,6 +118,16 @@ class CommitError(TransientError):
 class SchemaEvolvedError(TransientError):
     """Columns were added to the table for new message fields; the query must restart (nothing
     of the batch was committed) so that its source decodes them. The daemon does that."""
+
+
+class DeltaSourceError(TerminalError):
+    """A Delta table read as a stream changed in a way the stream cannot follow with its
+    options (rows deleted or rewritten, log entries expired, deletion vectors)."""
+
+
+class ExpectationFailedError(TerminalError):
+    """Rows of a micro-batch violated an expectation with ``action: fail``; nothing of that
+    batch was committed and the pipeline stopped."""
 
 
 class QueryFailedError(TerminalError):

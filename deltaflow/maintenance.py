@@ -601,17 +601,9 @@ def _quote_ident(name: str) -> str:
 
 def _plain_types(table: pa.Table) -> pa.Table:
     """Arrow view types (DataFusion's output) as plain ones, for every printer and reader."""
-    import pyarrow as pa
+    from deltaflow._schema import plain_schema
 
-    fields = []
-    for f in table.schema:
-        if pa.types.is_string_view(f.type):
-            fields.append(f.with_type(pa.string()))
-        elif pa.types.is_binary_view(f.type):
-            fields.append(f.with_type(pa.binary()))
-        else:
-            fields.append(f)
-    return table.cast(pa.schema(fields))
+    return table.cast(plain_schema(table.schema))
 
 
 def changes(

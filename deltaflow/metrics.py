@@ -103,6 +103,12 @@ class Metrics:
             _SINK,
             registry=r,
         )
+        self._expectations = Counter(
+            "deltaflow_expectation_violations",
+            "Rows that violated a pipeline expectation, by its name and action (warn, drop, fail).",
+            ("pipeline", "expectation", "action"),
+            registry=r,
+        )
         self._compactions = Counter(
             "deltaflow_compaction_runs",
             "Auto-compactions by outcome (success, failed).",
@@ -186,6 +192,9 @@ class Metrics:
 
     def unknown_fields_seen(self, *, pipeline: str, table: str, count: int) -> None:
         self._unknown.labels(pipeline, table).inc(count)
+
+    def expectation_violated(self, *, pipeline: str, expectation: str, action: str, count: int) -> None:
+        self._expectations.labels(pipeline, expectation, action).inc(count)
 
     # -- maintenance --------------------------------------------------------------------------
 

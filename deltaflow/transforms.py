@@ -34,6 +34,11 @@ _EPOCH = re.compile(rf"^epoch_(seconds|millis)_to_iso8601\(\s*({_PATH})\s*\)$")
 _FIELD = re.compile(rf"^{_PATH}$")
 #: ``kafka.<field>`` anywhere in a source (backticks allowed), and ``kafka`` on its own.
 _KAFKA_FIELD = re.compile(r"(?<![\w.`])`?kafka`?\s*\.\s*`?(\w+)", re.IGNORECASE)
+_NOT_UNDERSTOOD = (
+    "transform source {src!r} is not understood; use kafka.<" + "|".join(KAFKA_FIELDS) + ">, a field "
+    "path, substr(path, `start`, `end`), epoch_seconds_to_iso8601(path), epoch_millis_to_iso8601(path) "
+    "or 'sql: <Spark SQL expression>'"
+)
 _WHOLE_KAFKA = re.compile(r"(?<![\w.`])`?kafka`?(?![`\w]|\s*\.)", re.IGNORECASE)
 
 
@@ -62,12 +67,17 @@ class Transform:
             return F.date_format(F.timestamp_seconds(seconds), pattern)
         if _FIELD.match(src):
             return _field(src)
-        raise ConfigError(
-            f"transform source {src!r} is not understood; use kafka.<{'|'.join(KAFKA_FIELDS)}>, a "
-            "field path, substr(path, `start`, `end`), epoch_seconds_to_iso8601(path), "
-            "epoch_millis_to_iso8601(path) or 'sql: <Spark SQL expression>'",
-            transform=src,
-        )
+        raise ConfigError(_NOT_UNDERSTOOD.format(src=src), transform=src)
+
+    def check(self) -> None:
+        """Raise :class:`ConfigError` when the source has none of the accepted forms (no Spark)."""
+        src = self.source
+        if src.startswith("sql:"):
+            if not src[len("sql:") :].strip():
+                raise ConfigError(f"transform {'.'.join(self.target)!r}: 'sql:' needs an expression")
+            return
+        if not (_SUBSTR.match(src) or _EPOCH.match(src) or _FIELD.match(src)):
+            raise ConfigError(_NOT_UNDERSTOOD.format(src=src), transform=src)
 
     def kafka_fields(self) -> frozenset[str]:
         """The ``kafka`` struct's fields this transform reads, wherever the source names them

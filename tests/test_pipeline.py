@@ -1,0 +1,194 @@
+"""Pipeline files: loading, ${VAR} substitution, validation messages, masking (no Spark)."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+
+import pytest
+from click.testing import CliRunner
+
+from deltaflow.cli import cli
+from deltaflow.pipeline import (
+    MASK,
+    DeltaSourceSpec,
+    FilesSourceSpec,
+    PipelineConfigError,
+    load_pipelines,
+    masked,
+    parse_seconds,
+)
+
+
+def _write(tmp_path, text: str):
+    path = tmp_path / "pipelines.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+GOOD = """
+    pipelines:
+      - id: orders
+        source: {type: files, path: /landing, format: csv, max_bytes_per_trigger: 64MB}
+        transforms: {date: "sql: to_date(ts)", offset: kafka.offset}
+        filter: "status <> 'test'"
+        expectations:
+          - {name: positive, expr: "amount > 0", action: drop}
+        dead_letter: {table_uri: /lake/rejected}
+        trigger_interval: 5 seconds
+        sinks:
+          - {name: eu, table_uri: "${LAKE}/eu", when: "region = 'eu'", partition_columns: [date]}
+          - {table_uri: "${LAKE:-/default}/rest", storage_options: {AWS_SECRET_ACCESS_KEY: "${KEY}"}}
+      - id: mirror
+        enabled: false
+        source: {type: delta, table_uri: /lake/eu, starting_version: 3}
+        sinks: [{table_uri: /lake/gold, connector: delta-lake}]
+"""
+
+
+def test_a_valid_file_loads_typed_with_variables_substituted(tmp_path):
+    file = load_pipelines(_write(tmp_path, GOOD), env={"LAKE": "/lake", "KEY": "s3cr3t"})
+    orders, mirror = file.pipelines
+    assert isinstance(orders.source, FilesSourceSpec)
+    assert orders.source.max_bytes_per_trigger == 64 * 1024**2
+    assert orders.trigger_interval == 5.0
+    assert orders.sink_names() == ["eu", "sink1"]
+    assert orders.sinks[0].table_uri == "/lake/eu"
+    assert orders.sinks[1].table_uri == "/lake/rest"
+    assert orders.sinks[1].storage_options == {"AWS_SECRET_ACCESS_KEY": "s3cr3t"}
+    options = orders.sinks[0].sink_options("orders", "/ckpt")
+    assert (options.pipeline_id, options.checkpoint_location, options.partition_columns) == (
+        "orders",
+        "/ckpt",
+        ("date",),
+    )
+    assert isinstance(mirror.source, DeltaSourceSpec)
+    assert mirror.source.starting_version == 3
+    assert [p.id for p in file.selected()] == ["orders"]  # disabled ones are left out
+    assert [p.id for p in file.selected(("mirror",))] == ["mirror"]
+    with pytest.raises(Exception, match="no pipeline 'nope'"):
+        file.selected(("nope",))
+    # Secrets never printed.
+    dumped = masked(file.model_dump(mode="json", by_alias=True))
+    assert dumped["pipelines"][0]["sinks"][1]["storage_options"]["AWS_SECRET_ACCESS_KEY"] == MASK
+    assert "s3cr3t" not in str(dumped)
+
+
+def test_a_missing_variable_is_named_with_its_yaml_path(tmp_path):
+    with pytest.raises(PipelineConfigError) as info:
+        load_pipelines(_write(tmp_path, GOOD), env={})
+    assert info.value.problems == [
+        "pipelines[0].sinks[0].table_uri: environment variable LAKE is not set (use ${LAKE:-default})",
+        "pipelines[0].sinks[1].storage_options.AWS_SECRET_ACCESS_KEY: environment variable KEY is not "
+        "set (use ${KEY:-default})",
+    ]
+
+
+def test_every_problem_is_reported_with_path_received_value_and_what_is_allowed(tmp_path):
+    bad = """
+        pipelines:
+          - id: "bad id"
+            source: {type: files, path: /x, format: xml}
+            transforms: {t: "foo(bar"}
+            expectations:
+              - {name: e, expr: "x > 0", action: dropp}
+            sinks:
+              - {table_uri: /t1, partiton_columns: [d]}
+              - {table_uri: /t1, pipeline_id: other}
+          - id: gen
+            source: {type: generater}
+            sinks: []
+          - id: k
+            source: {type: kafka, bootstrap_servers: "h:1", topic: t, format: json}
+            sinks:
+              - table_uri: /t3
+                compression: brotli
+                storage_options: {sas_token: "abc"}
+                target_file_size_mb: 0
+    """
+    with pytest.raises(PipelineConfigError) as info:
+        load_pipelines(_write(tmp_path, bad), env={})
+    problems = info.value.problems
+    expected = [
+        "pipelines[0].id: must be 1-128 letters, digits, '_', '.' or '-', starting with a letter or digit "
+        "(received 'bad id')",
+        "pipelines[0].source.format: must be one of 'json', 'csv', 'parquet' or 'text' (received 'xml')",
+        "pipelines[0].transforms: t: transform source 'foo(bar' is not understood",
+        "pipelines[0].expectations[0].action: must be one of 'warn', 'drop' or 'fail' (received 'dropp')",
+        "pipelines[0].sinks[0].partiton_columns: unknown key (did you mean 'partition_columns'?)",
+        "pipelines[0].sinks[1]: pipeline_id is set by the pipeline, not per sink",
+        "pipelines[1].source: unknown source type; use one of 'files', 'delta', 'kafka', 'generator' "
+        "(received 'generater')",
+        "pipelines[1].sinks: List should have at least 1 item after validation, not 0",
+        "pipelines[2].source: format json needs schema (Spark DDL of the value's fields)",
+        "pipelines[2].sinks[0].target_file_size_mb: Input should be greater than or equal to 1 (received 0)",
+        "pipelines[2].sinks[0].compression: must be one of 'snappy', 'zstd', 'gzip', 'lz4' or 'none' "
+        "(received 'brotli')",
+    ]
+    for want in expected:
+        assert any(p.startswith(want) for p in problems), f"{want!r} not in {problems}"
+    assert "abc" not in str(info.value)  # a secret is never echoed, not even when invalid
+
+
+def test_duplicate_ids_tables_and_names_are_refused(tmp_path):
+    text = """
+        pipelines:
+          - id: a
+            source: {type: generator}
+            sinks: [{table_uri: /t}, {table_uri: "/t/"}]
+          - id: a
+            source: {type: generator}
+            expectations: [{name: x, expr: "1=1"}, {name: x, expr: "2=2"}]
+            dead_letter: {table_uri: /u}
+            sinks: [{table_uri: /u}]
+    """
+    with pytest.raises(PipelineConfigError) as info:
+        load_pipelines(_write(tmp_path, text), env={})
+    text_out = str(info.value)
+    assert "write the same table /t" in text_out
+    assert "expectation name(s) used twice: x" in text_out
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("[1, 2", "not valid YAML"),
+        ("- just a list", "must be a mapping with a 'pipelines' list"),
+        ("pipelines: []", "pipelines: List should have at least 1 item"),
+        ("pipeline: []", "pipeline: unknown key (did you mean 'pipelines'?)"),
+    ],
+)
+def test_unreadable_files_say_why(tmp_path, text, problem):
+    with pytest.raises(PipelineConfigError, match=re.escape(problem)):
+        load_pipelines(_write(tmp_path, text), env={})
+
+
+def test_durations():
+    assert parse_seconds(5) == 5.0
+    assert parse_seconds("500ms") == 0.5
+    assert parse_seconds("2 min") == 120.0
+    assert parse_seconds("1h") == 3600.0
+    with pytest.raises(ValueError, match="must be a duration"):
+        parse_seconds("soon")
+
+
+def test_cli_validate_prints_each_pipeline_and_masks_secrets(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAKE", "/lake")
+    monkeypatch.setenv("KEY", "s3cr3t")
+    path = _write(tmp_path, GOOD)
+    result = CliRunner().invoke(cli, ["validate", str(path), "--show"])
+    assert result.exit_code == 0, result.output
+    assert "s3cr3t" not in result.output and MASK in result.output
+    assert (
+        "orders: csv files in /landing => eu -> /lake/eu when region = 'eu', sink1 -> /lake/rest; "
+        in result.output
+    )
+    assert "mirror (disabled): delta table /lake/eu => sink0 -> /lake/gold" in result.output
+    assert result.output.rstrip().endswith("2 pipeline(s), valid")
+
+    monkeypatch.delenv("LAKE")
+    from deltaflow.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["validate", str(path)])
+    assert exited.value.code == 2
