@@ -136,14 +136,20 @@ def write_stream(
     opts = SinkOptions.build({"table_uri": table_uri, "pipeline_id": pipeline_id, **options})
     location = checkpoint_location or default_checkpoint_location(opts)
     opts = opts.model_copy(update={"checkpoint_location": location})
-    _prepare_table(df, opts)
     register(df.sparkSession)
-    if opts.uses_spark_writer:
+    if opts.write_mode == "merge":
+        from deltaflow.merge import MergeWriter, target_rows
+
+        _prepare_table(target_rows(df, opts), opts)
+        writer = df.writeStream.foreachBatch(MergeWriter(opts))
+    elif opts.uses_spark_writer:
+        _prepare_table(df, opts)
         from deltaflow._spark_writer import SparkBatchWriter
 
         batch_writer = SparkBatchWriter(opts, overwrite=output_mode == "complete")
         writer = df.writeStream.foreachBatch(batch_writer)
     else:
+        _prepare_table(df, opts)
         writer = df.writeStream.format(FORMAT_NAME).options(**opts.to_spark_options())
     writer = (
         writer.option("checkpointLocation", location)
@@ -189,6 +195,8 @@ def write(
     if pipeline_id is not None:
         values["pipeline_id"] = pipeline_id
     opts = SinkOptions.build(values)
+    if opts.write_mode == "merge":
+        raise ConfigError("write() appends or overwrites; merge changes with write_stream() or a pipeline")
     _prepare_table(df, opts)
     register(df.sparkSession)
     df.write.format(FORMAT_NAME).options(**opts.to_spark_options()).mode(opts.write_mode).save()

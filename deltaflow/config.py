@@ -13,14 +13,23 @@ from collections.abc import Mapping
 from typing import Any, Literal
 from urllib.parse import urlparse
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from deltaflow.exceptions import ConfigError, UnknownOptionError
 
-__all__ = ["Compression", "SchemaMode", "SinkOptions", "WriteMode", "WritePath", "SUPPORTED_SCHEMES"]
+__all__ = [
+    "CdcFormat",
+    "Compression",
+    "SchemaMode",
+    "SinkOptions",
+    "WriteMode",
+    "WritePath",
+    "SUPPORTED_SCHEMES",
+]
 
 Compression = Literal["snappy", "zstd", "gzip", "lz4", "none"]
-WriteMode = Literal["append", "overwrite"]
+WriteMode = Literal["append", "overwrite", "merge"]
+CdcFormat = Literal["none", "op", "debezium"]
 SchemaMode = Literal["strict", "merge"]
 WritePath = Literal["auto", "spark", "arrow"]
 
@@ -48,7 +57,18 @@ class SinkOptions(BaseModel):
         target_file_size_mb: A task starts a new file once the current one reaches this size.
         max_records_per_file: A task starts a new file after this many rows (0 = no limit).
         compression: Parquet compression codec.
-        write_mode: ``append`` adds the batch; ``overwrite`` replaces the table's content.
+        write_mode: ``append`` adds the batch; ``overwrite`` replaces the table's content;
+            ``merge`` (pipelines) upserts and deletes rows by ``key_columns`` with delta-rs MERGE
+            (see ``deltaflow.merge``).
+        key_columns: ``merge``: the columns identifying a row.
+        cdc_format: ``merge``: how a row says what happened: ``none`` (every row is an upsert),
+            ``op`` (an ``op_column`` with c/r/u/d or insert/update/delete), ``debezium`` (a
+            Debezium envelope: ``before``, ``after``, ``op``, ``ts_ms``, ``source``).
+        op_column: ``cdc_format: op``: the column holding the operation.
+        sequence_by: ``merge``: a Spark SQL expression ordering the changes of one key (an LSN,
+            a version, a timestamp; Debezium default ``source.lsn``, else ``ts_ms``). Within a
+            batch only the latest change per key is applied; its value is kept in the column
+            ``_change_sequence`` so that an older change never overwrites a newer one.
         max_commit_retries: Attempts after the first failed commit, with exponential backoff.
         table_properties: Delta table properties applied when the table is created.
         storage_options: Passed to delta-rs and to pyarrow's filesystem.
@@ -86,6 +106,10 @@ class SinkOptions(BaseModel):
     max_records_per_file: int = Field(default=0, ge=0)
     compression: Compression = "snappy"
     write_mode: WriteMode = "append"
+    key_columns: tuple[str, ...] = ()
+    cdc_format: CdcFormat = "none"
+    op_column: str = "op"
+    sequence_by: str | None = None
     max_commit_retries: int = Field(default=3, ge=0, le=100)
     table_properties: Mapping[str, str] = Field(default_factory=dict)
     storage_options: Mapping[str, str] = Field(default_factory=dict)
@@ -122,7 +146,7 @@ class SinkOptions(BaseModel):
             )
         return value
 
-    @field_validator("partition_columns", mode="before")
+    @field_validator("partition_columns", "key_columns", mode="before")
     @classmethod
     def _split_columns(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -140,6 +164,14 @@ class SinkOptions(BaseModel):
         if dupes:
             raise ValueError(f"partition column(s) listed twice: {', '.join(dupes)}")
         return value
+
+    @model_validator(mode="after")
+    def _check_merge(self) -> SinkOptions:
+        if self.write_mode == "merge" and not self.key_columns:
+            raise ValueError("write_mode merge needs key_columns (the columns identifying a row)")
+        if self.write_mode != "merge" and (self.key_columns or self.cdc_format != "none" or self.sequence_by):
+            raise ValueError("key_columns, cdc_format and sequence_by apply to write_mode merge only")
+        return self
 
     @field_validator("table_properties", "storage_options", mode="before")
     @classmethod

@@ -295,10 +295,14 @@ class PipelineWriter:
 
     def __init__(self, spec: PipelineSpec, sinks: Sequence[_Sink], dead_letter: SinkOptions | None) -> None:
         from deltaflow._spark_writer import SparkBatchWriter
+        from deltaflow.merge import MergeWriter
 
         self._spec = spec
         self._sinks = list(sinks)
-        self._writers = {s.name: SparkBatchWriter(s.options) for s in sinks}
+        self._writers: dict[str, Callable[[DataFrame, int], None]] = {
+            s.name: MergeWriter(s.options) if s.options.write_mode == "merge" else SparkBatchWriter(s.options)
+            for s in sinks
+        }
         self._dlq = SparkBatchWriter(dead_letter) if dead_letter else None
         self._kafka = isinstance(spec.source, KafkaSourceSpec)
         self.dead_lettered_total = 0
@@ -453,7 +457,12 @@ def start_pipeline(spark: SparkSession, spec: PipelineSpec, *, available_now: bo
         for name, sink in zip(spec.sink_names(), spec.sinks, strict=True)
     ]
     for sink in sinks:
-        _prepare_table(shape, sink.options)
+        if sink.options.write_mode == "merge":
+            from deltaflow.merge import target_rows
+
+            _prepare_table(target_rows(shape, sink.options), sink.options)
+        else:
+            _prepare_table(shape, sink.options)
     dead_letter = None
     if spec.dead_letter is not None:
         values = spec.dead_letter.model_dump(exclude_defaults=True)

@@ -476,6 +476,12 @@ def is_committed(
 
 def _arrow_options(spark_options: Any) -> SinkOptions:
     options = SinkOptions.from_spark_options(spark_options)
+    if options.write_mode == "merge":
+        raise ConfigError(
+            "write_mode='merge' is applied by deltaflow.write_stream() and pipelines (delta-rs MERGE "
+            "on the driver), not by the deltaflow format",
+            table_uri=options.table_uri,
+        )
     if options.write_path == "spark":
         raise ConfigError(
             "write_path='spark' is only available through deltaflow.write_stream(); "

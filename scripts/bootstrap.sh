@@ -37,6 +37,11 @@ if [ "${1:-}" = "--test" ] && ! command -v chromium >/dev/null && ! command -v c
   apt_install chromium
 fi
 
+if [ "${1:-}" = "--test" ] && ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  echo "bootstrap: installing PostgreSQL for the CDC tests (the tests start their own server)"
+  apt_install postgresql
+fi
+
 stamp=.venv/.deltaflow-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "bootstrap: installing deltaflow and its dependencies into .venv"

@@ -3,4 +3,5 @@ pytest_plugins = [
     "tests.fixtures.readers",
     "tests.fixtures.kafka",
     "tests.fixtures.registry",
+    "tests.fixtures.postgres",
 ]
