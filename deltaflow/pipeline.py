@@ -326,6 +326,10 @@ class PipelineSpec(_Model):
             ``substr(...)``, ``epoch_*_to_iso8601(...)``, ``kafka.<field>`` or ``sql: <expr>``).
         filter: A Spark SQL predicate; rows for which it is not true are left out.
         select: Spark SQL select expressions (``["*", "upper(name) AS name"]``).
+        query: Instead of ``transforms``/``filter``/``select``: one Spark SQL query over the
+            source, which it names ``source_name`` (``SELECT id, upper(name) AS name FROM source
+            WHERE ...``); it runs on each micro-batch, so aggregations are per batch.
+        source_name: The source's name in ``query`` (default ``source``).
         trigger_interval: Seconds between micro-batches (``"5 seconds"``; default: as soon as
             the previous batch is done).
         checkpoint_location: Spark's checkpoint; default ``<first sink>/_deltaflow/checkpoints/<id>``.
@@ -338,6 +342,8 @@ class PipelineSpec(_Model):
     filter: str | None = None
     select: list[str] = Field(default_factory=list)
     expectations: list[Expectation] = Field(default_factory=list)
+    query: str | None = None
+    source_name: str = Field(default="source", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     sinks: list[SinkSpec] = Field(min_length=1)
     dead_letter: DeadLetterSpec | None = None
     trigger_interval: float | None = None
@@ -384,6 +390,8 @@ class PipelineSpec(_Model):
             tables[uri] = name
         if self.dead_letter is not None and normalize_uri(self.dead_letter.table_uri) in tables:
             problems.append("dead_letter.table_uri must be another table than the sinks'")
+        if self.query and (self.transforms or self.filter or self.select):
+            problems.append("query replaces transforms, filter and select: use one or the other")
         expectation_names = [e.name for e in self.expectations]
         dupes = sorted({n for n in expectation_names if expectation_names.count(n) > 1})
         if dupes:

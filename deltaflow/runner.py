@@ -268,10 +268,14 @@ def _first_line(exc: BaseException) -> str:
 
 
 def process(df: DataFrame, spec: PipelineSpec) -> DataFrame:
-    """``transforms`` -> ``filter`` -> ``select`` (a Kafka source's ``kafka`` struct is dropped
-    unless ``select`` keeps it: map the fields you want with transforms)."""
+    """``transforms`` -> ``filter`` -> ``select``, or ``query`` (a Kafka source's ``kafka``
+    struct is dropped unless ``select`` or ``query`` keeps it: map the fields you want)."""
     from pyspark.sql import functions as F  # noqa: N812
 
+    if spec.query:
+        # Each streaming query runs its batches in its own session: the view is private to it.
+        df.createOrReplaceTempView(spec.source_name)
+        return df.sparkSession.sql(spec.query)
     if spec.transforms:
         df = apply_transforms(df, [parse_transform(f"{k}: {v}") for k, v in spec.transforms.items()])
     if spec.filter:
@@ -451,6 +455,10 @@ def start_pipeline(spark: SparkSession, spec: PipelineSpec, *, available_now: bo
     location = checkpoint_location(spec)
     source = read_source(spark, spec, location)
     good = source.drop(_ERROR, _RAW) if isinstance(spec.source, KafkaSourceSpec) else source
+    if spec.query:
+        # The columns the query makes, from an empty frame in a session of its own (a temp
+        # view in the shared session would race with other pipelines starting).
+        good = spark.newSession().createDataFrame([], good.schema)
     shape = process(good, spec)
     sinks = [
         _Sink(name, sink.sink_options(spec.id, location), sink.when)
