@@ -112,21 +112,23 @@ class FilesSourceSpec(_Model):
 
     Attributes:
         path: The directory (new files are picked up; files must not change once written).
-        format: ``json`` (one object per line), ``csv``, ``parquet`` or ``text``.
+        format: ``json`` (one object per line), ``csv``, ``parquet``, ``avro`` (object container
+            files, decoded with fastavro in the tasks: no spark-avro jar) or ``text``.
         schema: Spark DDL of the columns (``id BIGINT, ts TIMESTAMP``); when left out it is
             inferred once from the files present at the first start and stored with the
             checkpoint, so later files never change it.
         max_files_per_trigger / max_bytes_per_trigger: Admission control per micro-batch.
-        rescued_data_column: JSON/CSV: a column holding what did not fit the schema (JSON: an
-            object of the fields the schema lacks; a record with a value of the wrong type or
-            that cannot be parsed: the whole record). ``null`` drops that information.
+        rescued_data_column: JSON/CSV/Avro: a column holding what did not fit the schema (JSON
+            and Avro: an object of the fields the schema lacks; a JSON record with a value of the
+            wrong type or that cannot be parsed, a CSV line: the whole record). ``null`` drops
+            that information.
         source_file_column: A column with the path of the file each row came from.
         options: Further options of Spark's reader (``header``, ``sep``, ``dateFormat``, ...).
     """
 
     type: Literal["files"]
     path: str
-    format: Literal["json", "csv", "parquet", "text"] = "json"
+    format: Literal["json", "csv", "parquet", "avro", "text"] = "json"
     schema_: str | None = Field(default=None, alias="schema")
     max_files_per_trigger: int | None = Field(default=None, ge=1)
     max_bytes_per_trigger: Annotated[int | None, Field(ge=1)] = None

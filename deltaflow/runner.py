@@ -55,6 +55,8 @@ DEAD_LETTER_SCHEMA = (
 )
 #: Where a file source's inferred schema is kept (inside the pipeline's checkpoint).
 SOURCE_SCHEMA_FILE = "deltaflow-source-schema.json"
+#: The rows of Spark's ``binaryFile`` source (Avro files are read through it).
+BINARY_FILE_SCHEMA = "path STRING, modificationTime TIMESTAMP, length BIGINT, content BINARY"
 #: Kafka sources: why a message could not be decoded (null for good ones) and its raw bytes.
 _ERROR = "_deltaflow_error"
 _RAW = "_deltaflow_raw"
@@ -108,6 +110,11 @@ def _files(spark: SparkSession, src: FilesSourceSpec, checkpoint: str) -> DataFr
         reader = reader.option("maxBytesPerTrigger", src.max_bytes_per_trigger)
     if src.format == "text":
         df = reader.format("text").load(src.path)
+    elif src.format == "avro":
+        if "pathGlobFilter" not in options:
+            reader = reader.option("pathGlobFilter", "*.avro")
+        files = reader.schema(BINARY_FILE_SCHEMA).format("binaryFile").load(src.path)
+        return _avro_files(files, source_schema(spark, src, checkpoint), src)
     else:
         schema = source_schema(spark, src, checkpoint)
         if src.format == "json":
@@ -144,6 +151,12 @@ def source_schema(spark: SparkSession, src: FilesSourceSpec, checkpoint: str) ->
         loaded = StructType.fromJson(json.loads(stored.read_text()))
         logger.info("files source %s: schema from %s", src.path, stored)
         return loaded
+    if src.format == "avro":
+        schema = _avro_file_schema(spark, src)
+        stored.parent.mkdir(parents=True, exist_ok=True)
+        stored.write_text(json.dumps(schema.jsonValue()))
+        logger.info("files source %s: schema %s from the first Avro file", src.path, schema.simpleString())
+        return schema
     options = dict(src.options)
     if src.format == "csv":
         options.setdefault("header", "true")
@@ -164,6 +177,73 @@ def source_schema(spark: SparkSession, src: FilesSourceSpec, checkpoint: str) ->
     stored.write_text(json.dumps(schema.jsonValue()))
     logger.info("files source %s: inferred schema %s (kept in %s)", src.path, schema.simpleString(), stored)
     return schema
+
+
+def _avro_file_schema(spark: SparkSession, src: FilesSourceSpec) -> StructType:
+    """The Spark schema of the writer schema of the first Avro file in the folder."""
+    import io
+
+    import fastavro
+    from pyspark.sql.types import StructType, _parse_datatype_string
+
+    from deltaflow.sources.decode import avro_to_spark_ddl
+
+    try:
+        files = spark.read.options(**{"pathGlobFilter": "*.avro", **src.options}).format("binaryFile")
+        first = files.load(src.path).orderBy("path").select("content").first()
+    except Exception as exc:  # noqa: BLE001 - Spark's AnalysisException for a missing folder
+        raise ConfigError(f"cannot list the Avro files in {src.path!r}: {_first_line(exc)}") from None
+    if first is None:
+        raise ConfigError(f"no Avro file in {src.path!r} to take the schema from; add one or give a schema")
+    writer = fastavro.reader(io.BytesIO(first["content"])).writer_schema
+    parsed = _parse_datatype_string(avro_to_spark_ddl(json.dumps(writer)))
+    assert isinstance(parsed, StructType)
+    return parsed
+
+
+def _avro_files(files: DataFrame, schema: StructType, src: FilesSourceSpec) -> DataFrame:
+    """Avro object container files (rows of Spark's ``binaryFile`` source) decoded in the tasks."""
+    import pyarrow as pa
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from deltaflow._schema import spark_to_arrow
+
+    fields = list(schema.fields)
+    if src.rescued_data_column:
+        fields.append(StructField(src.rescued_data_column, StringType()))
+    if src.source_file_column:
+        fields.append(StructField(src.source_file_column, StringType()))
+    out_type = StructType(fields)
+    arrow_schema = spark_to_arrow(out_type)
+    names = [f.name for f in schema.fields]
+    rescued, source_file = src.rescued_data_column, src.source_file_column
+
+    def decode(batches: Any) -> Any:
+        import io
+
+        import fastavro
+
+        for batch in batches:
+            for path, content in zip(
+                batch.column("path").to_pylist(), batch.column("content").to_pylist(), strict=True
+            ):
+                try:
+                    records: list[dict[str, Any]] = list(fastavro.reader(io.BytesIO(content)))  # type: ignore[arg-type]
+                except Exception as exc:  # noqa: BLE001 - fastavro raises many types; name the file
+                    raise ConfigError(f"Avro file {path} cannot be read: {exc}", path=path) from None
+                columns: dict[str, list[Any]] = {n: [r.get(n) for r in records] for n in names}
+                if rescued:
+                    columns[rescued] = [
+                        json.dumps({k: v for k, v in r.items() if k not in names}, default=str)
+                        if set(r) - set(names)
+                        else None
+                        for r in records
+                    ]
+                if source_file:
+                    columns[source_file] = [path] * len(records)
+                yield pa.RecordBatch.from_pydict(columns, schema=arrow_schema)
+
+    return files.select("path", "content").mapInArrow(decode, out_type)
 
 
 def _json_lines(lines: DataFrame, schema: StructType, rescued: str | None) -> DataFrame:

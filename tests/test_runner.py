@@ -211,6 +211,51 @@ def test_csv_files_with_a_given_schema(spark, tmp_path):
     ]
 
 
+def test_avro_files_decoded_without_a_jar_schema_from_the_first_file(spark, tmp_path):
+    import datetime as dt
+
+    import fastavro
+
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    v1 = {
+        "type": "record",
+        "name": "Reading",
+        "fields": [
+            {"name": "id", "type": "long"},
+            {"name": "city", "type": ["null", "string"]},
+            {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+            {"name": "tags", "type": {"type": "array", "items": "string"}},
+        ],
+    }
+    at = dt.datetime(2026, 11, 22, 8, 0, tzinfo=dt.UTC)
+    with open(landing / "1.avro", "wb") as out:
+        fastavro.writer(out, v1, [{"id": i, "city": f"c{i}", "at": at, "tags": ["x"] * i} for i in range(3)])
+    specs = _pipelines(
+        tmp_path,
+        """
+        pipelines:
+          - id: avro
+            source: {type: files, path: "${DIR}/landing", format: avro, source_file_column: file}
+            sinks: [{table_uri: "${DIR}/t"}]
+        """,
+    )
+    run_pipelines(spark, specs, available_now=True)
+    # A newer writer schema with one more field: the column set stays, the field is rescued.
+    v2 = {**v1, "fields": [*v1["fields"], {"name": "unit", "type": "string"}]}
+    with open(landing / "2.avro", "wb") as out:
+        fastavro.writer(out, v2, [{"id": 9, "city": None, "at": at, "tags": [], "unit": "C"}])
+    run_pipelines(spark, specs, available_now=True)
+    rows = sorted(DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
+    assert [(r["id"], r["city"], r["at"], r["tags"], r["_rescued_data"]) for r in rows] == [
+        (0, "c0", at, [], None),
+        (1, "c1", at, ["x"], None),
+        (2, "c2", at, ["x", "x"], None),
+        (9, None, at, [], '{"unit": "C"}'),
+    ]
+    assert [Path(r["file"]).name for r in rows] == ["1.avro", "1.avro", "1.avro", "2.avro"]
+
+
 def _delta_pipeline(tmp_path: Path, source: str, pid: str) -> list:
     return _pipelines(
         tmp_path,
@@ -389,3 +434,24 @@ def test_killed_between_two_sinks_commits_then_run_until_sigterm_is_exactly_once
             h["deltaflow.epoch"] for h in DeltaTable(str(tmp_path / name)).history() if "deltaflow.epoch" in h
         ]
         assert sorted(epochs) == [0, 1, 2]  # one commit per batch in each table, none twice
+
+
+def test_starting_timestamp_picks_the_first_version_at_or_after_it(tmp_path):
+    from deltaflow.sources.delta import _version_at
+
+    for i in range(3):
+        write_deltalake(str(tmp_path / "t"), pa.table({"id": [i]}), mode="append")
+        time.sleep(0.01)  # distinct commit timestamps (milliseconds)
+    table = DeltaTable(str(tmp_path / "t"))
+    stamps = {h["version"]: h["timestamp"] for h in table.history()}
+    import datetime as dt
+
+    def iso(ms: int) -> str:
+        return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat()
+
+    assert _version_at(table, iso(stamps[1])) == 1
+    assert _version_at(table, iso(stamps[1] - 1)) == 1
+    assert _version_at(table, iso(stamps[0] - 60_000)) == 0
+    assert _version_at(table, iso(stamps[2] + 1)) == 3  # after the last commit: the next one
+    with pytest.raises(Exception, match="is not an ISO-8601 time"):
+        _version_at(table, "yesterday")
