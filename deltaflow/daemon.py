@@ -218,12 +218,12 @@ def run_all(
         from deltaflow.compaction import close_all
 
         close_all(COMPACTION_STOP_TIMEOUT_S)
-    for name in starters:
-        if name in errors:
-            others = [n for n in starters if n != name]
-            if others:
-                logger.error("pipeline %r failed; stopped the others: %s", name, ", ".join(others))
-            raise errors[name]
+    if errors:
+        name = next(iter(errors))  # the first to fail (dicts keep insertion order)
+        others = [n for n in starters if n != name]
+        if others:
+            logger.error("pipeline %r failed; stopped the others: %s", name, ", ".join(others))
+        raise errors[name]
     return results
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "DeltaSourceError",
     "DeltaflowError",
     "ExpectationFailedError",
+    "MergeError",
     "QueryFailedError",
     "SchemaEvolvedError",
     "SchemaMismatchError",
@@ -123,6 +124,11 @@ class SchemaEvolvedError(TransientError):
 class DeltaSourceError(TerminalError):
     """A Delta table read as a stream changed in a way the stream cannot follow with its
     options (rows deleted or rewritten, log entries expired, deletion vectors)."""
+
+
+class MergeError(TerminalError):
+    """A CDC batch cannot be merged as it is (changes without a sequence, a type the target
+    cannot take); nothing of the batch was committed."""
 
 
 class ExpectationFailedError(TerminalError):

@@ -26,7 +26,7 @@ from deltaflow import __version__
 from deltaflow._faults import maybe_crash
 from deltaflow._storage import normalize_uri
 from deltaflow.config import SinkOptions
-from deltaflow.exceptions import CommitError, ConfigError
+from deltaflow.exceptions import CommitError, ConfigError, MergeError
 from deltaflow.metrics import metrics
 
 if TYPE_CHECKING:
@@ -43,7 +43,22 @@ OP = "_deltaflow_op"
 _ORDER = "_deltaflow_arrival"
 #: What ``cdc_format: op`` accepts (case-insensitive), by meaning.
 DELETE_OPS = ("d", "delete", "deleted")
-UPSERT_OPS = ("c", "r", "u", "i", "insert", "update", "upsert", "create", "read", "snapshot")
+UPSERT_OPS = (
+    "c",
+    "r",
+    "u",
+    "i",
+    "insert",
+    "update",
+    "upsert",
+    "create",
+    "read",
+    "snapshot",
+    "update_postimage",
+)
+#: Operations that are not a row's new state (a Change Data Feed's pre-image, a truncate):
+#: skipped without a warning.
+SKIPPED_OPS = ("update_preimage", "t", "truncate")
 _BACKOFF_S = 0.2
 
 
@@ -83,15 +98,16 @@ def changes(df: DataFrame, options: SinkOptions) -> DataFrame:
         if not isinstance(df.schema["after"].dataType, StructType):
             raise ConfigError("cdc_format debezium: 'after' must be a struct of the row's columns")
         op = F.lower(F.col("op"))
+        op_skipped = op.isin(*SKIPPED_OPS)
         image = F.when(op == "d", F.col("before")).otherwise(F.col("after"))
         kind = F.when(op == "d", F.lit("delete")).when(op.isin("c", "r", "u"), F.lit("upsert"))
         columns = [F.col("_image")[f.name].alias(f.name) for f in df.schema["after"].dataType.fields]
-        base = df.select(
+        base = df.filter(op.isNull() | ~op_skipped).select(
             image.alias("_image"),
             kind.alias(OP),
             *([sequence.alias(SEQUENCE_COLUMN)] if sequence is not None else []),
         )
-        base = base.filter(F.col("_image").isNotNull() & F.col(OP).isNotNull())
+        base = base.filter(F.col("_image").isNotNull())
         out = base.select(*columns, OP, *([SEQUENCE_COLUMN] if sequence is not None else []))
     elif options.cdc_format == "op":
         if options.op_column not in df.columns:
@@ -103,7 +119,7 @@ def changes(df: DataFrame, options: SinkOptions) -> DataFrame:
         kind = F.when(op.isin(*DELETE_OPS), F.lit("delete")).when(op.isin(*UPSERT_OPS), F.lit("upsert"))
         data = [F.col(f"`{c}`") for c in df.columns if c != options.op_column]
         extra = [sequence.alias(SEQUENCE_COLUMN)] if sequence is not None else []
-        out = df.select(*data, kind.alias(OP), *extra).filter(F.col(OP).isNotNull())
+        out = df.filter(~op.isin(*SKIPPED_OPS) | op.isNull()).select(*data, kind.alias(OP), *extra)
     else:
         extra = [sequence.alias(SEQUENCE_COLUMN)] if sequence is not None else []
         out = df.select(*[F.col(f"`{c}`") for c in df.columns], F.lit("upsert").alias(OP), *extra)
@@ -152,6 +168,8 @@ class MergeWriter:
         self.skipped_total = 0
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        from pyspark.sql import functions as F  # noqa: N812
+
         from deltaflow import delta_log
         from deltaflow._schema import spark_to_arrow
         from deltaflow.sink import is_committed
@@ -163,7 +181,9 @@ class MergeWriter:
             metrics.batch_skipped(pipeline=app, table=self._uri)
             logger.info("batch %s of %r is already merged into %s: replay skipped", batch_id, app, self._uri)
             return
-        rows = latest_per_key(changes(batch, opts), opts)
+        normalised = changes(batch, opts)
+        self._check_rows(normalised, batch_id)
+        rows = latest_per_key(normalised.filter(F.col(OP).isNotNull()), opts)
         started = time.monotonic()
         data = rows.toArrow()
         if data.num_rows == 0:
@@ -173,6 +193,38 @@ class MergeWriter:
         maybe_crash("before_commit", batch_id)
         self._merge(data, batch_id, started)
         maybe_crash("after_commit", batch_id)
+
+    def _check_rows(self, rows: DataFrame, batch_id: int) -> None:
+        """Refuse changes without a sequence (they could not be ordered: nothing is merged);
+        count the rows whose operation is not a row change."""
+        from pyspark.sql import functions as F  # noqa: N812
+
+        sequenced = SEQUENCE_COLUMN in rows.columns
+        stats = rows.agg(
+            F.sum(F.when(F.col(OP).isNull(), 1).otherwise(0)).alias("unknown"),
+            (F.sum(F.when(F.col(SEQUENCE_COLUMN).isNull(), 1).otherwise(0)) if sequenced else F.lit(0)).alias(
+                "unsequenced"
+            ),
+        ).first()
+        unknown, unsequenced = (
+            (int(stats["unknown"] or 0), int(stats["unsequenced"] or 0)) if stats else (0, 0)
+        )
+        if unsequenced:
+            raise MergeError(
+                f"batch {batch_id}: {unsequenced} change(s) have no sequence (sequence_by "
+                f"{self._options.sequence_by or 'default'} is NULL for them; for Debezium deletes an "
+                "expression over 'after' is NULL: use source.lsn or ts_ms); nothing was merged",
+                table_uri=self._uri,
+                batch_id=batch_id,
+            )
+        if unknown:
+            logger.warning(
+                "batch %s: %d row(s) for %s carry an operation that is not an insert, update or delete "
+                "(skipped)",
+                batch_id,
+                unknown,
+                self._uri,
+            )
 
     def _merge(self, data: pa.Table, batch_id: int, started: float) -> None:
         from deltalake import CommitProperties, Transaction
@@ -185,7 +237,8 @@ class MergeWriter:
         sequenced = SEQUENCE_COLUMN in data.column_names
         on = " AND ".join(f"t.{_quote(k)} = s.{_quote(k)}" for k in opts.key_columns)
         seq = _quote(SEQUENCE_COLUMN)
-        newer = f" AND (t.{seq} IS NULL OR s.{seq} > t.{seq})" if sequenced else ""
+        # Ties go to the later change (the txn already keeps a replay out).
+        newer = f" AND (t.{seq} IS NULL OR s.{seq} >= t.{seq})" if sequenced else ""
         attempts, delay = 0, _BACKOFF_S
         while True:
             attempts += 1
@@ -215,7 +268,7 @@ class MergeWriter:
                     .execute()
                 )
                 break
-            except (CommitFailedError, DeltaError, OSError) as exc:
+            except (CommitFailedError, OSError) as exc:
                 if attempts > opts.max_commit_retries:
                     metrics.commit_failed(pipeline=app, table=self._uri)
                     raise CommitError(
@@ -227,6 +280,13 @@ class MergeWriter:
                 logger.warning("merge into %s failed (attempt %d): %s; retrying", self._uri, attempts, exc)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
+            except DeltaError as exc:  # a type mismatch, an unknown column: retrying cannot help
+                metrics.commit_failed(pipeline=app, table=self._uri)
+                raise MergeError(
+                    f"merge of batch {batch_id} into {self._uri!r} failed: {exc}; nothing was committed",
+                    table_uri=self._uri,
+                    batch_id=batch_id,
+                ) from exc
         metrics.batch_committed(
             pipeline=app,
             table=self._uri,

@@ -143,6 +143,14 @@ class FilesSourceSpec(_Model):
     def _bytes(cls, value: Any) -> Any:
         return _size(value)
 
+    @model_validator(mode="after")
+    def _check(self) -> FilesSourceSpec:
+        if self.max_files_per_trigger and self.max_bytes_per_trigger:
+            raise ValueError("set max_files_per_trigger or max_bytes_per_trigger, not both (Spark takes one)")
+        if self.format == "json" and self.options.get("multiLine", "").lower() == "true":
+            raise ValueError("json files are read one object per line; multiLine is not supported")
+        return self
+
     @field_validator("options", mode="before")
     @classmethod
     def _strings(cls, value: Any) -> Any:
@@ -246,7 +254,7 @@ class GeneratorSourceSpec(_Model):
     rows_per_batch: int | None = Field(default=None, ge=1)
     partitions: int = Field(default=2, ge=1, le=10_000)
     fields: dict[str, str] = Field(default_factory=dict)
-    seed: int = 0
+    seed: int = Field(default=0, ge=0)
 
 
 SourceSpec = Annotated[
@@ -292,6 +300,8 @@ class DeadLetterSpec(SinkOptions):
         for key in _PIPELINE_OWNED:
             if getattr(self, key) not in (None, False):
                 raise ValueError(f"{key} is set by the pipeline, not for the dead-letter table")
+        if self.write_mode != "append":
+            raise ValueError("the dead-letter table is appended to; write_mode must be append")
         return self
 
 
@@ -390,6 +400,13 @@ class PipelineSpec(_Model):
             if uri in tables:
                 problems.append(f"sinks {tables[uri]!r} and {name!r} write the same table {uri}")
             tables[uri] = name
+        for i, sink in enumerate(self.sinks):
+            ordered = self.source.type == "kafka" or sink.cdc_format == "debezium" or sink.sequence_by
+            if sink.write_mode == "merge" and not ordered:
+                problems.append(
+                    f"sinks[{i}]: a merge from a {self.source.type} source needs sequence_by (the rows of "
+                    "one batch have no order of their own: which change of a key is the latest?)"
+                )
         if self.dead_letter is not None and normalize_uri(self.dead_letter.table_uri) in tables:
             problems.append("dead_letter.table_uri must be another table than the sinks'")
         if self.query and (self.transforms or self.filter or self.select):

@@ -55,6 +55,20 @@ DEAD_LETTER_SCHEMA = (
 )
 #: Where a file source's inferred schema is kept (inside the pipeline's checkpoint).
 SOURCE_SCHEMA_FILE = "deltaflow-source-schema.json"
+#: Reader options about finding files, not parsing them (not given to ``from_json``).
+_FILE_ONLY_OPTIONS = frozenset(
+    {
+        "pathGlobFilter",
+        "recursiveFileLookup",
+        "modifiedBefore",
+        "modifiedAfter",
+        "latestFirst",
+        "cleanSource",
+        "sourceArchiveDir",
+        "maxFileAge",
+        "fileNameOnly",
+    }
+)
 #: The rows of Spark's ``binaryFile`` source (Avro files are read through it).
 BINARY_FILE_SCHEMA = "path STRING, modificationTime TIMESTAMP, length BIGINT, content BINARY"
 #: Kafka sources: why a message could not be decoded (null for good ones) and its raw bytes.
@@ -103,6 +117,8 @@ def _files(spark: SparkSession, src: FilesSourceSpec, checkpoint: str) -> DataFr
     options = dict(src.options)
     if src.format == "csv":
         options.setdefault("header", "true")
+        # Columns by their header names, not by position (files with reordered columns).
+        options.setdefault("enforceSchema", "false")
     reader = spark.readStream.options(**options)
     if src.max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", src.max_files_per_trigger)
@@ -118,7 +134,7 @@ def _files(spark: SparkSession, src: FilesSourceSpec, checkpoint: str) -> DataFr
     else:
         schema = source_schema(spark, src, checkpoint)
         if src.format == "json":
-            df = _json_lines(reader.format("text").load(src.path), schema, src.rescued_data_column)
+            df = _json_lines(reader.format("text").load(src.path), schema, src.rescued_data_column, options)
         elif src.format == "csv" and src.rescued_data_column:
             from pyspark.sql.types import StringType, StructField, StructType
 
@@ -190,7 +206,8 @@ def _avro_file_schema(spark: SparkSession, src: FilesSourceSpec) -> StructType:
 
     try:
         files = spark.read.options(**{"pathGlobFilter": "*.avro", **src.options}).format("binaryFile")
-        first = files.load(src.path).orderBy("path").select("content").first()
+        path = files.load(src.path).select("path").orderBy("path").first()
+        first = files.load(path["path"]).select("content").first() if path else None
     except Exception as exc:  # noqa: BLE001 - Spark's AnalysisException for a missing folder
         raise ConfigError(f"cannot list the Avro files in {src.path!r}: {_first_line(exc)}") from None
     if first is None:
@@ -246,16 +263,19 @@ def _avro_files(files: DataFrame, schema: StructType, src: FilesSourceSpec) -> D
     return files.select("path", "content").mapInArrow(decode, out_type)
 
 
-def _json_lines(lines: DataFrame, schema: StructType, rescued: str | None) -> DataFrame:
-    """JSON objects (one per line) parsed to ``schema``; ``rescued`` holds what did not fit."""
+def _json_lines(
+    lines: DataFrame, schema: StructType, rescued: str | None, options: Mapping[str, str]
+) -> DataFrame:
+    """JSON objects (one per line) parsed to ``schema`` with the reader ``options``
+    (``timestampFormat``, ``allowComments``, ...); ``rescued`` holds what did not fit."""
     from pyspark.sql import functions as F  # noqa: N812
     from pyspark.sql.types import StringType, StructField, StructType
 
     corrupt = "_deltaflow_corrupt"
     full = StructType([*schema.fields, StructField(corrupt, StringType())])
-    parsed = F.from_json(
-        F.col("value"), full, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": corrupt}
-    ).alias("r")
+    parse_options = {k: v for k, v in options.items() if k not in _FILE_ONLY_OPTIONS}
+    parse_options.update(mode="PERMISSIVE", columnNameOfCorruptRecord=corrupt)
+    parsed = F.from_json(F.col("value"), full, parse_options).alias("r")
     df = lines.filter(F.trim(F.col("value")) != "").select(F.col("value"), parsed)
     columns: list[Column] = [F.col(f"r.`{f.name}`").alias(f.name) for f in schema.fields]
     if rescued:
@@ -407,6 +427,10 @@ class PipelineWriter:
         spec = self._spec
         letters: list[DataFrame] = []
         if self._kafka:
+            # Messages without a value (tombstones: Debezium follows each delete with one) are no
+            # rows and no errors.
+            tombstone = F.col(_ERROR).isNotNull() & F.col(_RAW).isNull()
+            batch = batch.filter(~tombstone)
             failed = batch.filter(F.col(_ERROR).isNotNull())
             undecodable = failed.count()
             if undecodable:
@@ -544,6 +568,7 @@ def start_pipeline(spark: SparkSession, spec: PipelineSpec, *, available_now: bo
         _Sink(name, sink.sink_options(spec.id, location), sink.when)
         for name, sink in zip(spec.sink_names(), spec.sinks, strict=True)
     ]
+    _check_expressions(spec, shape)
     for sink in sinks:
         if sink.options.write_mode == "merge":
             from deltaflow.merge import target_rows
@@ -571,6 +596,26 @@ def start_pipeline(spark: SparkSession, spec: PipelineSpec, *, available_now: bo
         location,
     )
     return stream.start()
+
+
+def _check_expressions(spec: PipelineSpec, shape: DataFrame) -> None:
+    """Analyse every ``when`` and expectation against the rows' columns before anything runs (a
+    typo would otherwise surface in the first batch, after other tables committed it)."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    checks = [
+        (f"sinks.{n}.when", s.when) for n, s in zip(spec.sink_names(), spec.sinks, strict=True) if s.when
+    ]
+    checks += [(f"expectations.{e.name}", e.expr) for e in spec.expectations]
+    for where, expr in checks:
+        try:
+            shape.select(F.expr(expr).alias("x")).schema  # noqa: B018 - analysis only, no job
+        except Exception as exc:  # noqa: BLE001 - Spark's AnalysisException/ParseException
+            raise ConfigError(
+                f"pipeline {spec.id!r}, {where}: {expr!r} is not a valid predicate over the columns "
+                f"{', '.join(shape.columns)}: {_first_line(exc)}",
+                pipeline_id=spec.id,
+            ) from None
 
 
 def describe_source(spec: PipelineSpec) -> str:

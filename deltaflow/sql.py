@@ -39,6 +39,9 @@ _TYPE_ALIASES = [
     (re.compile(r"\bTIMESTAMPTZ\b", re.I), "TIMESTAMP"),
     (re.compile(r"\bBYTEA\b", re.I), "BINARY"),
 ]
+#: The tables a query reads: names after FROM or JOIN (quoted text removed first).
+_FROM = re.compile(rf"\b(?:FROM|JOIN)\s+({_NAME})\b", re.IGNORECASE)
+_QUOTED = re.compile(r"'(?:[^']|'')*'")
 _CONNECTORS = {
     "kafka": "kafka",
     "files": "files",
@@ -102,7 +105,8 @@ def parse_sql(text: str, env: Mapping[str, str], *, name: str = "<sql>") -> Pipe
                 f"(it is {target.connector})"
             )
             continue
-        sources = [t for t in tables.values() if t is not target and re.search(rf"\b{t.name}\b", query, re.I)]
+        read = {n.lower() for n in _FROM.findall(_QUOTED.sub("''", query))}
+        sources = [t for t in tables.values() if t is not target and t.name.lower() in read]
         if len(sources) != 1:
             found = ", ".join(t.name for t in sources) or "none"
             problems.append(
@@ -253,6 +257,7 @@ def _strip_comments(text: str) -> str:
         elif text.startswith("/*", i):
             end = text.find("*/", i + 2)
             i = len(text) if end < 0 else end + 2
+            out.append(" ")  # a comment separates tokens
             continue
         else:
             out.append(ch)

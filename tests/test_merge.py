@@ -92,15 +92,64 @@ def test_op_column_changes_upsert_delete_in_sequence_and_replays_do_nothing(spar
     kinds = sorted((r["id"], r["_change_type"]) for r in feed)
     assert (3, "delete") in kinds and (6, "insert") in kinds and (2, "update_postimage") in kinds
 
-    # A replay of batch 1 (a crash after its commit) changes nothing, whatever it carries.
+    # Equal sequences: the later change wins (a source with coarse sequences, e.g. ts_ms); a
+    # Change Data Feed's post-image is an upsert, its pre-image is skipped.
+    _land(
+        landing,
+        "3.json",
+        [
+            {"id": 2, "name": "two-again", "op": "update_postimage", "seq": 10},
+            {"id": 2, "name": "two-before", "op": "update_preimage", "seq": 10},
+        ],
+    )
+    run_pipelines(spark, specs, available_now=True)
+    assert _table(tmp_path / "t", "id", "name")[1] == (2, "two-again")
+    table = DeltaTable(str(tmp_path / "t"))
+    version = table.version()
+
+    # A replay of batch 2 (a crash after its commit) changes nothing, whatever it carries.
     writer = MergeWriter(specs[0].sinks[0].sink_options("cdc", str(tmp_path / "ckpt")))
-    writer(spark.createDataFrame([(2, "again", "u", 99)], "id INT, name STRING, op STRING, seq BIGINT"), 1)
+    writer(spark.createDataFrame([(2, "again", "u", 99)], "id INT, name STRING, op STRING, seq BIGINT"), 2)
     assert DeltaTable(str(tmp_path / "t")).version() == version
     # A lost checkpoint (batch ids from 0 again) is refused, as for appends: nothing merged twice.
     shutil.rmtree(tmp_path / "t" / "_deltaflow" / "checkpoints")
     with pytest.raises(CheckpointMismatchError, match="checkpoint is not the one"):
         run_pipelines(spark, specs, available_now=True)
     assert DeltaTable(str(tmp_path / "t")).version() == version
+
+
+def test_changes_without_a_sequence_are_refused_with_nothing_merged(spark, tmp_path):
+    from deltaflow import delta_log
+    from deltaflow.config import SinkOptions
+    from deltaflow.exceptions import MergeError
+    from deltaflow.merge import target_rows
+
+    options = SinkOptions.build(
+        {
+            "table_uri": str(tmp_path / "t"),
+            "pipeline_id": "p",
+            "write_mode": "merge",
+            "key_columns": ["id"],
+            "cdc_format": "debezium",
+            "sequence_by": "after.v",  # NULL for deletes, whose 'after' is NULL
+        }
+    )
+    image = "STRUCT<id: INT, v: BIGINT>"
+    rows = spark.createDataFrame(
+        [((1, 5), None, "c"), (None, (1, 5), "d")], f"after {image}, before {image}, op STRING"
+    )
+    schema = target_rows(rows, options).schema
+    import pyarrow as pa
+
+    from deltaflow._schema import spark_to_arrow
+
+    delta_log.create_table(
+        str(tmp_path / "t"), spark_to_arrow(schema), partition_by=(), properties={}, storage_options={}
+    )
+    with pytest.raises(MergeError, match=r"1 change\(s\) have no sequence .*nothing was merged"):
+        MergeWriter(options)(rows, 0)
+    assert DeltaTable(str(tmp_path / "t")).version() == 0
+    assert pa.table(DeltaTable(str(tmp_path / "t")).to_pyarrow_table()).num_rows == 0
 
 
 def test_merge_needs_keys_and_the_envelope(tmp_path):
@@ -112,6 +161,16 @@ def test_merge_needs_keys_and_the_envelope(tmp_path):
               - id: x
                 source: {type: generator}
                 sinks: [{table_uri: /t, write_mode: merge}]
+            """,
+        )
+    with pytest.raises(Exception, match="a merge from a generator source needs sequence_by"):
+        _spec(
+            tmp_path,
+            """
+            pipelines:
+              - id: x
+                source: {type: generator}
+                sinks: [{table_uri: /t, write_mode: merge, key_columns: [id]}]
             """,
         )
     with pytest.raises(Exception, match="apply to write_mode merge only"):
@@ -133,7 +192,8 @@ def test_debezium_without_its_envelope_is_refused_before_anything_runs(spark, tm
         pipelines:
           - id: dbz
             source: {type: generator, total_rows: 10}
-            sinks: [{table_uri: "${DIR}/t", write_mode: merge, key_columns: [id], cdc_format: debezium}]
+            sinks:
+              - {table_uri: "${DIR}/t", write_mode: merge, key_columns: [id], cdc_format: debezium}
         """,
     )
     with pytest.raises(ConfigError, match="needs the envelope's columns before, after and op"):

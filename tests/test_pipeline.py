@@ -112,7 +112,8 @@ def test_every_problem_is_reported_with_path_received_value_and_what_is_allowed(
     expected = [
         "pipelines[0].id: must be 1-128 letters, digits, '_', '.' or '-', starting with a letter or digit "
         "(received 'bad id')",
-        "pipelines[0].source.format: must be one of 'json', 'csv', 'parquet' or 'text' (received 'xml')",
+        "pipelines[0].source.format: must be one of 'json', 'csv', 'parquet', 'avro' or 'text' "
+        "(received 'xml')",
         "pipelines[0].transforms: t: transform source 'foo(bar' is not understood",
         "pipelines[0].expectations[0].action: must be one of 'warn', 'drop' or 'fail' (received 'dropp')",
         "pipelines[0].sinks[0].partiton_columns: unknown key (did you mean 'partition_columns'?)",

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from deltaflow.exceptions import DeltaSourceError, ExpectationFailedError
+from deltaflow.exceptions import ConfigError, DeltaSourceError, ExpectationFailedError
 from deltaflow.metrics import metrics
 from deltaflow.pipeline import load_pipelines
 from deltaflow.runner import SOURCE_SCHEMA_FILE, run_pipelines
@@ -118,6 +118,22 @@ def test_generator_routed_to_two_sinks_with_expectations_and_dead_letters(spark,
     assert [r[0] for r in _rows(tmp_path / "purchases", "id")] == want_purchases
 
 
+def test_a_bad_route_or_expectation_is_refused_before_any_batch(spark, tmp_path):
+    specs = _pipelines(
+        tmp_path,
+        """
+        pipelines:
+          - id: typo
+            source: {type: generator, total_rows: 10}
+            expectations: [{name: ok, expr: "amount >= 0"}]
+            sinks: [{table_uri: "${DIR}/a"}, {table_uri: "${DIR}/b", when: "contry = 'DE'"}]
+        """,
+    )
+    with pytest.raises(ConfigError, match=r"sinks.sink1.when: \"contry = 'DE'\" is not a valid predicate"):
+        run_pipelines(spark, specs, available_now=True)
+    assert not (tmp_path / "a").exists()  # nothing created, nothing written
+
+
 def test_a_failing_expectation_stops_the_pipeline_with_nothing_committed(spark, tmp_path):
     specs = _pipelines(
         tmp_path,
@@ -209,6 +225,29 @@ def test_csv_files_with_a_given_schema(spark, tmp_path):
         (2, "ROME", None, "2,Rome,x"),
         (3, "LIMA", 19.0, None),
     ]
+
+
+def test_parquet_files_schema_inferred(spark, tmp_path):
+    import pyarrow.parquet as pq
+
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    pq.write_table(pa.table({"id": [1, 2], "tags": [["a"], []]}), landing / "1.parquet")
+    pq.write_table(pa.table({"id": [3], "tags": [["b", "c"]]}), landing / "2.parquet")
+    specs = _pipelines(
+        tmp_path,
+        """
+        pipelines:
+          - id: pq
+            source: {type: files, path: "${DIR}/landing", format: parquet, max_files_per_trigger: 1}
+            sinks: [{table_uri: "${DIR}/t"}]
+        """,
+    )
+    run_pipelines(spark, specs, available_now=True)
+    assert _rows(tmp_path / "t", "id") == [(1,), (2,), (3,)]
+    table = DeltaTable(str(tmp_path / "t"))
+    assert table.to_pyarrow_table().sort_by("id").column("tags").to_pylist() == [["a"], [], ["b", "c"]]
+    assert table.transaction_version("pq") == 1  # one batch per file
 
 
 def test_avro_files_decoded_without_a_jar_schema_from_the_first_file(spark, tmp_path):
@@ -303,6 +342,46 @@ def test_delta_source_snapshot_then_new_commits_deletes_and_changes(spark, tmp_p
     run_pipelines(spark, changes, available_now=True)
     ids = [r[0] for r in _rows(tmp_path / "silver", "id")]
     assert 100 in ids and ids.count(3) == 2  # the rewritten file's other row (3) came again
+
+
+def test_delta_source_timestamp_partitions_and_a_column_added_upstream(spark, tmp_path):
+    import datetime as dt
+
+    src = tmp_path / "src"
+    hour = dt.datetime(2026, 11, 22, 8, tzinfo=dt.UTC)
+    write_deltalake(str(src), pa.table({"id": [1], "hour": [hour]}), partition_by=["hour"])
+    specs = _pipelines(
+        tmp_path,
+        f"""
+        pipelines:
+          - id: ts
+            source: {{type: delta, table_uri: "{src}"}}
+            sinks: [{{table_uri: "${{DIR}}/t", schema_mode: merge}}]
+        """,
+    )
+    run_pipelines(spark, specs, available_now=True)  # the snapshot
+    later = hour + dt.timedelta(hours=1)
+    write_deltalake(str(src), pa.table({"id": [2], "hour": [later]}), partition_by=["hour"], mode="append")
+    run_pipelines(spark, specs, available_now=True)  # a new commit: partition values from the log
+    assert _rows(tmp_path / "t", "id", "hour") == [(1, hour), (2, later)]
+
+    # A column added upstream while a query reads: that query stops (transient, the daemon restarts
+    # it) rather than dropping the new column's values; a query started afterwards reads it.
+    from deltaflow.exceptions import SchemaEvolvedError
+    from deltaflow.sources.delta import DeltaStreamOptions, DeltaStreamReader, table_arrow_schema
+
+    running = DeltaStreamReader(DeltaStreamOptions(str(src)), table_arrow_schema(DeltaTable(str(src))))
+    write_deltalake(
+        str(src),
+        pa.table({"id": [3], "hour": [later], "note": ["new"]}),
+        partition_by=["hour"],
+        mode="append",
+        schema_mode="merge",
+    )
+    with pytest.raises(SchemaEvolvedError, match="adds column\\(s\\) note; restarting the query"):
+        running.partitions({"version": 1, "snapshot": 0}, {"version": 2, "snapshot": 0})
+    run_pipelines(spark, specs, available_now=True)
+    assert _rows(tmp_path / "t", "id", "note") == [(1, None), (2, None), (3, "new")]
 
 
 def test_delta_source_from_a_version_and_its_change_feed(spark, tmp_path):

@@ -78,6 +78,18 @@ def test_problems_are_reported(sql, problem):
     assert any(problem in p for p in info.value.problems), info.value.problems
 
 
+def test_comments_and_quoted_text_do_not_confuse_the_parser():
+    file = parse_sql(
+        "CREATE TABLE clicks WITH (connector = 'generator');"
+        "CREATE TABLE views WITH (connector = 'delta', path = '/v');"
+        "INSERT INTO views SELECT id/* a comment */FROM clicks WHERE page <> 'views' -- views; clicks\n",
+        {},
+    )
+    (spec,) = file.pipelines
+    assert spec.source_name == "clicks"
+    assert spec.query == "SELECT id FROM clicks WHERE page <> 'views'"
+
+
 def test_a_sql_file_runs_through_spark(spark, tmp_path):
     landing = tmp_path / "landing"
     landing.mkdir()

@@ -317,6 +317,8 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 has_dv = has_dv or bool(action["add"].get("deletionVector"))
             elif "remove" in action and action["remove"].get("dataChange", True):
                 removes += 1
+            elif "metaData" in action:
+                self._check_metadata(action["metaData"], version)
         if has_dv:
             raise DeltaSourceError(
                 f"commit {version} of {opts.table_uri!r} carries deletion vectors, which the Delta "
@@ -353,6 +355,31 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for add in adds
         ]
 
+    def _check_metadata(self, metadata: Mapping[str, Any], version: int) -> None:
+        """A commit changing the table's metadata: refuse column mapping; new columns restart
+        the query so that its schema (fixed at start) takes them."""
+        from deltaflow.exceptions import SchemaEvolvedError
+
+        uri = self._options.table_uri
+        mode = (metadata.get("configuration") or {}).get("delta.columnMapping.mode", "none")
+        if mode not in ("none", None):
+            raise DeltaSourceError(
+                f"commit {version} of the Delta source table {uri!r} enables column mapping ({mode}), "
+                "which deltaflow's Delta source does not read",
+                table_uri=uri,
+            )
+        fields = json.loads(metadata.get("schemaString") or "{}").get("fields", [])
+        have = {f.name for f in self._schema}
+        new = [str(f["name"]) for f in fields if f["name"] not in have]
+        if new:
+            raise SchemaEvolvedError(
+                f"commit {version} of the Delta source table {uri!r} adds column(s) {', '.join(new)}; "
+                "restarting the query to read them (nothing of this batch was committed; a sink in "
+                "strict schema mode then needs schema_mode merge)",
+                table_uri=uri,
+                version=version,
+            )
+
     def commit(self, end: Offset) -> None:
         pass
 
@@ -379,8 +406,7 @@ def _read_file(task: _FileTask) -> Iterator[pa.RecordBatch]:
                 if f.name in present:
                     columns.append(batch.column(f.name).cast(f.type))
                 elif f.name in task.partition_values:
-                    raw = task.partition_values[f.name]
-                    columns.append(pa.array([raw] * batch.num_rows, pa.string()).cast(f.type))
+                    columns.append(_partition_column(task.partition_values[f.name], f.type, batch.num_rows))
                 elif task.change is not None and f.name == "_change_type":
                     columns.append(pa.array([task.change[0]] * batch.num_rows, f.type))
                 elif task.change is not None and f.name == "_commit_version":
@@ -392,6 +418,19 @@ def _read_file(task: _FileTask) -> Iterator[pa.RecordBatch]:
                 else:
                     columns.append(pa.nulls(batch.num_rows, f.type))
             yield pa.RecordBatch.from_arrays(columns, schema=task.schema)
+
+
+def _partition_column(raw: str | None, dtype: pa.DataType, rows: int) -> pa.Array:
+    """A partition value (the log's string form) as a column of ``rows`` values of ``dtype``.
+
+    Timestamps are written as ``2026-11-22 08:00:00.000000`` in UTC, without a zone."""
+    values = pa.array([raw] * rows, pa.string())
+    if pa.types.is_timestamp(dtype):
+        try:
+            return values.cast(pa.timestamp("us")).cast(dtype)
+        except pa.ArrowInvalid:  # with a zone offset (delta-rs' snapshot actions): parse it
+            return values.cast(pa.timestamp("us", tz="UTC")).cast(dtype)
+    return values.cast(dtype)
 
 
 def _read_cdf(task: _CdfTask) -> Iterator[pa.RecordBatch]:
@@ -427,6 +466,11 @@ def _version_at(table: DeltaTable, timestamp: str) -> int:
         when = when.replace(tzinfo=dt.UTC)
     ms = when.timestamp() * 1000
     versions = sorted((int(h["version"]), int(h["timestamp"])) for h in table.history())
+    if versions and versions[0][0] > 0 and ms < versions[0][1]:
+        raise ConfigError(
+            f"starting_timestamp {timestamp} is before the oldest commit still in the log (version "
+            f"{versions[0][0]}); the versions before it are gone: start from version {versions[0][0]}",
+        )
     for version, stamp in versions:
         if stamp >= ms:
             return version
