@@ -8,7 +8,10 @@ from urllib.parse import unquote, urlparse
 
 import pyarrow.fs as pafs
 
-__all__ = ["filesystem", "normalize_uri", "join"]
+__all__ = ["S3_MAX_ATTEMPTS", "filesystem", "normalize_uri", "join"]
+
+#: Attempts per S3 request of the executors' pyarrow filesystem before an error surfaces.
+S3_MAX_ATTEMPTS = 10
 
 
 def normalize_uri(uri: str) -> str:
@@ -44,6 +47,11 @@ def filesystem(uri: str, storage_options: Mapping[str, str]) -> tuple[pafs.FileS
         return pafs.LocalFileSystem(), uri
     opts = {k.lower(): v for k, v in storage_options.items()}
     if scheme == "s3":
+        # The standard AWS variables, as delta-rs reads them (pyarrow alone ignores the endpoint).
+        for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION"):
+            if os.environ.get(name) and name.lower() not in opts:
+                key = "aws_endpoint_url" if name.startswith("AWS_ENDPOINT_URL") else "aws_region"
+                opts.setdefault(key, os.environ[name])
         endpoint = opts.get("aws_endpoint_url") or opts.get("endpoint_url") or opts.get("endpoint")
         kwargs: dict[str, object] = {}
         if opts.get("aws_access_key_id"):
@@ -61,6 +69,8 @@ def filesystem(uri: str, storage_options: Mapping[str, str]) -> tuple[pafs.FileS
             "aws_force_path_style", ""
         ).lower() in ("true", "1"):
             kwargs["force_virtual_addressing"] = False
+        # Throttling (503 SlowDown), 5xx and timeouts: retried with exponential backoff per request.
+        kwargs["retry_strategy"] = pafs.AwsStandardS3RetryStrategy(max_attempts=S3_MAX_ATTEMPTS)
         return pafs.S3FileSystem(**kwargs), parsed.netloc + parsed.path
     fs, path = pafs.FileSystem.from_uri(uri)
     return fs, path

@@ -196,6 +196,7 @@ class AutoCompactor:
 
     def _compact(self, key: PartitionKey, small_files: int) -> None:
         from deltaflow import delta_log
+        from deltaflow.locks import compaction_lease
 
         if any(value is None for _, value in key):
             logger.debug("auto-compaction skips the null partition %s of %s", key, self.table_uri)
@@ -205,12 +206,19 @@ class AutoCompactor:
         for attempt, pause in enumerate((*RETRY_BACKOFF_S, None)):
             started = time.monotonic()
             try:
-                table = delta_log.load(self.table_uri, self._storage_options)
-                if table is None:
-                    return
-                result = table.optimize.compact(
-                    partition_filters=filters, target_size=self.policy.target_bytes
-                )
+                # One compaction of a table at a time, across processes (deltaflow.locks): two
+                # concurrent ones would both commit and duplicate the rows they rewrote.
+                with compaction_lease(self.table_uri, self._storage_options) as taken:
+                    if not taken:
+                        metrics.compaction(pipeline=self._pipeline, table=self.table_uri, outcome="skipped")
+                        logger.debug("auto-compaction of %s skipped: another compaction runs", self.table_uri)
+                        return
+                    table = delta_log.load(self.table_uri, self._storage_options)
+                    if table is None:
+                        return
+                    result = table.optimize.compact(
+                        partition_filters=filters, target_size=self.policy.target_bytes
+                    )
             except Exception as exc:  # noqa: BLE001 - delta-rs conflict errors have no common type
                 if pause is None:
                     self.failures += 1

@@ -109,8 +109,10 @@ def create_table(
 ) -> DeltaTable:
     """Create an empty table once, from the driver.
 
-    Creation is not safe to race (DELTA_NOTES: concurrent creates commit two different table
-    ids), so it fails when a table appeared meanwhile, and the caller adopts that table.
+    Creation is not safe to race: delta-rs rebases a create that lost the race for version 0
+    onto a later version, a second CREATE that replaces the table's metadata (measured). So the
+    create commits with NO retries: of racing writers exactly one creates version 0, the others
+    fail and adopt that table.
     """
     try:
         table = DeltaTable.create(
@@ -120,6 +122,7 @@ def create_table(
             partition_by=list(partition_by) or None,
             configuration=dict(properties) or None,
             storage_options=dict(storage_options) or None,
+            commit_properties=CommitProperties(max_commit_retries=0),
         )
     except DeltaError as exc:
         existing = load(table_uri, storage_options)
@@ -195,7 +198,9 @@ def commit_files(
             txns.append(Transaction(app_id, txn_version, now_ms))
         props = CommitProperties(
             custom_metadata=dict(metadata),
-            max_commit_retries=DELTA_RS_COMMIT_RETRIES,
+            # A create that loses the race must fail (not become a second CREATE): this loop
+            # then reloads and appends to the table that won.
+            max_commit_retries=DELTA_RS_COMMIT_RETRIES if table is not None else 0,
             app_transactions=txns or None,
         )
         hooks = PostCommitHookProperties(create_checkpoint=True)

@@ -221,12 +221,35 @@ def optimize(
     zorder: Sequence[str] = (),
     target_size: int | str | None = None,
     storage_options: Mapping[str, str] | None = None,
+    lock_timeout_s: float = 300.0,
 ) -> OptimizeResult:
     """Bin-pack small files (or Z-order by ``zorder``) into files of about ``target_size``.
 
     Optimization commits with ``dataChange=false``: streams reading the table skip it, and it
-    does not conflict with concurrent appends (DELTA_NOTES).
+    does not conflict with concurrent appends (DELTA_NOTES). It runs under the table's
+    compaction lease (``deltaflow.locks``), waiting up to ``lock_timeout_s`` for a running
+    compaction, so that two never rewrite the same files.
+
+    Raises:
+        LeaseHeldError: another compaction kept the lease for ``lock_timeout_s``.
     """
+    from deltaflow.locks import compaction_lease
+
+    open_table(uri, storage_options)  # a clear error for a missing table before any lease
+    with compaction_lease(normalize_uri(uri), storage_options or {}, wait_s=lock_timeout_s):
+        return _optimize(
+            uri, where=where, zorder=zorder, target_size=target_size, storage_options=storage_options
+        )
+
+
+def _optimize(
+    uri: str,
+    *,
+    where: str | None,
+    zorder: Sequence[str],
+    target_size: int | str | None,
+    storage_options: Mapping[str, str] | None,
+) -> OptimizeResult:
     table = open_table(uri, storage_options)
     meta = table.metadata()
     filters = parse_partition_predicate(where, meta.partition_columns) if where else None

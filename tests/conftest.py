@@ -4,4 +4,5 @@ pytest_plugins = [
     "tests.fixtures.kafka",
     "tests.fixtures.registry",
     "tests.fixtures.postgres",
+    "tests.fixtures.s3",
 ]

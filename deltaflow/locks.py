@@ -1,0 +1,179 @@
+"""Leases that keep two compactions of one table apart, on any storage delta-rs writes to.
+
+delta-rs 1.6 lets two concurrent OPTIMIZE commits remove the same files (its conflict checker
+accepts concurrent removes with ``dataChange=false``): both commit, both rewritten copies stay,
+and every row of those files is in the table twice (measured, see ``tests/test_storage.py``).
+So every compaction deltaflow runs (auto-compaction, ``deltaflow optimize``) first takes the
+table's compaction lease.
+
+The lease is a small Delta table of its own, ``<table>/_deltaflow/locks/<name>`` (readers and
+vacuum ignore ``_``-prefixed folders): taking it is committing its next version with the
+owner and an expiry in the commit metadata, with NO commit retries. Commits are put-if-absent
+(a rename on local disks, a conditional PUT on S3), so of two processes that saw the lease
+free, exactly one commits that version and the other fails. Releasing commits an empty owner.
+A holder that died leaves the lease until it expires (``ttl_s``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from deltaflow._storage import join, normalize_uri
+from deltaflow.exceptions import TransientError
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
+
+__all__ = ["LOCK_DIR", "LeaseHeldError", "TableLease", "compaction_lease"]
+
+logger = logging.getLogger(__name__)
+
+LOCK_DIR = "_deltaflow/locks"
+#: How long a lease lasts without release (a compaction that runs longer renews nothing: keep
+#: it above the longest compaction).
+DEFAULT_TTL_S = 1800.0
+_OWNER = "deltaflow.lease_owner"
+_EXPIRES = "deltaflow.lease_expires_ms"
+_SCHEMA = pa.schema([("unused", pa.string())])
+
+
+class LeaseHeldError(TransientError):
+    """Another process (or thread) holds the lease; retry later."""
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    owner: str
+    expires_ms: int
+
+    def free_at(self, now_ms: int) -> bool:
+        return not self.owner or self.expires_ms <= now_ms
+
+
+class TableLease:
+    """The ``name`` lease of the table at ``table_uri``."""
+
+    def __init__(
+        self,
+        table_uri: str,
+        storage_options: Mapping[str, str],
+        name: str = "compaction",
+        ttl_s: float = DEFAULT_TTL_S,
+    ) -> None:
+        self.table_uri = normalize_uri(table_uri)
+        self.uri = join(self.table_uri, LOCK_DIR, name)
+        self._storage_options = dict(storage_options)
+        self._ttl_ms = int(ttl_s * 1000)
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}:{uuid.uuid4().hex[:8]}"
+        self.held = False
+
+    def _table(self) -> DeltaTable:
+        from deltaflow import delta_log
+
+        table = delta_log.load(self.uri, self._storage_options)
+        if table is None:
+            table = delta_log.create_table(
+                self.uri,
+                _SCHEMA,
+                partition_by=(),
+                properties={"delta.logRetentionDuration": "interval 1 days"},
+                storage_options=self._storage_options,
+            )
+        return table
+
+    def state(self) -> LeaseState:
+        """Who holds the lease now (empty owner: nobody)."""
+        table = self._table()
+        last = table.history(1)[0]
+        return LeaseState(str(last.get(_OWNER) or ""), int(last.get(_EXPIRES) or 0))
+
+    def try_acquire(self) -> bool:
+        """Take the lease if it is free (or expired); ``False`` if another holds it or won."""
+        from deltalake import CommitProperties
+        from deltalake.exceptions import CommitFailedError
+
+        table = self._table()
+        last = table.history(1)[0]
+        now = int(time.time() * 1000)
+        state = LeaseState(str(last.get(_OWNER) or ""), int(last.get(_EXPIRES) or 0))
+        if not state.free_at(now) and state.owner != self.owner:
+            return False
+        props = CommitProperties(
+            custom_metadata={_OWNER: self.owner, _EXPIRES: now + self._ttl_ms}, max_commit_retries=0
+        )
+        try:
+            table.create_write_transaction([], mode="append", schema=table.schema(), commit_properties=props)
+        except CommitFailedError:
+            return False  # another one committed that version first
+        self.held = True
+        return True
+
+    def acquire(self, timeout_s: float, poll_s: float = 1.0) -> None:
+        """Wait up to ``timeout_s`` for the lease.
+
+        Raises:
+            LeaseHeldError: it stayed held; the message names the holder and its expiry.
+        """
+        deadline = time.monotonic() + timeout_s
+        while not self.try_acquire():
+            if time.monotonic() >= deadline:
+                state = self.state()
+                until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(state.expires_ms / 1000))
+                raise LeaseHeldError(
+                    f"another compaction of {self.table_uri} holds its lease ({state.owner}, until "
+                    f"{until}); try again when it is done",
+                    table_uri=self.table_uri,
+                    owner=state.owner,
+                )
+            time.sleep(poll_s)
+
+    def release(self) -> None:
+        """Give the lease back (unless it expired and another took it meanwhile)."""
+        from deltalake import CommitProperties
+        from deltalake.exceptions import CommitFailedError
+
+        if not self.held:
+            return
+        self.held = False
+        try:
+            table = self._table()
+            if str(table.history(1)[0].get(_OWNER) or "") != self.owner:
+                return
+            props = CommitProperties(custom_metadata={_OWNER: "", _EXPIRES: 0}, max_commit_retries=0)
+            table.create_write_transaction([], mode="append", schema=table.schema(), commit_properties=props)
+        except CommitFailedError:
+            pass  # someone took it over after it expired: theirs now
+        except Exception:
+            logger.warning("could not release the %s lease; it expires on its own", self.uri, exc_info=True)
+
+
+@contextmanager
+def compaction_lease(
+    table_uri: str, storage_options: Mapping[str, str], *, wait_s: float | None = None
+) -> Iterator[bool]:
+    """Hold the table's compaction lease for the block; yields whether it was taken.
+
+    ``wait_s=None``: one attempt (auto-compaction skips a round); else wait that long and raise
+    :class:`LeaseHeldError` if it stays taken.
+    """
+    lease = TableLease(table_uri, storage_options)
+    if wait_s is None:
+        taken = lease.try_acquire()
+    else:
+        lease.acquire(wait_s)
+        taken = True
+    try:
+        yield taken
+    finally:
+        lease.release()

@@ -1,0 +1,203 @@
+"""Object storage and concurrent writers: S3 through a local moto server, on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from deltalake import DeltaTable
+from pyarrow import fs as pafs
+
+from deltaflow import delta_log, maintenance
+from deltaflow._storage import filesystem
+from deltaflow.metrics import metrics
+from deltaflow.pipeline import load_pipelines
+from deltaflow.runner import run_pipelines
+from deltaflow.sources.generator import generate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _specs(tmp_path: Path, text: str, **env: str):
+    path = tmp_path / "p.yaml"
+    path.write_text(textwrap.dedent(text))
+    return load_pipelines(path, env={"DIR": str(tmp_path), **env}).pipelines
+
+
+def _objects(uri: str, options: dict[str, str]) -> set[str]:
+    fs, root = filesystem(uri, options)
+    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+    return {i.path.removeprefix(root + "/") for i in infos if i.type == pafs.FileType.File}
+
+
+def test_a_pipeline_writes_s3_and_maintenance_and_readers_work_there(spark, s3, tmp_path):
+    uri = s3.uri("events")
+    specs = _specs(
+        tmp_path,
+        """
+        pipelines:
+          - id: to-s3
+            source: {type: generator, total_rows: 4000, rows_per_batch: 500, partitions: 3}
+            checkpoint_location: "${DIR}/checkpoint"
+            sinks:
+              - table_uri: "${URI}"
+                partition_columns: [country]
+                auto_compact: false
+                storage_options:
+                  AWS_ENDPOINT_URL: "${ENDPOINT}"
+                  AWS_ACCESS_KEY_ID: testing
+                  AWS_SECRET_ACCESS_KEY: testing
+                  AWS_REGION: us-east-1
+                  AWS_ALLOW_HTTP: "true"
+        """,
+        URI=uri,
+        ENDPOINT=s3.endpoint,
+    )
+    run_pipelines(spark, specs, available_now=True)
+    options = s3.storage_options
+    table = DeltaTable(uri, storage_options=options)
+    assert sorted(table.to_pyarrow_table(columns=["id"]).column("id").to_pylist()) == list(range(4000))
+    assert table.transaction_version("to-s3") == 7  # 8 batches, one commit each
+    before = len(table.file_uris())
+    assert before >= 8 * 3  # several files per batch: 3 tasks wrote in parallel, 8 countries
+
+    # Other readers with the same options.
+    assert pl.read_delta(uri, storage_options=options).height == 4000
+
+    # Maintenance on S3: compact, then vacuum exactly the replaced files.
+    result = maintenance.optimize(uri, storage_options=options)
+    assert result.files_removed == before and result.files_added == 8  # one per country
+    plan = maintenance.vacuum(uri, retention_hours=0, force=True, storage_options=options)
+    assert len(plan.files) == before
+    maintenance.vacuum(uri, retention_hours=0, force=True, dry_run=False, storage_options=options)
+    table = DeltaTable(uri, storage_options=options)
+    data = {o for o in _objects(uri, options) if o.endswith(".parquet")}
+    assert data == {p for p in (u.split(uri.split("://")[1] + "/", 1)[1] for u in table.file_uris())}
+    assert table.to_pyarrow_table().num_rows == 4000
+    described = maintenance.describe(uri, storage_options=options)
+    assert described["files"]["count"] == 8
+
+
+def test_the_cli_takes_credentials_from_the_aws_environment(s3, tmp_path):
+    """No storage_options anywhere: the driver, delta-rs and the executors' pyarrow read AWS_*."""
+    uri = s3.uri("env")
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        textwrap.dedent(
+            f"""
+            spark: {{master: "local[2]"}}
+            pipelines:
+              - id: env-creds
+                source: {{type: generator, total_rows: 1000, rows_per_batch: 500}}
+                checkpoint_location: "{tmp_path}/checkpoint"
+                sinks: [{{table_uri: "{uri}"}}]
+            """
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "DELTAFLOW_TEST_"))}
+    env.update(s3.env())
+    done = subprocess.run(
+        [sys.executable, "-m", "deltaflow.cli", "run", str(path), "--once"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "env-creds: 1,000 row(s) in 2 batch(es)" in done.stdout
+    table = DeltaTable(uri, storage_options=s3.storage_options)
+    assert sorted(table.to_pyarrow_table(columns=["id"]).column("id").to_pylist()) == list(range(1000))
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_two_pipelines_and_compaction_write_one_table_at_once(spark, s3, tmp_path, where):
+    """Two pipelines (own ids, own checkpoints) append to one table while its auto-compaction
+    rewrites files beside them: every row exactly once, no pipeline fails."""
+    uri = s3.uri("shared") if where == "s3" else str(tmp_path / "shared")
+    options = s3.storage_options if where == "s3" else {}
+    sink = {
+        "table_uri": uri,
+        "partition_columns": ["country"],
+        "auto_compact_min_files": 3,
+        "storage_options": options,
+    }
+
+    def pipeline(pid: str, seed: int) -> str:
+        return f"""
+          - id: {pid}
+            source: {{type: generator, total_rows: 3000, rows_per_batch: 300, seed: {seed},
+                     fields: {{writer: "'{pid}'"}}}}
+            checkpoint_location: "{tmp_path}/ckpt-{pid}"
+            sinks: [{sink}]
+        """
+
+    specs = _specs(tmp_path, "pipelines:" + pipeline("writer-a", 1) + pipeline("writer-b", 2))
+    retries_before = _metric_sum("deltaflow_sink_commit_retries_total", uri)
+    summaries = run_pipelines(spark, specs, available_now=True)
+    assert {s.messages for s in summaries.values()} == {3000}
+
+    from deltaflow.compaction import compactors
+
+    for compactor in compactors():
+        compactor.wait_idle(60)
+    table = DeltaTable(uri, storage_options=options or None)
+    rows = table.to_pyarrow_table(columns=["writer", "id", "user_id"])
+    for pid, seed in (("writer-a", 1), ("writer-b", 2)):
+        mine = rows.filter(pc.equal(rows["writer"], pid)).sort_by("id")
+        assert mine["id"].to_pylist() == list(range(3000))  # all, once
+        want = pa.Table.from_batches([generate(0, 3000, 0, 1000.0, seed)])["user_id"].to_pylist()
+        assert mine["user_id"].to_pylist() == want
+        assert table.transaction_version(pid) == 9
+    operations = [h["operation"] for h in table.history()]
+    assert "OPTIMIZE" in operations  # the compaction ran beside the appends
+    # Retries, if the writers collided, are counted (never a failed batch).
+    assert _metric_sum("deltaflow_sink_commits_failed_total", uri) == 0
+    assert _metric_sum("deltaflow_sink_commit_retries_total", uri) >= retries_before
+
+
+def _metric_sum(name: str, table: str) -> float:
+    total = 0.0
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            if sample.name == name and sample.labels.get("table", "").rstrip("/") == table.rstrip("/"):
+                total += sample.value
+    return total
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_writers_racing_to_create_a_table_agree_on_one(s3, tmp_path, where):
+    uri = s3.uri("race") if where == "s3" else str(tmp_path / "race")
+    options = s3.storage_options if where == "s3" else {}
+    schema = pa.schema([("id", pa.int64())])
+    tables: list[DeltaTable] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(6)
+
+    def create() -> None:
+        start.wait()
+        try:
+            tables.append(
+                delta_log.create_table(uri, schema, partition_by=(), properties={}, storage_options=options)
+            )
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=create) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    assert len(tables) == 6
+    final = DeltaTable(uri, storage_options=options or None)
+    assert final.version() == 0  # exactly one CREATE
+    assert {t.metadata().id for t in tables} == {final.metadata().id}  # everyone adopted it
