@@ -41,16 +41,27 @@ def _committed_paths(table: DeltaTable) -> set[str]:
 
 
 @pytest.mark.parametrize(
-    ("crash_at", "committed_before_restart"),
+    ("write_path", "crash_at", "committed_before_restart"),
     [
-        ("write:0", None),  # an executor wrote its files, first batch, nothing committed yet
-        ("before_commit:1", 0),  # every file of batch 1 written, nothing in the log for it
-        ("after_commit:1", 1),  # batch 1 in the Delta log, Spark has not recorded it
-        ("write:3", 2),  # during the next batch after 0..2 were fully done
+        # arrow (the deltaflow format's executors): every step
+        ("arrow", "write:0", None),  # an executor wrote its files, first batch, nothing committed
+        ("arrow", "before_commit:1", 0),  # every file of batch 1 written, nothing in the log for it
+        ("arrow", "after_commit:1", 1),  # batch 1 in the Delta log, Spark has not recorded it
+        ("arrow", "write:3", 2),  # during the next batch after 0..2 were fully done
+        # spark (foreachBatch): the same commit sequence; the steps where its own file handling
+        # (staging, the replay check before writing) matters
+        ("spark", "write:0", None),
+        ("spark", "after_commit:1", 1),
     ],
-    ids=["during-first-write", "files-written-before-commit", "after-commit-before-spark", "next-batch"],
+    ids=[
+        "arrow-during-first-write",
+        "arrow-files-written-before-commit",
+        "arrow-after-commit-before-spark",
+        "arrow-next-batch",
+        "spark-during-first-write",
+        "spark-after-commit-before-spark",
+    ],
 )
-@pytest.mark.parametrize("write_path", ["spark", "arrow"])
 def test_sigkill_at_each_step_then_restart_is_exactly_once(
     tmp_path, write_path, crash_at, committed_before_restart
 ):
