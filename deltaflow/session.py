@@ -62,13 +62,23 @@ def spark_session(master: str | None = None, **conf: Any) -> SparkSession:
         )
     from pyspark.sql import SparkSession
 
-    master = master or os.environ.get("DELTAFLOW_SPARK_MASTER") or DEFAULT_MASTER
+    master = master or os.environ.get("DELTAFLOW_SPARK_MASTER")
+    # Under spark-submit (or a pyspark shell) the JVM exists already, started with its --master
+    # and --conf: those win unless a master is named here.
+    submitted = bool(os.environ.get("PYSPARK_GATEWAY_PORT"))
+    if master is None and not submitted:
+        master = DEFAULT_MASTER
     # Some Python workers (data source planning and commits) read the interpreter from the
     # JVM's environment rather than from spark.pyspark.python.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    settings = default_conf(master)
+    settings = default_conf(master or "")
+    if submitted:  # spark-submit's own settings (executor Python, memory) are the user's
+        for key in ("spark.pyspark.python", "spark.pyspark.driver.python", "spark.driver.memory"):
+            settings.pop(key)
     settings.update({k: str(v) for k, v in conf.items()})
-    builder = SparkSession.builder.master(master).appName(settings.pop("spark.app.name", "deltaflow"))
+    builder = SparkSession.builder.appName(settings.pop("spark.app.name", "deltaflow"))
+    if master is not None:
+        builder = builder.master(master)
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
@@ -76,5 +86,5 @@ def spark_session(master: str | None = None, **conf: Any) -> SparkSession:
     from deltaflow.api import register
 
     register(spark)
-    logger.info("Spark %s session on %s", spark.version, master)
+    logger.info("Spark %s session on %s", spark.version, spark.sparkContext.master)
     return spark

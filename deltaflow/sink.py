@@ -67,6 +67,8 @@ class DeltaCommitMessage(WriterCommitMessage):
     partition_id: int = -1
     attempt: int = 0
     query_id: str | None = None
+    #: ``<host>:<pid of the executor's Python daemon>``: which executor process wrote the files.
+    writer: str = ""
 
 
 class DeltaflowDataSource(DataSource):
@@ -172,7 +174,7 @@ class _DeltaSink:
         )
         files = writer.write_batches(iterator)
         maybe_crash("write", batch_id)
-        return DeltaCommitMessage(files, partition_id, attempt, query_id)
+        return DeltaCommitMessage(files, partition_id, attempt, query_id, _writer_id())
 
     # -- driver ------------------------------------------------------------------------------
 
@@ -418,6 +420,9 @@ class _DeltaSink:
             meta["deltaflow.epoch"] = batch_id
         if query_id:
             meta["deltaflow.query_id"] = query_id
+        writers = {m.writer for m in messages if isinstance(m, DeltaCommitMessage) and m.files and m.writer}
+        if writers:
+            meta["deltaflow.writers"] = len(writers)  # executor processes that wrote this commit's files
         return meta
 
 
@@ -509,6 +514,14 @@ def _trim_stats(f: WrittenFile, keep: frozenset[str]) -> WrittenFile:
     for key in ("minValues", "maxValues", "nullCount"):
         stats[key] = {k: v for k, v in stats.get(key, {}).items() if k in keep}
     return replace(f, stats=json.dumps(stats, separators=(",", ":")))
+
+
+def _writer_id() -> str:
+    """The executor process a task runs in: its host and its Python daemon (one per executor)."""
+    import os
+    import socket
+
+    return f"{socket.gethostname()}:{os.getppid()}"
 
 
 def _local_int(ctx: Any, key: str) -> int | None:

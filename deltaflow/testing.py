@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Broker", "TcpProxy", "start_broker", "start_broker_behind_proxy"]
+__all__ = ["Broker", "FaultyHttpProxy", "TcpProxy", "start_broker", "start_broker_behind_proxy"]
 
 logger = logging.getLogger(__name__)
 
@@ -319,3 +319,118 @@ class _Link:
     def close(self) -> None:
         for sock in self.sockets:
             sock.close()
+
+
+class FaultyHttpProxy:
+    """An HTTP proxy in front of an object store (e.g. a moto S3 server) that answers some
+    requests with an error instead of forwarding them: throttling and 5xx on demand.
+
+    ``fail(method, pattern, status, times)`` makes the next ``times`` requests whose method
+    matches and whose path matches the regular expression ``pattern`` get ``status`` (with an
+    S3-style XML error body); ``times=-1`` fails them all until :meth:`heal`. Every other
+    request is forwarded unchanged. ``injected`` counts the errors sent.
+    """
+
+    def __init__(self, target: str, *, port: int | None = None) -> None:
+        import http.server
+        import re
+        from urllib.parse import urlparse
+
+        parsed = urlparse(target)
+        self._upstream = (parsed.hostname or "127.0.0.1", parsed.port or 80)
+        self._rules: list[tuple[str, Any, int, list[int]]] = []
+        self._lock = threading.Lock()
+        self.injected = 0
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def _body(self) -> bytes:
+                if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+                    parts: list[bytes] = []
+                    while True:
+                        size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                        if size == 0:
+                            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                                pass  # trailers
+                            return b"".join(parts)
+                        parts.append(self.rfile.read(size))
+                        self.rfile.readline()
+                length = int(self.headers.get("Content-Length") or 0)
+                return self.rfile.read(length) if length else b""
+
+            def _any(self) -> None:
+                body = self._body()
+                status = proxy._fault(self.command, self.path)
+                if status is not None:
+                    payload = (
+                        f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>"
+                        f"{'SlowDown' if status == 503 else 'InternalError'}</Code><Message>injected "
+                        f"by the test</Message></Error>"
+                    ).encode()
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    return
+                import http.client
+
+                upstream = http.client.HTTPConnection(*proxy._upstream, timeout=60)
+                try:
+                    skip = ("connection", "transfer-encoding", "content-length", "expect")
+                    headers = {k: v for k, v in self.headers.items() if k.lower() not in skip}
+                    headers["Content-Length"] = str(len(body))
+                    upstream.request(self.command, self.path, body=body or None, headers=headers)
+                    response = upstream.getresponse()
+                    data = response.read()
+                    self.send_response(response.status, response.reason)
+                    for key, value in response.getheaders():
+                        if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                            self.send_header(key, value)
+                    # A HEAD answer has no body but the object's length.
+                    length = response.getheader("Content-Length") if self.command == "HEAD" else None
+                    self.send_header("Content-Length", length or str(len(data)))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(data)
+                finally:
+                    upstream.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any  # noqa: N815
+
+        self._re = re
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", port or 0), Handler)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, name="faulty-http", daemon=True)
+        self._thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def fail(self, method: str, pattern: str, status: int = 503, times: int = 1) -> None:
+        with self._lock:
+            self._rules.append((method.upper(), self._re.compile(pattern), status, [times]))
+
+    def heal(self) -> None:
+        with self._lock:
+            self._rules.clear()
+
+    def _fault(self, method: str, path: str) -> int | None:
+        with self._lock:
+            for rule_method, pattern, status, left in self._rules:
+                if rule_method == method and pattern.search(path) and left[0] != 0:
+                    left[0] -= 1
+                    self.injected += 1
+                    return status
+        return None
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -201,3 +201,54 @@ def test_writers_racing_to_create_a_table_agree_on_one(s3, tmp_path, where):
     final = DeltaTable(uri, storage_options=options or None)
     assert final.version() == 0  # exactly one CREATE
     assert {t.metadata().id for t in tables} == {final.metadata().id}  # everyone adopted it
+
+
+def test_storage_errors_are_retried_and_an_outage_stops_with_nothing_committed(spark, s3, tmp_path):
+    from deltaflow.exceptions import TerminalError
+    from deltaflow.testing import FaultyHttpProxy
+
+    proxy = FaultyHttpProxy(s3.endpoint)
+    try:
+        uri = s3.uri("faults")
+
+        def specs(total: int):  # type: ignore[no-untyped-def]
+            return _specs(
+                tmp_path,
+                f"""
+                pipelines:
+                  - id: faulty
+                    source: {{type: generator, total_rows: {total}, rows_per_batch: 1000}}
+                    checkpoint_location: "{tmp_path}/checkpoint"
+                    sinks:
+                      - table_uri: "{uri}"
+                        storage_options:
+                          AWS_ENDPOINT_URL: "{proxy.endpoint}"
+                          AWS_ACCESS_KEY_ID: testing
+                          AWS_SECRET_ACCESS_KEY: testing
+                          AWS_REGION: us-east-1
+                          AWS_ALLOW_HTTP: "true"
+                """,
+            )
+
+        # Throttling on data files (executors, pyarrow) and 5xx on commits (driver, delta-rs).
+        proxy.fail("PUT", r"\.parquet", 503, times=3)
+        proxy.fail("PUT", r"_delta_log/\d{20}\.json$", 500, times=2)
+        run_pipelines(spark, specs(2000), available_now=True)
+        assert proxy.injected == 5
+        table = DeltaTable(uri, storage_options=s3.storage_options)
+        assert sorted(table.to_pyarrow_table(columns=["id"]).column("id").to_pylist()) == list(range(2000))
+        version = table.version()
+
+        # An outage longer than the retries: the pipeline stops, nothing of the batch is committed.
+        proxy.fail("PUT", r"\.parquet", 503, times=-1)
+        with pytest.raises(TerminalError, match=r"(?i)slow_?down|503"):
+            run_pipelines(spark, specs(3000), available_now=True)
+        assert DeltaTable(uri, storage_options=s3.storage_options).version() == version
+
+        # Back up: the batch is replayed and lands once.
+        proxy.heal()
+        run_pipelines(spark, specs(3000), available_now=True)
+        table = DeltaTable(uri, storage_options=s3.storage_options)
+        assert sorted(table.to_pyarrow_table(columns=["id"]).column("id").to_pylist()) == list(range(3000))
+    finally:
+        proxy.close()

@@ -1,0 +1,65 @@
+"""The same pipeline on a multi-process Spark cluster: ``local-cluster[2,1,1024]`` from the pyspark
+wheel starts a master-less cluster with two executors, each its own JVM with its own Python
+workers. The files of one batch are written by both executors in parallel; the driver commits."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from deltalake import DeltaTable
+
+ROOT = Path(__file__).resolve().parents[1]
+ROWS = 40_000
+
+
+def test_a_pipeline_submitted_to_two_executors_commits_files_from_both_exactly_once(tmp_path):
+    """``spark-submit deltaflow/cli.py run FILE``: the master and settings come from spark-submit."""
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        textwrap.dedent(
+            f"""
+            pipelines:
+              - id: on-cluster
+                source: {{type: generator, total_rows: {ROWS}, rows_per_batch: 20000, partitions: 4}}
+                sinks: [{{table_uri: "{tmp_path}/t", write_path: arrow, partition_columns: [country]}}]
+            """
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DELTAFLOW_")}
+    env["PYSPARK_PYTHON"] = sys.executable  # what executors run: the interpreter with deltaflow
+    import deltaflow.cli
+
+    submit = Path(sys.executable).with_name("spark-submit")
+    done = subprocess.run(
+        [
+            str(submit),
+            "--master",
+            "local-cluster[2,1,1024]",
+            "--conf",
+            "spark.executor.memory=1g",
+            "--conf",
+            "spark.scheduler.minRegisteredResourcesRatio=1.0",  # wait for both executors
+            deltaflow.cli.__file__,
+            "run",
+            str(path),
+            "--once",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "session on local-cluster[2,1,1024]" in done.stderr + done.stdout
+    table = DeltaTable(str(tmp_path / "t"))
+    ids = table.to_pyarrow_table(columns=["id"]).column("id").to_pylist()
+    assert sorted(ids) == list(range(ROWS))
+    commits = [h for h in table.history() if "deltaflow.epoch" in h]
+    assert sorted(h["deltaflow.epoch"] for h in commits) == [0, 1]
+    # A batch's files came from both executors (4 tasks over 2 single-core executors).
+    assert max(h.get("deltaflow.writers", 0) for h in commits) == 2, commits
