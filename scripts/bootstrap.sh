@@ -42,6 +42,16 @@ if [ "${1:-}" = "--test" ] && ! command -v initdb >/dev/null && ! ls /usr/lib/po
   apt_install postgresql
 fi
 
+if [ "${1:-}" = "--test" ] && [ ! -x .venv/node/node_modules/.bin/azurite-blob ]; then
+  if ! command -v npm >/dev/null; then
+    echo "bootstrap: installing Node.js and npm for the Azure emulator (azurite)"
+    apt_install nodejs npm
+  fi
+  echo "bootstrap: installing azurite (Azure Blob emulator) into .venv/node"
+  mkdir -p .venv/node
+  npm install --silent --no-audit --no-fund --prefix .venv/node azurite@3 >/dev/null
+fi
+
 stamp=.venv/.deltaflow-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "bootstrap: installing deltaflow and its dependencies into .venv"

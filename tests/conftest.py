@@ -5,4 +5,5 @@ pytest_plugins = [
     "tests.fixtures.registry",
     "tests.fixtures.postgres",
     "tests.fixtures.s3",
+    "tests.fixtures.azure",
 ]

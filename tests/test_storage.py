@@ -252,3 +252,35 @@ def test_storage_errors_are_retried_and_an_outage_stops_with_nothing_committed(s
         assert sorted(table.to_pyarrow_table(columns=["id"]).column("id").to_pylist()) == list(range(3000))
     finally:
         proxy.close()
+
+
+def test_a_pipeline_writes_azure_blob_storage(spark, azurite, tmp_path):
+    uri = azurite.uri("events")
+    specs = _specs(
+        tmp_path,
+        """
+        pipelines:
+          - id: to-azure
+            source: {type: generator, total_rows: 2000, rows_per_batch: 1000, partitions: 2}
+            checkpoint_location: "${DIR}/checkpoint"
+            sinks:
+              - table_uri: "${URI}"
+                partition_columns: [event_type]
+                storage_options:
+                  AZURE_STORAGE_USE_EMULATOR: "true"
+                  AZURE_ENDPOINT: "${ENDPOINT}"
+                  allow_http: "true"
+        """,
+        URI=uri,
+        ENDPOINT=azurite.endpoint,
+    )
+    run_pipelines(spark, specs, available_now=True)
+    options = azurite.storage_options
+    table = DeltaTable(uri, storage_options=options)
+    assert sorted(table.to_pyarrow_table(columns=["id"]).column("id").to_pylist()) == list(range(2000))
+    assert table.transaction_version("to-azure") == 1
+    files = {o for o in _objects(uri, options) if o.endswith(".parquet")}
+    assert len(files) == len(table.file_uris()) >= 2  # the executors' files, all committed
+    result = maintenance.optimize(uri, storage_options=options)
+    assert result.files_added == 4  # one per event type
+    assert DeltaTable(uri, storage_options=options).to_pyarrow_table().num_rows == 2000
