@@ -220,17 +220,19 @@ def _parenthesised(text: str) -> tuple[str, str]:
     raise PipelineConfigError("<sql>", [f"unbalanced parentheses in {text[:60]!r}"])
 
 
-def _split(text: str, sep: str) -> list[str]:
-    """Split at ``sep`` outside quotes and brackets."""
+def _split(text: str, sep: str, brackets: str = "([<") -> list[str]:
+    """Split at ``sep`` outside quotes and (unless ``brackets`` is empty) brackets."""
+    closing = {"(": ")", "[": "]", "<": ">"}
+    opened, closed = set(brackets), {closing[b] for b in brackets}
     parts, depth, quote, start = [], 0, "", 0
     for i, ch in enumerate(text):
         if quote:
             quote = "" if ch == quote else quote
         elif ch in "'\"`":
             quote = ch
-        elif ch in "([<":
+        elif ch in opened:
             depth += 1
-        elif ch in ")]>":
+        elif ch in closed:
             depth -= 1
         elif ch == sep and depth == 0:
             parts.append(text[start:i])
@@ -266,18 +268,5 @@ def _strip_comments(text: str) -> str:
 
 
 def _statements(text: str) -> list[str]:
-    return [s.strip() for s in _split_semicolons(text) if s.strip()]
-
-
-def _split_semicolons(text: str) -> list[str]:
-    parts, quote, start = [], "", 0
-    for i, ch in enumerate(text):
-        if quote:
-            quote = "" if ch == quote else quote
-        elif ch in "'\"`":
-            quote = ch
-        elif ch == ";":
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return parts
+    # SQL compares with < and >: only quotes matter between statements.
+    return [part.strip() for part in _split(text, ";", brackets="")]

@@ -24,7 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Broker", "FaultyHttpProxy", "TcpProxy", "start_broker", "start_broker_behind_proxy"]
+__all__ = [
+    "Broker",
+    "FaultyHttpProxy",
+    "TcpProxy",
+    "start_broker",
+    "start_broker_behind_proxy",
+    "wait_for_port",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -319,6 +326,21 @@ class _Link:
     def close(self) -> None:
         for sock in self.sockets:
             sock.close()
+
+
+def wait_for_port(port: int, process: subprocess.Popen[Any], name: str, timeout_s: float = 60.0) -> None:
+    """Wait until something listens on 127.0.0.1:``port``; kill ``process`` and raise if it exits
+    or the time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline or process.poll() is not None:
+                process.kill()
+                raise RuntimeError(f"{name} did not start on 127.0.0.1:{port}") from None
+            time.sleep(0.1)
 
 
 class FaultyHttpProxy:
