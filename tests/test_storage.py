@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pyarrow import fs as pafs
 
 from deltaflow import delta_log, maintenance
 from deltaflow._storage import filesystem
+from deltaflow.exceptions import TableNotFoundError
 from deltaflow.metrics import metrics
 from deltaflow.pipeline import load_pipelines
 from deltaflow.runner import run_pipelines
@@ -120,8 +122,8 @@ def test_the_cli_takes_credentials_from_the_aws_environment(s3, tmp_path):
 
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_two_pipelines_and_compaction_write_one_table_at_once(spark, s3, tmp_path, where):
-    """Two pipelines (own ids, own checkpoints) append to one table while its auto-compaction
-    rewrites files beside them: every row exactly once, no pipeline fails."""
+    """Two pipelines (own ids, own checkpoints) append to one table while their auto-compaction
+    and a compaction job rewrite files beside them: every row exactly once, no pipeline fails."""
     uri = s3.uri("shared") if where == "s3" else str(tmp_path / "shared")
     options = s3.storage_options if where == "s3" else {}
     sink = {
@@ -142,8 +144,24 @@ def test_two_pipelines_and_compaction_write_one_table_at_once(spark, s3, tmp_pat
 
     specs = _specs(tmp_path, "pipelines:" + pipeline("writer-a", 1) + pipeline("writer-b", 2))
     retries_before = _metric_sum("deltaflow_sink_commit_retries_total", uri)
-    summaries = run_pipelines(spark, specs, available_now=True)
+
+    # And a compaction job (what `deltaflow optimize` runs) in a loop beside them.
+    stop, optimized = threading.Event(), []
+
+    def compaction_job() -> None:
+        while not stop.wait(0.3):
+            with contextlib.suppress(TableNotFoundError):  # not created yet
+                optimized.append(maintenance.optimize(uri, storage_options=options, lock_timeout_s=60))
+
+    job = threading.Thread(target=compaction_job)
+    job.start()
+    try:
+        summaries = run_pipelines(spark, specs, available_now=True)
+    finally:
+        stop.set()
+        job.join(120)
     assert {s.messages for s in summaries.values()} == {3000}
+    assert any(r.files_removed for r in optimized)  # the job compacted while the streams wrote
 
     from deltaflow.compaction import compactors
 
