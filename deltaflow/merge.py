@@ -181,11 +181,17 @@ class MergeWriter:
             metrics.batch_skipped(pipeline=app, table=self._uri)
             logger.info("batch %s of %r is already merged into %s: replay skipped", batch_id, app, self._uri)
             return
-        normalised = changes(batch, opts)
-        self._check_rows(normalised, batch_id)
-        rows = latest_per_key(normalised.filter(F.col(OP).isNotNull()), opts)
-        started = time.monotonic()
-        data = rows.toArrow()
+        cached = batch.is_cached  # a pipeline with several outputs cached it already
+        batch = batch if cached else batch.persist()  # read twice: the checks, then the changes
+        try:
+            normalised = changes(batch, opts)
+            self._check_rows(normalised, batch_id)
+            rows = latest_per_key(normalised.filter(F.col(OP).isNotNull()), opts)
+            started = time.monotonic()
+            data = rows.toArrow()
+        finally:
+            if not cached:
+                batch.unpersist()
         if data.num_rows == 0:
             return
         schema = spark_to_arrow(rows.schema)

@@ -65,7 +65,6 @@ _ENV = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _SECRET_KEY = re.compile(r"password|secret|token|credential|access_key|account_key|sas|jaas|keystore", re.I)
 MASK = "**********"
 
-_BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _SECONDS = re.compile(
     r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|secs|seconds?|m|min|mins|minutes?|h|hours?)?\s*$", re.I
 )
@@ -81,16 +80,6 @@ class PipelineConfigError(ConfigError):
 
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-def _size(value: Any) -> Any:
-    if isinstance(value, str):
-        m = _BYTES.match(value)
-        if m is None:
-            raise ValueError("must be a size: a number of bytes or e.g. 64MB, 1GB")
-        unit = (m.group(2) or "b").lower()[0]
-        return int(float(m.group(1)) * {"b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}[unit])
-    return value
 
 
 def parse_seconds(value: Any) -> float:
@@ -141,7 +130,9 @@ class FilesSourceSpec(_Model):
     @field_validator("max_bytes_per_trigger", mode="before")
     @classmethod
     def _bytes(cls, value: Any) -> Any:
-        return _size(value)
+        from deltaflow.maintenance import parse_size  # "64MB", "1GB" or bytes, as the CLI takes them
+
+        return parse_size(value) if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _check(self) -> FilesSourceSpec:
