@@ -38,6 +38,25 @@ class _Lines(click.types.StringParamType):
 
 LINES = _Lines()
 
+_METRICS_PORT = click.option(
+    "--metrics_port",
+    type=click.IntRange(min=0, max=65535),
+    default=None,
+    envvar="METRICS_PORT",
+    show_envvar=True,
+    help="Serve Prometheus metrics on this port (/metrics): rows, bytes, files, commits, retries, "
+    "latency, dead letters, unknown fields, lag per partition, rates.",
+)
+_STATUS_PORT = click.option(
+    "--status_port",
+    type=click.IntRange(min=0, max=65535),
+    default=None,
+    envvar="STATUS_PORT",
+    show_envvar=True,
+    help="Serve a read-only status page on this port (/ and /status.json): state, last batch, "
+    "throughput and lag over the last 15 minutes, table health.",
+)
+
 #: How often the daemon loop checks for a stop signal while a query runs.
 STOP_POLL_S = 1
 
@@ -346,15 +365,7 @@ def _key_values(values: tuple[str, ...], flag: str) -> dict[str, str]:
     help="New top-level JSON fields become table columns (typed from the messages; the query "
     "restarts to decode them). Without it they are reported, not stored.",
 )
-@click.option(
-    "--metrics_port",
-    type=click.IntRange(min=0, max=65535),
-    default=None,
-    envvar="METRICS_PORT",
-    show_envvar=True,
-    help="Serve Prometheus metrics on this port (/metrics): rows, bytes, files, commits, retries, "
-    "latency, dead letters, unknown fields, lag per partition, rates.",
-)
+@_METRICS_PORT
 @click.option(
     "--auto_compact/--no_auto_compact",
     default=True,
@@ -378,15 +389,7 @@ def _key_values(values: tuple[str, ...], flag: str) -> dict[str, str]:
     show_envvar=True,
     help="Vacuum the tables this often in the background (0 = never); never below their retention.",
 )
-@click.option(
-    "--status_port",
-    type=click.IntRange(min=0, max=65535),
-    default=None,
-    envvar="STATUS_PORT",
-    show_envvar=True,
-    help="Serve a read-only status page on this port (/ and /status.json): state, last batch, "
-    "throughput and lag over the last 15 minutes, table health.",
-)
+@_STATUS_PORT
 @click.option(
     "--write_path",
     type=click.Choice(["auto", "spark", "arrow"]),
@@ -508,24 +511,10 @@ def ingest(
         vacuum_interval_hours=vacuum_interval_hours,
     )  # validates every flag (and parses the transforms) before Spark starts
     import deltaflow
-
-    if metrics_port is not None:
-        from deltaflow.metrics import metrics
-
-        try:
-            bound = metrics.serve(metrics_port)
-        except OSError as exc:
-            raise click.BadParameter(f"cannot serve metrics on port {metrics_port}: {exc}") from None
-        click.echo(f"metrics on http://0.0.0.0:{bound}/metrics", err=True)
     from deltaflow.status import board
 
     board.register(app_id, table_uri=table_uri, source=f"kafka {topic} @ {brokers}")
-    if status_port is not None:
-        try:
-            bound = board.serve(status_port, addr="0.0.0.0")
-        except OSError as exc:
-            raise click.BadParameter(f"cannot serve the status page on port {status_port}: {exc}") from None
-        click.echo(f"status page on http://0.0.0.0:{bound}/", err=True)
+    _serve(metrics_port, status_port)
     spark = deltaflow.spark_session(spark_master)
     from deltaflow.daemon import run_until_stopped
 
@@ -588,22 +577,8 @@ def _run_options(command: Callable[..., None]) -> Callable[..., None]:
                 is_flag=True,
                 help="Commit all input available now, then exit 0 (Spark's availableNow trigger).",
             ),
-            click.option(
-                "--metrics_port",
-                type=click.IntRange(min=0, max=65535),
-                default=None,
-                envvar="METRICS_PORT",
-                show_envvar=True,
-                help="Serve Prometheus metrics on this port.",
-            ),
-            click.option(
-                "--status_port",
-                type=click.IntRange(min=0, max=65535),
-                default=None,
-                envvar="STATUS_PORT",
-                show_envvar=True,
-                help="Serve the status page on this port.",
-            ),
+            _METRICS_PORT,
+            _STATUS_PORT,
             click.option(
                 "--spark_master",
                 default=None,
@@ -674,6 +649,26 @@ def sql(
     _run_file(sql_file, file, pipeline_ids, available_now, metrics_port, status_port, spark_master)
 
 
+def _serve(metrics_port: int | None, status_port: int | None) -> None:
+    """Start the metrics endpoint and the status page on the ports asked for (0: any free one)."""
+    if metrics_port is not None:
+        from deltaflow.metrics import metrics
+
+        try:
+            bound = metrics.serve(metrics_port)
+        except OSError as exc:
+            raise click.BadParameter(f"cannot serve metrics on port {metrics_port}: {exc}") from None
+        click.echo(f"metrics on http://0.0.0.0:{bound}/metrics", err=True)
+    if status_port is not None:
+        from deltaflow.status import board
+
+        try:
+            bound = board.serve(status_port, addr="0.0.0.0")
+        except OSError as exc:
+            raise click.BadParameter(f"cannot serve the status page on port {status_port}: {exc}") from None
+        click.echo(f"status page on http://0.0.0.0:{bound}/", err=True)
+
+
 def _describe_pipelines(name: str, file: Any) -> None:
     from deltaflow.runner import describe_source
 
@@ -704,14 +699,7 @@ def _run_file(
     selected = file.selected(pipeline_ids)
     if not selected:
         raise click.UsageError(f"{name}: no enabled pipeline to run")
-    if metrics_port is not None:
-        from deltaflow.metrics import metrics
-
-        click.echo(f"metrics on http://0.0.0.0:{metrics.serve(metrics_port)}/metrics", err=True)
-    if status_port is not None:
-        from deltaflow.status import board
-
-        click.echo(f"status page on http://0.0.0.0:{board.serve(status_port, addr='0.0.0.0')}/", err=True)
+    _serve(metrics_port, status_port)
     import deltaflow
 
     spark = deltaflow.spark_session(spark_master or file.spark.master, **file.spark.conf)
