@@ -60,11 +60,7 @@ class Broker:
     process: subprocess.Popen[bytes]
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+        stop_process(self.process)
 
     def admin(self) -> Any:
         from confluent_kafka.admin import AdminClient
@@ -341,6 +337,15 @@ def wait_for_port(port: int, process: subprocess.Popen[Any], name: str, timeout_
                 process.kill()
                 raise RuntimeError(f"{name} did not start on 127.0.0.1:{port}") from None
             time.sleep(0.1)
+
+
+def stop_process(process: subprocess.Popen[Any], timeout_s: float = 10.0) -> None:
+    """SIGTERM ``process``, then SIGKILL it if it has not exited after ``timeout_s``."""
+    process.terminate()
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
 
 
 class FaultyHttpProxy:
