@@ -94,9 +94,7 @@ class TableLease:
 
     def state(self) -> LeaseState:
         """Who holds the lease now (empty owner: nobody)."""
-        table = self._table()
-        last = table.history(1)[0]
-        return LeaseState(str(last.get(_OWNER) or ""), int(last.get(_EXPIRES) or 0))
+        return _state(self._table())
 
     def try_acquire(self) -> bool:
         """Take the lease if it is free (or expired); ``False`` if another holds it or won."""
@@ -104,9 +102,8 @@ class TableLease:
         from deltalake.exceptions import CommitFailedError
 
         table = self._table()
-        last = table.history(1)[0]
         now = int(time.time() * 1000)
-        state = LeaseState(str(last.get(_OWNER) or ""), int(last.get(_EXPIRES) or 0))
+        state = _state(table)
         if not state.free_at(now) and state.owner != self.owner:
             return False
         props = CommitProperties(
@@ -148,7 +145,7 @@ class TableLease:
         self.held = False
         try:
             table = self._table()
-            if str(table.history(1)[0].get(_OWNER) or "") != self.owner:
+            if _state(table).owner != self.owner:
                 return
             props = CommitProperties(custom_metadata={_OWNER: "", _EXPIRES: 0}, max_commit_retries=0)
             table.create_write_transaction([], mode="append", schema=table.schema(), commit_properties=props)
@@ -156,6 +153,12 @@ class TableLease:
             pass  # someone took it over after it expired: theirs now
         except Exception:
             logger.warning("could not release the %s lease; it expires on its own", self.uri, exc_info=True)
+
+
+def _state(table: DeltaTable) -> LeaseState:
+    """The lease as the lock table's last commit records it."""
+    last = table.history(1)[0]
+    return LeaseState(str(last.get(_OWNER) or ""), int(last.get(_EXPIRES) or 0))
 
 
 @contextmanager

@@ -165,7 +165,6 @@ class MergeWriter:
             )
         self._options = options
         self._uri = normalize_uri(options.table_uri)
-        self.skipped_total = 0
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         from pyspark.sql import functions as F  # noqa: N812

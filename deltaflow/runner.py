@@ -33,7 +33,6 @@ from deltaflow.pipeline import (
     FilesSourceSpec,
     GeneratorSourceSpec,
     KafkaSourceSpec,
-    PipelineFile,
     PipelineSpec,
 )
 from deltaflow.transforms import apply_transforms, parse_transform
@@ -409,7 +408,6 @@ class PipelineWriter:
         }
         self._dlq = SparkBatchWriter(dead_letter) if dead_letter else None
         self._kafka = isinstance(spec.source, KafkaSourceSpec)
-        self.dead_lettered_total = 0
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         reused = len(self._sinks) > 1 or bool(self._spec.expectations) or self._kafka
@@ -657,15 +655,3 @@ def run_pipelines(
         return start
 
     return run_all({spec.id: starter(spec) for spec in pipelines})
-
-
-def load_and_select(path: str, ids: Sequence[str] = ()) -> tuple[PipelineFile, list[PipelineSpec]]:
-    """The file and its pipelines to run (all enabled ones, or those named)."""
-    from deltaflow.pipeline import load_pipelines
-
-    file = load_pipelines(path)
-    return file, file.selected(tuple(ids))
-
-
-def spark_conf(file: PipelineFile) -> Mapping[str, Any]:
-    return dict(file.spark.conf)
