@@ -256,6 +256,7 @@ def build_ingest_frame(spark: SparkSession, config: IngestConfig) -> DataFrame:
         .option("topic", config.topic)
         .option("starting_offsets", _starting_offsets(config))
         .option("max_messages_per_batch", config.max_messages_per_batch)
+        .option("batch_interval", config.allowed_latency or 0)
         .option("delta_table_uri", normalize_uri(config.table_uri))
         .option("delta_app_id", config.app_id)
     )
@@ -570,8 +571,9 @@ def ingest(spark: SparkSession, config: IngestConfig) -> StreamingQuery:
     )
     if config.ends_at_latest_offsets:
         stream = stream.trigger(availableNow=True)
-    elif config.allowed_latency:
-        stream = stream.trigger(processingTime=f"{config.allowed_latency} seconds")
+    # Otherwise Spark's default trigger, paced by the source (``batch_interval``): a batch every
+    # allowed_latency seconds, or at once while a backlog drains (a processingTime trigger would
+    # idle until the next interval after every capped batch).
     logger.info(
         "ingesting %s from %s into %s%s (checkpoint %s)",
         config.topic,

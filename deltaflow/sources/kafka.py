@@ -58,6 +58,10 @@ CONSUME_CHUNK = 10_000
 READ_STALL_TIMEOUT_S = 60.0
 #: Metadata and watermark requests from the driver.
 METADATA_TIMEOUT_S = 15.0
+#: With nothing to start yet, ``latestOffset()`` waits this long at most before it answers "no
+#: new data" (Spark asks again 10 ms later on its default trigger): bounds the broker requests
+#: of an idle or paced query to a few per second, and the delay of data arriving when due.
+IDLE_POLL_S = 0.25
 #: Consumer settings for bulk reads (DELTA_NOTES: 145k msgs/s with defaults, 350k+ with these).
 _FAST_CONSUMER = {
     "queued.min.messages": 200_000,
@@ -86,6 +90,12 @@ class KafkaSourceOptions(BaseModel):
             offset to read; partitions left out start at the earliest offset).
         max_messages_per_batch: Admission control: at most this many messages per micro-batch,
             shared among partitions by their backlog (0 = no limit).
+        batch_interval: Pacing (seconds, 0 = none), for queries on Spark's default trigger: a
+            micro-batch starts once this long has passed since the previous one started, or at
+            once when ``max_messages_per_batch`` messages are waiting or the previous batch left
+            messages behind (kafka-delta-ingest's ``allowed_latency``: a full buffer is written
+            without waiting, so a backlog drains at full speed). While it holds data back, the
+            source reports no new data (``processAllAvailable()`` may return before it is due).
         kafka_settings: librdkafka settings passed through (``security.protocol``,
             ``sasl.mechanism``, ...). Values of secret settings are masked when printed.
         sasl_password: SASL password, kept out of logs (``sasl.password`` for librdkafka).
@@ -123,6 +133,7 @@ class KafkaSourceOptions(BaseModel):
     topic_pattern: str | None = None
     starting_offsets: Literal["earliest", "latest"] | dict[str, dict[str, int]] = "earliest"
     max_messages_per_batch: int = Field(default=0, ge=0)
+    batch_interval: float = Field(default=0.0, ge=0)
     kafka_settings: dict[str, SecretStr] = Field(default_factory=dict)
     sasl_password: SecretStr | None = None
     delta_table_uri: str | None = None
@@ -358,6 +369,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._admin: Any = None
         self._target: Offsets | None = None  # availableNow: never read beyond these offsets
         self._latest: Offsets | None = None  # the newest offsets seen by the last latestOffset()
+        # Pacing (batch_interval): when the next batch is due, and whether the last one was
+        # capped by admission control (messages left behind: the next starts at once).
+        self._due = 0.0
+        self._left_behind = False
+        self._initial: Offsets | None = None
 
     # -- driver: planning --------------------------------------------------------------------
 
@@ -415,6 +431,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {t: {p: v + 1 for p, v in parts.items()} for t, parts in done.items()}
 
     def initialOffset(self) -> Offsets:  # noqa: N802
+        # Spark asks twice while planning the first batch (each answer costs broker requests
+        # and a Delta log read): the offsets of this query's start are fixed once known.
+        if self._initial is None:
+            self._initial = self._initial_offset()
+        return {t: dict(parts) for t, parts in self._initial.items()}
+
+    def _initial_offset(self) -> Offsets:
         layout = self._topic_partitions()
         start = self._options.starting_offsets
         committed = self._committed(layout)
@@ -459,8 +482,22 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     begin = earliest[topic][key]
                 begins[topic][key] = begin
                 end[topic][key] = max(begin, latest.get(topic, {}).get(key, begin))
+        available = end
         if isinstance(limit, ReadMaxRows):
             end = _admit(begins, end, limit.max_rows)
+        if self._target is not None:
+            return end  # availableNow: Spark stops once the target is read
+        now = time.monotonic()
+        if end == _known(start, end):
+            time.sleep(IDLE_POLL_S)  # nothing new: answer after a while, not 100 times a second
+            return end
+        interval = self._options.batch_interval
+        full = isinstance(limit, ReadMaxRows) and _count(begins, end) >= limit.max_rows
+        if interval and now < self._due and not (full or self._left_behind):
+            time.sleep(min(IDLE_POLL_S, self._due - now))
+            return _known(start, end)  # held back: "no new data" until due
+        self._due = now + interval
+        self._left_behind = end != available
         return end
 
     def reportLatestOffset(self) -> Offsets | None:  # noqa: N802
@@ -502,6 +539,18 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         yield from read_range(partition)
 
 
+def _count(start: Offsets, end: Offsets) -> int:
+    """Messages from ``start`` to ``end`` (offsets, so compacted or aborted ones count too)."""
+    return sum(max(0, o - start.get(t, {}).get(k, o)) for t, parts in end.items() for k, o in parts.items())
+
+
+def _known(start: Offsets, end: Offsets) -> Offsets:
+    """``start``, laid out as ``end`` (partitions new since ``start`` left out)."""
+    return {
+        t: {k: start[t][k] for k in parts if k in start.get(t, {})} for t, parts in end.items() if t in start
+    }
+
+
 def _admit(start: Offsets, end: Offsets, budget: int) -> Offsets:
     """Cap the batch at ``budget`` messages, shared among partitions by their backlog."""
     lags = {(t, k): end[t][k] - start.get(t, {}).get(k, end[t][k]) for t in end for k in end[t]}
@@ -509,14 +558,19 @@ def _admit(start: Offsets, end: Offsets, budget: int) -> Offsets:
     if total <= budget:
         return end
     capped: Offsets = {t: dict(parts) for t, parts in end.items()}
+    order = [(tk, lag) for tk, lag in sorted(lags.items(), key=lambda kv: -kv[1]) if lag > 0]
+    shares = {}
     given = 0
-    for (t, k), lag in sorted(lags.items(), key=lambda kv: -kv[1]):
-        if lag <= 0:
-            continue
-        share = min(lag, max(1, budget * lag // total))
-        share = min(share, budget - given)
-        capped[t][k] = end[t][k] - lag + share
+    for tk, lag in order:
+        share = min(lag, max(1, budget * lag // total), budget - given)
+        shares[tk] = share
         given += share
+    for tk, lag in order:  # what rounding down left over, to the largest backlogs first
+        extra = min(lag - shares[tk], budget - given)
+        shares[tk] += extra
+        given += extra
+    for (t, k), share in shares.items():
+        capped[t][k] = end[t][k] - lags[t, k] + share
     return capped
 
 
@@ -555,17 +609,21 @@ def read_range(task: KafkaPartitionRange) -> Iterator[pa.RecordBatch]:
         last_progress = time.monotonic()
         while next_offset < task.end:
             messages = consumer.consume(num_messages=min(CONSUME_CHUNK, task.end - next_offset), timeout=1.0)
-            rows: list[Any] = []
-            for m in messages:
-                err = m.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        continue
-                    raise KafkaException(err)
-                offset = m.offset()
-                if offset is None or offset >= task.end:
-                    break
-                rows.append(m)
+            rows: list[Any] = messages
+            if any(m.error() is not None for m in messages) or (
+                messages and (messages[-1].offset() or 0) >= task.end
+            ):
+                rows = []
+                for m in messages:
+                    err = m.error()
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            continue
+                        raise KafkaException(err)
+                    offset = m.offset()
+                    if offset is None or offset >= task.end:
+                        break
+                    rows.append(m)
             if rows:
                 next_offset = rows[-1].offset() + 1
                 last_progress = time.monotonic()
@@ -615,41 +673,56 @@ def _to_arrow(
     import pyarrow as pa
 
     n = len(rows)
-    values = [m.value() for m in rows]
+    values: list[bytes | None] = [m.value() for m in rows]
+    value_column: pa.Array | None = None
     decoded: list[Any] = []
     errors: list[str | None] | None = None
+    failures = 0
     if decoder is not None:
         payloads, errors = decompress(values, decoding.compression)
         result = decoder.decode(payloads)
         errors = [e or d for e, d in zip(errors, result.errors, strict=True)]
+        failures = n - errors.count(None)
         data = result.data  # null where decoding failed (a failed gzip leaves nothing to decode)
-        if not decoding.keep_value:
-            values = [v if e is not None else None for v, e in zip(values, errors, strict=True)]
+        if not decoding.keep_value:  # only the failed messages' bytes (dead letters)
+            if failures:
+                values = [v if e is not None else None for v, e in zip(values, errors, strict=True)]
+            else:
+                value_column = pa.nulls(n, pa.binary())
         decoded = [
             data.cast(schema.field("data").type),
-            pa.array(errors, pa.string()),
+            pa.array(errors, pa.string()) if failures else pa.nulls(n, pa.string()),
             pa.array(result.unknown_fields, schema.field("unknown_fields").type),
         ]
     # The metadata columns a pipeline does not use: only the failed messages' (dead letters).
     failed: Sequence[Any] | None = None
     if decoding.metadata != frozenset(METADATA_COLUMNS):
-        failed = [m if e is not None else None for m, e in zip(rows, errors, strict=True)] if errors else []
+        failed = []
+        if failures and errors is not None:
+            failed = [m if e is not None else None for m, e in zip(rows, errors, strict=True)]
 
     def column(name: str, build: Any, dtype: pa.DataType) -> pa.Array:
         if failed is None or name in decoding.metadata:
             return pa.array([build(m) for m in rows], dtype)
-        if not any(m is not None for m in failed):
+        if not failed:
             return pa.nulls(n, dtype)
         return pa.array([None if m is None else build(m) for m in failed], dtype)
 
+    first, last = rows[0].offset(), rows[-1].offset()
+    if last - first == n - 1:  # no gaps (compaction, transaction markers): no per-message call
+        import numpy as np
+
+        offsets = pa.array(np.arange(first, last + 1, dtype=np.int64))
+    else:
+        offsets = pa.array([m.offset() for m in rows], pa.int64())
     stamp_type = schema.field("timestamp").type
     return pa.RecordBatch.from_arrays(
         [
             column("key", lambda m: m.key(), pa.binary()),
-            pa.array(values, pa.binary()),
+            value_column if value_column is not None else pa.array(values, pa.binary()),
             pa.repeat(pa.scalar(task.topic, pa.string()), n),
             pa.repeat(pa.scalar(task.partition, pa.int32()), n),
-            pa.array([m.offset() for m in rows], pa.int64()),
+            offsets,
             column("timestamp", _timestamp_us, pa.int64()).cast(stamp_type),
             column("timestamp", lambda m: m.timestamp()[0], pa.int32()),
             column("headers", _headers, schema.field("headers").type),

@@ -71,6 +71,21 @@ def test_json_one_bad_message_in_a_large_chunk_is_isolated():
     assert [i for i, e in enumerate(out.errors) if e] == [1234]
 
 
+def test_json_clean_chunk_checks_each_message_still():
+    # Every message starts with "{" and holds no newline: decoded as one block without looking
+    # at messages one by one, and still one row per message, each error its own.
+    values = [json.dumps({"id": i}).encode() for i in range(100)]
+    values[10] = b'{"id": 10}{"id": 11}'
+    values[20] = b'{"id": 20} {"id": 21}'
+    values[30] = b'{"id": 30}   '
+    values[40] = b"{}"
+    out = JsonDecoder(SCHEMA).decode(values)
+    ids = [r["id"] if r else None for r in out.data.to_pylist()]
+    assert ids == [None if i in (10, 20) else (None if i == 40 else i) for i in range(100)]
+    assert [i for i, e in enumerate(out.errors) if e] == [10, 20]
+    assert out.data.to_pylist()[40] == {"id": None, "user": None, "ts": None, "meta": None}
+
+
 def test_json_unknown_field_with_changing_types_is_reported_not_an_error():
     values = [b'{"id": 1, "x": 1}', b'{"id": 2, "x": "one"}']
     out = JsonDecoder(SCHEMA).decode(values)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pyarrow.compute as pc
 import pytest
@@ -10,7 +11,7 @@ from deltalake import DeltaTable
 
 import deltaflow
 from deltaflow.exceptions import ConfigError, UnknownOptionError
-from deltaflow.sources.kafka import KafkaSourceOptions, _admit
+from deltaflow.sources.kafka import IDLE_POLL_S, KafkaSourceOptions, KafkaStreamReader, _admit
 
 
 def test_options_mask_secrets_and_pass_kafka_settings_through():
@@ -62,6 +63,41 @@ def test_admission_control_shares_the_budget_by_backlog():
     assert sum(taken.values()) == 500
     assert taken == {"0": 450, "1": 50, "2": 0}
     assert _admit(start, end, 10_000) == end
+
+
+def test_pacing_drains_a_backlog_at_once_and_holds_a_partial_batch_until_due(spark, kafka):
+    # batch_interval (ingest's --allowed_latency): a batch is due once the interval has passed
+    # since the previous one started, except that full batches and the rest of a backlog run
+    # at once. Asked the way Spark's default trigger asks: latestOffset(start) again and again.
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+    from pyspark.sql.types import _parse_datatype_string
+
+    topic = kafka.create_topic(partitions=2)
+    kafka.produce(topic, [b"m"] * 25, partitions=2)
+    options = KafkaSourceOptions(bootstrap_servers=kafka.bootstrap, topic=(topic,), batch_interval=600)
+    reader = KafkaStreamReader(options, _parse_datatype_string(options.source_schema()))
+    limit = ReadMaxRows(10)
+
+    def count(start, end):
+        return sum(end[topic][p] - start[topic][p] for p in end[topic])
+
+    start = reader.initialOffset()
+    sizes = []
+    while sum(sizes) < 25:  # 10 + 10 (full), then the 5 left behind: none waits 600 s
+        end = reader.latestOffset(start, limit)
+        assert end != start, f"held back after {sizes}"
+        sizes.append(count(start, end))
+        start = end
+    assert sizes == [10, 10, 5]
+
+    kafka.produce(topic, [b"n"] * 3, partitions=2)  # a partial batch, not due for 600 s
+    began = time.monotonic()
+    assert reader.latestOffset(start, limit) == start  # "no new data" ...
+    assert time.monotonic() - began < IDLE_POLL_S + 5  # ... after a short wait, not the interval
+    kafka.produce(topic, [b"f"] * 8, partitions=2)  # now a full batch waits: it runs at once
+    end = reader.latestOffset(start, limit)
+    assert count(start, end) == 10
+    reader.stop()
 
 
 def _stream(spark, kafka, topic, tmp_path, *, pipeline="k", **source_options):
