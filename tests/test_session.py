@@ -1,0 +1,75 @@
+"""The Spark session factory: defaults, and the interpreter its local Python workers run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyspark
+
+from deltaflow.session import default_conf, worker_python
+
+PACKAGE = Path(pyspark.__file__).parent
+LIB = PACKAGE / "python" / "lib"
+
+
+def _run(script: str, pythonpath: str) -> list[str]:
+    code = "import os, pyspark; print(os.environ.get('PYTHONPATH', '')); print(pyspark.__file__)"
+    env = {**os.environ, "PYTHONPATH": pythonpath}
+    out = subprocess.run([script, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return out.stdout.splitlines()
+
+
+def test_worker_wrapper_drops_exactly_sparks_own_archives(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("SPARK_HOME", raising=False)
+    script = worker_python(sys.executable)
+    assert script != sys.executable and Path(script).parent == tmp_path / "deltaflow"
+    (py4j_zip,) = LIB.glob("py4j-*-src.zip")
+    spark_path = f"{LIB / 'pyspark.zip'}:{py4j_zip}"
+
+    # What Spark gives a worker: its archives first, then its jar and the user's entries.
+    path, module = _run(script, f"{spark_path}:/opt/extra:/opt/more")
+    assert path == "/opt/extra:/opt/more"
+    assert Path(module).parent == PACKAGE  # compiled site-packages code, not the zip
+    (path, module) = _run(script, spark_path)
+    assert path == "" and Path(module).parent == PACKAGE
+    # Anything else is left as it is.
+    other = f"/opt/extra:{spark_path}"
+    assert _run(script, other)[0] == other
+    assert _run(script, f"{spark_path}x")[0] == f"{spark_path}x"  # a prefix of another name
+
+    assert worker_python(sys.executable) == script  # written once, reused
+
+
+def test_no_wrapper_for_another_spark_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("SPARK_HOME", str(tmp_path / "spark-4.3.0-bin-hadoop3"))
+    assert worker_python(sys.executable) == sys.executable
+    assert not (tmp_path / "deltaflow").exists()
+
+
+def test_no_wrapper_where_it_cannot_run(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    cache.write_text("a file where the cache directory should be")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    monkeypatch.delenv("SPARK_HOME", raising=False)
+    assert worker_python(sys.executable) == sys.executable
+
+
+def test_local_python_workers_import_pyspark_from_site_packages(spark):
+    def where(_rows):
+        import os as os_
+        import sys as sys_
+
+        import pyspark as pyspark_
+
+        yield pyspark_.__file__, os_.environ.get("PYTHONPATH", ""), sys_.executable
+
+    ((module, path, executable),) = spark.sparkContext.parallelize([0], 1).mapPartitions(where).collect()
+    assert Path(module).parent == PACKAGE, module
+    assert "pyspark.zip" not in path
+    assert Path(executable).resolve() == Path(sys.executable).resolve()
+    assert default_conf("local[2]")["spark.pyspark.python"] == os.environ["PYSPARK_PYTHON"]
