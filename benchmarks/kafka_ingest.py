@@ -8,9 +8,10 @@ tansu broker, then lands that topic, in one process and on the same machine, wit
   consumer until the last commit returns.
 * deltaflow: ``deltaflow.ingest`` (Spark ``local[*]``, the deltaflow-kafka source decoding JSON
   to Arrow in its tasks with the given schema, foreachBatch writer, progress in the Delta log),
-  processingTime trigger ``--trigger`` s, ``--max-messages-per-batch`` (the CLI's default
-  500,000). Timed from calling ``ingest()`` (query start) until the table's per-partition txns
-  cover every offset of the topic (polled every 0.2 s). The Spark session is created before
+  ``allowed_latency=--trigger`` s (the source starts a batch every --trigger s, or at once
+  while a backlog drains), ``--max-messages-per-batch`` (the CLI's default 500,000). Timed
+  from calling ``ingest()`` (query start) until the table's per-partition txns cover every
+  offset of the topic (polled every 0.2 s). The Spark session is created before
   the clock starts (its start-up time is printed separately).
 
 Rounds alternate reference, deltaflow on fresh tables over the same topic, in one Spark

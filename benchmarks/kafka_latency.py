@@ -2,8 +2,9 @@
 
 A producer thread produces ``--rate`` JSON messages/s (default 10,000; a burst of rate/100 every
 10 ms, ``linger.ms`` 5) for ``--seconds`` (default 60) into a 4-partition topic of a local tansu
-broker, while ``deltaflow.ingest`` runs with ``allowed_latency=--trigger`` (processingTime
-trigger, default 1 s) and ``max_messages_per_batch`` 500,000 (the CLI's default). Messages are
+broker, while ``deltaflow.ingest`` runs with ``allowed_latency=--trigger`` (default 1 s: a
+micro-batch at most every second, paced by the source) and ``max_messages_per_batch`` 500,000
+(the CLI's default). Messages are
 those of ``kafka_ingest.py`` (12 fields) with ``id`` the sequence number and one more field,
 ``produced_us``: the wall clock (µs since the epoch) right before ``Producer.produce()``.
 

@@ -242,7 +242,9 @@ def _key_values(values: tuple[str, ...], flag: str) -> dict[str, str]:
     default=10.0,
     envvar="ALLOWED_LATENCY",
     show_envvar=True,
-    help="Seconds between commits (the micro-batch trigger interval).",
+    help="Seconds a message may wait for its commit: a micro-batch starts this long after the "
+    "previous one started, or at once when --max_messages_per_batch messages wait (a backlog "
+    "drains batch after batch without pauses).",
 )
 @click.option(
     "--max_messages_per_batch",
