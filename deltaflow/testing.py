@@ -13,13 +13,17 @@ the broker advertises, so a broker meant to sit behind a proxy must advertise th
 from __future__ import annotations
 
 import contextlib
+import http.client
+import http.server
 import logging
+import re
 import socket
+import struct
 import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -348,26 +352,149 @@ def stop_process(process: subprocess.Popen[Any], timeout_s: float = 10.0) -> Non
         process.kill()
 
 
-class FaultyHttpProxy:
-    """An HTTP proxy in front of an object store (e.g. a moto S3 server) that answers some
-    requests with an error instead of forwarding them: throttling and 5xx on demand.
+#: Methods a :class:`FaultyHttpProxy` rule matches when given ``"*"``.
+ANY_METHOD = "*"
+#: Timeout of the proxy's own request to the store.
+UPSTREAM_TIMEOUT_S = 60.0
 
-    ``fail(method, pattern, status, times)`` makes the next ``times`` requests whose method
-    matches and whose path matches the regular expression ``pattern`` get ``status`` (with an
-    S3-style XML error body); ``times=-1`` fails them all until :meth:`heal`. Every other
-    request is forwarded unchanged. ``injected`` counts the errors sent.
+
+@dataclass
+class _Rule:
+    kind: str  # "fail", "lose_response", "delay", "reset"
+    method: str
+    pattern: re.Pattern[str]
+    left: int  # requests still to hit; -1: until heal()
+    status: int = 503
+    seconds: float = 0.0
+    after_forward: bool = False
+
+    def matches(self, method: str, path: str) -> bool:
+        return self.left != 0 and self.method in (ANY_METHOD, method) and bool(self.pattern.search(path))
+
+
+class FaultyHttpProxy:
+    """An HTTP proxy in front of an object store (e.g. a moto S3 server or azurite) that injects
+    the faults real stores and networks produce, on the requests you choose.
+
+    Point the client's endpoint at :attr:`endpoint`. Each mode takes an HTTP ``method``
+    (``"*"`` for any) and a regular expression ``pattern`` searched in the request path, and a
+    count ``times`` of requests to hit (``-1``: every one until :meth:`heal`):
+
+    - :meth:`fail`: answer ``status`` (an S3-style XML error) *instead of* forwarding: the store
+      never saw the request (throttling, a 5xx before the store acted).
+    - :meth:`lose_response`: forward the request, let the store act on it, then answer ``status``:
+      the write landed but its client was told it failed (a timeout, a load balancer's 500).
+    - :meth:`delay`: wait ``seconds`` before forwarding (a slow store).
+    - :meth:`reset`: reset the TCP connection (RST) before forwarding, or with
+      ``after_forward=True`` after the store acted on the request.
+    - :meth:`outage`: every request fails (connections reset, or ``status``) until :meth:`heal`.
+
+    ``counts`` holds the number of faults injected per mode, ``injected`` their total and
+    ``requests`` the ``(method, path)`` of every request received. Delays add to the other modes;
+    of the other rules, the first one added that matches applies. Everything else is forwarded
+    unchanged.
     """
 
     def __init__(self, target: str, *, port: int | None = None) -> None:
-        import http.server
-        import re
         from urllib.parse import urlparse
 
         parsed = urlparse(target)
         self._upstream = (parsed.hostname or "127.0.0.1", parsed.port or 80)
-        self._rules: list[tuple[str, Any, int, list[int]]] = []
+        self._rules: list[_Rule] = []
         self._lock = threading.Lock()
-        self.injected = 0
+        self.counts: dict[str, int] = {"fail": 0, "lose_response": 0, "delay": 0, "reset": 0}
+        self.requests: list[tuple[str, str]] = []
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", port or 0), self._handler())
+        self._server.daemon_threads = True
+        self.port = int(self._server.server_address[1])
+        self._thread = threading.Thread(target=self._server.serve_forever, name="faulty-http", daemon=True)
+        self._thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def injected(self) -> int:
+        """Faults injected so far, of every mode."""
+        return sum(self.counts.values())
+
+    def fail(self, method: str, pattern: str, status: int = 503, times: int = 1) -> None:
+        """Answer ``status`` instead of forwarding the next ``times`` matching requests."""
+        self._add(_Rule("fail", method.upper(), re.compile(pattern), times, status=status))
+
+    def lose_response(self, method: str, pattern: str, status: int = 500, times: int = 1) -> None:
+        """Forward the next ``times`` matching requests, then answer ``status``: they landed."""
+        self._add(_Rule("lose_response", method.upper(), re.compile(pattern), times, status=status))
+
+    def delay(self, method: str, pattern: str, seconds: float, times: int = -1) -> None:
+        """Hold the next ``times`` matching requests for ``seconds`` before forwarding them."""
+        self._add(_Rule("delay", method.upper(), re.compile(pattern), times, seconds=seconds))
+
+    def reset(self, method: str, pattern: str, times: int = 1, *, after_forward: bool = False) -> None:
+        """Reset the connection of the next ``times`` matching requests (after forwarding them
+        when ``after_forward``)."""
+        self._add(_Rule("reset", method.upper(), re.compile(pattern), times, after_forward=after_forward))
+
+    def outage(self, status: int | None = None) -> None:
+        """The store is unreachable: every request is reset (or answered ``status``) until
+        :meth:`heal`."""
+        if status is None:
+            self.reset(ANY_METHOD, "", times=-1)
+        else:
+            self.fail(ANY_METHOD, "", status, times=-1)
+
+    def heal(self) -> None:
+        """Forget every rule: requests are forwarded again."""
+        with self._lock:
+            self._rules.clear()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> FaultyHttpProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _add(self, rule: _Rule) -> None:
+        with self._lock:
+            self._rules.append(rule)
+
+    def _faults(self, method: str, path: str) -> tuple[float, _Rule | None]:
+        """The delay and the fault (if any) for one request; counts them."""
+        with self._lock:
+            self.requests.append((method, path))
+            wait = 0.0
+            fault: _Rule | None = None
+            for rule in self._rules:
+                if not rule.matches(method, path):
+                    continue
+                if rule.kind == "delay":
+                    wait += rule.seconds
+                elif fault is None:
+                    fault = rule
+                else:
+                    continue
+                rule.left -= 1 if rule.left > 0 else 0
+                self.counts[rule.kind] += 1
+            return wait, fault
+
+    def _forward(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> _Response:
+        upstream = http.client.HTTPConnection(*self._upstream, timeout=UPSTREAM_TIMEOUT_S)
+        try:
+            skip = ("connection", "transfer-encoding", "content-length", "expect")
+            sent = {k: v for k, v in headers.items() if k.lower() not in skip}
+            sent["Content-Length"] = str(len(body))
+            upstream.request(method, path, body=body or None, headers=sent)
+            response = upstream.getresponse()
+            return _Response(response.status, response.reason, response.getheaders(), response.read())
+        finally:
+            upstream.close()
+
+    def _handler(self) -> type[http.server.BaseHTTPRequestHandler]:
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -390,74 +517,60 @@ class FaultyHttpProxy:
                 length = int(self.headers.get("Content-Length") or 0)
                 return self.rfile.read(length) if length else b""
 
+            def _reset(self) -> None:
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                self.close_connection = True
+                self.connection.close()
+
+            def _error(self, status: int) -> None:
+                code = {503: "SlowDown", 500: "InternalError"}.get(status, "InjectedFault")
+                payload = (
+                    f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{code}</Code>"
+                    "<Message>injected by deltaflow.testing.FaultyHttpProxy</Message></Error>"
+                ).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                if self.command != "HEAD":  # a HEAD answer has no body
+                    self.wfile.write(payload)
+
             def _any(self) -> None:
                 body = self._body()
-                status = proxy._fault(self.command, self.path)
-                if status is not None:
-                    payload = (
-                        f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>"
-                        f"{'SlowDown' if status == 503 else 'InternalError'}</Code><Message>injected "
-                        f"by the test</Message></Error>"
-                    ).encode()
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/xml")
-                    self.send_header("Content-Length", str(len(payload)))
-                    self.end_headers()
-                    self.wfile.write(payload)
-                    return
-                import http.client
-
-                upstream = http.client.HTTPConnection(*proxy._upstream, timeout=60)
-                try:
-                    skip = ("connection", "transfer-encoding", "content-length", "expect")
-                    headers = {k: v for k, v in self.headers.items() if k.lower() not in skip}
-                    headers["Content-Length"] = str(len(body))
-                    upstream.request(self.command, self.path, body=body or None, headers=headers)
-                    response = upstream.getresponse()
-                    data = response.read()
-                    self.send_response(response.status, response.reason)
-                    for key, value in response.getheaders():
-                        if key.lower() not in ("transfer-encoding", "connection", "content-length"):
-                            self.send_header(key, value)
-                    # A HEAD answer has no body but the object's length.
-                    length = response.getheader("Content-Length") if self.command == "HEAD" else None
-                    self.send_header("Content-Length", length or str(len(data)))
-                    self.end_headers()
-                    if self.command != "HEAD":
-                        self.wfile.write(data)
-                finally:
-                    upstream.close()
+                wait, fault = proxy._faults(self.command, self.path)
+                if wait:
+                    time.sleep(wait)
+                if fault is not None and fault.kind == "fail":
+                    return self._error(fault.status)
+                if fault is not None and fault.kind == "reset" and not fault.after_forward:
+                    return self._reset()
+                response = proxy._forward(self.command, self.path, dict(self.headers.items()), body)
+                if fault is not None and fault.kind == "reset":
+                    return self._reset()
+                if fault is not None and fault.kind == "lose_response":
+                    return self._error(fault.status)
+                self.send_response(response.status, response.reason)
+                for key, value in response.headers:
+                    if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(key, value)
+                # A HEAD answer has no body but the object's length.
+                length = dict((k.lower(), v) for k, v in response.headers).get("content-length")
+                self.send_header(
+                    "Content-Length", (length if self.command == "HEAD" else None) or str(len(response.body))
+                )
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(response.body)
+                return None
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any  # noqa: N815
 
-        self._re = re
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", port or 0), Handler)
-        self._server.daemon_threads = True
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, name="faulty-http", daemon=True)
-        self._thread.start()
+        return Handler
 
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
-    def fail(self, method: str, pattern: str, status: int = 503, times: int = 1) -> None:
-        with self._lock:
-            self._rules.append((method.upper(), self._re.compile(pattern), status, [times]))
-
-    def heal(self) -> None:
-        with self._lock:
-            self._rules.clear()
-
-    def _fault(self, method: str, path: str) -> int | None:
-        with self._lock:
-            for rule_method, pattern, status, left in self._rules:
-                if rule_method == method and pattern.search(path) and left[0] != 0:
-                    left[0] -= 1
-                    self.injected += 1
-                    return status
-        return None
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+@dataclass(frozen=True)
+class _Response:
+    status: int
+    reason: str
+    headers: list[tuple[str, str]]
+    body: bytes
