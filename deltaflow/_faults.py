@@ -1,4 +1,4 @@
-"""Crash injection for the exactly-once tests.
+"""Crash and lost-response injection for the exactly-once tests.
 
 When the environment variable ``DELTAFLOW_TEST_CRASH_AT`` is ``"<point>:<batch_id>"`` and the
 sink reaches ``point`` for that batch, the whole pipeline is killed with SIGKILL: the process
@@ -11,15 +11,24 @@ Points, in the order a micro-batch reaches them:
 * ``write``: an executor task has written its files (before returning its commit message).
 * ``before_commit``: the driver holds every file of the batch, nothing is in the Delta log.
 * ``after_commit``: the Delta commit landed; Spark has not recorded the batch as done.
+
+:func:`lose_commit_responses` makes commits of this process land and then raise as if their
+response had been lost (a reset after the store acted): for tables on local disk, where no HTTP
+proxy can sit between deltaflow and the store (:class:`deltaflow.testing.FaultyHttpProxy` does
+the same for object stores).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
 
-__all__ = ["CRASH_POINTS", "maybe_crash"]
+__all__ = ["CRASH_POINTS", "LostResponses", "lose_commit_responses", "maybe_crash", "maybe_lose_response"]
 
 CRASH_POINTS = ("write", "before_commit", "after_commit")
 
@@ -40,3 +49,46 @@ def maybe_crash(point: str, batch_id: int | None) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(int(pgid), signal.SIGKILL)
     os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+@dataclass
+class LostResponses:
+    """A :func:`lose_commit_responses` rule: commits whose description matches ``pattern``."""
+
+    pattern: re.Pattern[str]
+    left: int
+    #: The descriptions of the commits whose response was lost.
+    lost: list[str]
+
+
+_rules: list[LostResponses] = []
+_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def lose_commit_responses(pattern: str = "", times: int = 1) -> Iterator[LostResponses]:
+    """Within the block, the next ``times`` commits (``-1``: all) whose description (``what``, e.g.
+    ``"batch 3 of 'orders'"``) matches ``pattern`` land, then raise a connection reset."""
+    rule = LostResponses(re.compile(pattern), times, [])
+    with _lock:
+        _rules.append(rule)
+    try:
+        yield rule
+    finally:
+        with _lock:
+            _rules.remove(rule)
+
+
+def maybe_lose_response(what: str) -> None:
+    """Called right after a commit landed: raise as if its response was lost, if a rule says so."""
+    if not _rules:
+        return
+    with _lock:
+        for rule in _rules:
+            if rule.left != 0 and rule.pattern.search(what):
+                rule.left -= 1 if rule.left > 0 else 0
+                rule.lost.append(what)
+                break
+        else:
+            return
+    raise ConnectionResetError(104, f"Connection reset by peer (injected after {what} landed)")

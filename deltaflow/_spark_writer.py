@@ -13,7 +13,7 @@ Either way the driver commits them with the sink's commit sequence
 steps 1-5 follow):
 
 a. Replay check BEFORE writing: if ``txn(pipeline_id)`` ≥ N nothing is written at all.
-b. ``spark``: Spark writes the batch under ``<table>/_deltaflow/staging/<pipeline_id>/b<N>``
+b. ``spark``: Spark writes the batch under ``<table>/_deltaflow/staging/<pipeline_id>/<writer>/b<N>``
    (cleared first: a crashed attempt may have left files there; Delta readers and vacuum
    ignore it); each file is renamed into its Hive partition folder of the table as
    ``part-b<N>-<spark's name>`` and described (size, partition values, footer statistics).
@@ -77,7 +77,9 @@ class SparkBatchWriter:
         self._options = options
         self._overwrite = overwrite
         self._root = Path(normalize_uri(options.table_uri))  # used by the spark way only
-        self._staging_root = self._root / STAGING_DIR / options.pipeline_id
+        # One staging folder per writer object (process): a zombie copy of the pipeline clears
+        # and fills its own folder, never this one's.
+        self._staging_root = self._root / STAGING_DIR / options.pipeline_id / _writer_token()
         # Bytes per row seen in the last batch: turns target_file_size_mb into Spark's
         # maxRecordsPerFile (Spark itself cannot roll files by size).
         self._bytes_per_row: float | None = None
@@ -190,6 +192,14 @@ class SparkBatchWriter:
         if rows:
             self._bytes_per_row = sum(f.size for f in files) / rows
         return files
+
+
+def _writer_token() -> str:
+    """``<host>-<pid>-<random>``: names this writer's staging folder."""
+    import socket
+    import uuid
+
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 def _arrow_write(batch: DataFrame, sink: _DeltaSink, batch_id: int) -> list[DeltaCommitMessage]:

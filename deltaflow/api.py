@@ -65,7 +65,7 @@ def _prepare_table(df: DataFrame, options: SinkOptions) -> None:
 
     Runs on the driver before anything is written, so bad input fails with nothing on disk.
     """
-    from deltaflow import delta_log
+    from deltaflow import commit, delta_log
     from deltaflow._schema import check_against_table, check_partition_columns, spark_to_arrow
 
     uri = normalize_uri(options.table_uri)
@@ -79,7 +79,7 @@ def _prepare_table(df: DataFrame, options: SinkOptions) -> None:
                 "or set auto_create_table=true",
                 table_uri=uri,
             )
-        delta_log.create_table(
+        commit.create_table(
             uri,
             schema,
             partition_by=options.partition_columns,
@@ -94,6 +94,21 @@ def _prepare_table(df: DataFrame, options: SinkOptions) -> None:
         schema_mode=options.schema_mode,
         table_uri=uri,
     )
+
+
+def _claim(options: SinkOptions) -> SinkOptions:
+    """Become the pipeline's only writer of the table (see :func:`deltaflow.commit.claim_writer`):
+    the options with the writer epoch every commit of this stream carries."""
+    from deltaflow import commit
+
+    assert options.pipeline_id  # streams always have one
+    fence = commit.claim_writer(
+        normalize_uri(options.table_uri),
+        options.storage_options,
+        options.pipeline_id,
+        policy=commit.RetryPolicy(max_retries=options.max_commit_retries),
+    )
+    return options.model_copy(update={"writer_epoch": fence.epoch})
 
 
 def write_stream(
@@ -141,16 +156,16 @@ def write_stream(
         from deltaflow.merge import MergeWriter, target_rows
 
         _prepare_table(target_rows(df, opts), opts)
-        writer = df.writeStream.foreachBatch(MergeWriter(opts))
+        writer = df.writeStream.foreachBatch(MergeWriter(_claim(opts)))
     elif opts.uses_spark_writer:
         _prepare_table(df, opts)
         from deltaflow._spark_writer import SparkBatchWriter
 
-        batch_writer = SparkBatchWriter(opts, overwrite=output_mode == "complete")
+        batch_writer = SparkBatchWriter(_claim(opts), overwrite=output_mode == "complete")
         writer = df.writeStream.foreachBatch(batch_writer)
     else:
         _prepare_table(df, opts)
-        writer = df.writeStream.format(FORMAT_NAME).options(**opts.to_spark_options())
+        writer = df.writeStream.format(FORMAT_NAME).options(**_claim(opts).to_spark_options())
     writer = (
         writer.option("checkpointLocation", location)
         .outputMode(output_mode)

@@ -26,8 +26,9 @@ __all__ = ["AutoCompactor", "CompactionPolicy", "close_all", "compactor_for", "c
 
 logger = logging.getLogger(__name__)
 
-#: Backoff between attempts of one compaction (seconds); then it waits for the next commit.
-RETRY_BACKOFF_S = (0.5, 1.0, 2.0)
+#: Retries of one compaction (waits 0.5, 1, 2 s); then it waits for the next commit.
+RETRIES = 3
+RETRY_BACKOFF_S = 0.5
 
 PartitionKey = tuple[tuple[str, str | None], ...]
 
@@ -195,7 +196,7 @@ class AutoCompactor:
                 self._compact(ordered, count)
 
     def _compact(self, key: PartitionKey, small_files: int) -> None:
-        from deltaflow import delta_log
+        from deltaflow import commit
         from deltaflow.locks import compaction_lease
 
         if any(value is None for _, value in key):
@@ -203,53 +204,61 @@ class AutoCompactor:
             return
         filters = [(c, "=", _partition_text(v)) for c, v in key] or None
         where = " AND ".join(f"{c}={v}" for c, v in key) or "(whole table)"
-        for attempt, pause in enumerate((*RETRY_BACKOFF_S, None)):
-            started = time.monotonic()
-            try:
-                # One compaction of a table at a time, across processes (deltaflow.locks): two
-                # concurrent ones would both commit and duplicate the rows they rewrote.
-                with compaction_lease(self.table_uri, self._storage_options) as taken:
-                    if not taken:
-                        metrics.compaction(pipeline=self._pipeline, table=self.table_uri, outcome="skipped")
-                        logger.debug("auto-compaction of %s skipped: another compaction runs", self.table_uri)
-                        return
-                    table = delta_log.load(self.table_uri, self._storage_options)
-                    if table is None:
-                        return
-                    result = table.optimize.compact(
-                        partition_filters=filters, target_size=self.policy.target_bytes
-                    )
-            except Exception as exc:  # noqa: BLE001 - delta-rs conflict errors have no common type
-                if pause is None:
-                    self.failures += 1
-                    metrics.compaction(pipeline=self._pipeline, table=self.table_uri, outcome="failed")
-                    logger.warning(
-                        "auto-compaction of %s [%s] failed %d times, retried after the next commit: %s",
-                        self.table_uri,
-                        where,
-                        attempt + 1,
-                        exc,
-                    )
+        started = time.monotonic()
+        try:
+            # One compaction of a table at a time, across processes (deltaflow.locks): two
+            # concurrent ones would both commit and duplicate the rows they rewrote.
+            with compaction_lease(self.table_uri, self._storage_options) as taken:
+                if not taken:
+                    metrics.compaction(pipeline=self._pipeline, table=self.table_uri, outcome="skipped")
+                    logger.debug("auto-compaction of %s skipped: another compaction runs", self.table_uri)
                     return
-                time.sleep(pause)
-                continue
-            self.compactions += 1
-            metrics.compaction(
-                pipeline=self._pipeline,
-                table=self.table_uri,
-                outcome="success",
-                files_removed=int(result.get("numFilesRemoved", 0)),
-                files_added=int(result.get("numFilesAdded", 0)),
-            )
-            logger.info(
-                "auto-compacted %s [%s]: %s small file(s) -> %s file(s) in %.2f s",
+                result = commit.commit(
+                    self.table_uri,
+                    self._storage_options,
+                    lambda table, props: (
+                        table.optimize.compact(
+                            partition_filters=filters,
+                            target_size=self.policy.target_bytes,
+                            commit_properties=props,
+                        )
+                        if table is not None
+                        else {}
+                    ),
+                    what=f"auto-compaction of [{where}]",
+                    metadata={
+                        "deltaflow.operation": "auto-compaction",
+                        "deltaflow.compacted_for": self._pipeline,
+                    },
+                    policy=commit.RetryPolicy(max_retries=RETRIES, backoff_s=RETRY_BACKOFF_S),
+                )
+        except Exception as exc:  # noqa: BLE001 - never raised into the stream
+            self.failures += 1
+            metrics.compaction(pipeline=self._pipeline, table=self.table_uri, outcome="failed")
+            logger.warning(
+                "auto-compaction of %s [%s] failed, retried after the next commit: %s",
                 self.table_uri,
                 where,
-                result.get("numFilesRemoved", small_files),
-                result.get("numFilesAdded", "?"),
-                time.monotonic() - started,
+                exc,
             )
             return
+        done = dict(result.value or result.info.get("operationMetrics") or {})
+        self.compactions += 1
+        metrics.compaction(
+            pipeline=self._pipeline,
+            table=self.table_uri,
+            outcome="success",
+            files_removed=int(done.get("numFilesRemoved", 0)),
+            files_added=int(done.get("numFilesAdded", 0)),
+        )
+        logger.info(
+            "auto-compacted %s [%s]: %s small file(s) -> %s file(s) in %.2f s",
+            self.table_uri,
+            where,
+            done.get("numFilesRemoved", small_files),
+            done.get("numFilesAdded", "?"),
+            time.monotonic() - started,
+        )
 
 
 def _partition_text(value: object) -> str | None:

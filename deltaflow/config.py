@@ -94,6 +94,9 @@ class SinkOptions(BaseModel):
         auto_compact_min_files: Small files in one partition that trigger a compaction.
         vacuum_interval_hours: Streams only: vacuum the table this often in the background
             (0 = never), keeping the table's ``delta.deletedFileRetentionDuration``.
+        writer_epoch: Set by deltaflow when it starts a stream (``deltaflow.commit.claim_writer``):
+            the pipeline's writer epoch in this table. Every commit carries it, and a process
+            holding an older epoch stops instead of committing (a zombie writer).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -121,6 +124,7 @@ class SinkOptions(BaseModel):
     auto_compact: bool = True
     auto_compact_min_files: int = Field(default=50, ge=2)
     vacuum_interval_hours: float = Field(default=0.0, ge=0.0)
+    writer_epoch: int | None = Field(default=None, ge=1)
 
     @field_validator("table_uri")
     @classmethod

@@ -14,6 +14,7 @@ stay picklable, because Spark ships them from Python workers back to the driver.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -28,12 +29,26 @@ __all__ = [
     "QueryFailedError",
     "SchemaEvolvedError",
     "SchemaMismatchError",
+    "StorageAccessError",
+    "StorageUnavailableError",
     "TableNotFoundError",
     "TerminalError",
     "TransientError",
     "UnknownOptionError",
     "WriteValidationError",
+    "WriterFencedError",
+    "storage_error",
 ]
+
+#: Storage errors that say "not allowed / not there": retrying cannot fix them.
+ACCESS_DENIED = re.compile(
+    r"\b403\b|Forbidden|AccessDenied|InvalidAccessKeyId|SignatureDoesNotMatch|NoSuchBucket"
+    r"|AuthorizationFailure|AuthenticationFailed|InvalidAuthenticationInfo|ContainerNotFound"
+    r"|Permission denied|PermissionDenied|ExpiredToken|InvalidToken",
+    re.IGNORECASE,
+)
+#: Characters of an underlying error quoted in deltaflow's messages.
+ERROR_CHARS = 400
 
 
 class DeltaflowError(Exception):
@@ -116,6 +131,21 @@ class CommitError(TransientError):
     """A Delta commit failed after all retries; nothing of the batch was committed."""
 
 
+class StorageUnavailableError(TransientError):
+    """The table's storage did not answer or failed (5xx, throttling, timeouts, resets); the
+    same request may work later."""
+
+
+class StorageAccessError(TerminalError):
+    """The table's storage refused the request (credentials, permissions, a missing bucket or
+    container): retrying cannot fix it."""
+
+
+class WriterFencedError(TerminalError):
+    """Another process took the pipeline over (a newer writer epoch in the table); this one stops
+    so that the two never commit the same data. The message names the other writer."""
+
+
 class SchemaEvolvedError(TransientError):
     """Columns were added to the table for new message fields; the query must restart (nothing
     of the batch was committed) so that its source decodes them. The daemon does that."""
@@ -138,6 +168,28 @@ class ExpectationFailedError(TerminalError):
 
 class QueryFailedError(TerminalError):
     """A streaming query failed with an error deltaflow does not know to be transient."""
+
+
+def brief(error: BaseException) -> str:
+    """The error's text on one line, bounded (delta-rs and pyarrow errors span lines)."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= ERROR_CHARS else text[: ERROR_CHARS - 3] + "..."
+
+
+def storage_error(error: BaseException, table_uri: str, doing: str) -> DeltaflowError:
+    """The deltaflow error for a storage failure while ``doing`` something to ``table_uri``:
+    :class:`StorageAccessError` when access was refused, else :class:`StorageUnavailableError`."""
+    if ACCESS_DENIED.search(str(error)):
+        return StorageAccessError(
+            f"{doing} {table_uri!r} failed: {brief(error)}; check the storage settings "
+            "(credentials, permissions, bucket or container name)",
+            table_uri=table_uri,
+        )
+    return StorageUnavailableError(
+        f"{doing} {table_uri!r} failed: {brief(error)}; the storage may be down or unreachable, "
+        "retrying later may work",
+        table_uri=table_uri,
+    )
 
 
 def _closest(name: str, known: Sequence[str]) -> str | None:

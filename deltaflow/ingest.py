@@ -446,7 +446,7 @@ class IngestWriter:
         from pyspark.sql import functions as F  # noqa: N812
         from pyspark.sql.pandas.types import to_arrow_type
 
-        from deltaflow import delta_log
+        from deltaflow import commit, delta_log
         from deltaflow.exceptions import SchemaEvolvedError
 
         uri = normalize_uri(self._main_options.table_uri)
@@ -472,7 +472,12 @@ class IngestWriter:
             return
         import pyarrow as pa
 
-        delta_log.add_columns(table, [pa.field(f.name, to_arrow_type(f.dataType), True) for f in new])
+        commit.add_columns(
+            uri,
+            self._main_options.storage_options,
+            [pa.field(f.name, to_arrow_type(f.dataType), True) for f in new],
+            policy=commit.RetryPolicy(max_retries=self._main_options.max_commit_retries),
+        )
         added = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in new)
         raise SchemaEvolvedError(
             f"batch {batch_id}: added column(s) {added} "
@@ -544,7 +549,7 @@ def _already_dead_lettered(options: SinkOptions, batch_id: int) -> Column | None
 
 def ingest(spark: SparkSession, config: IngestConfig) -> StreamingQuery:
     """Start ingesting ``config.topic`` into ``config.table_uri``; returns the running query."""
-    from deltaflow.api import _prepare_table, default_checkpoint_location
+    from deltaflow.api import _claim, _prepare_table, default_checkpoint_location
 
     frame = build_ingest_frame(spark, config)
     location = config.checkpoint_location or default_checkpoint_location(config.sink_options(None))
@@ -554,6 +559,10 @@ def ingest(spark: SparkSession, config: IngestConfig) -> StreamingQuery:
     dlq_transforms = config.parsed_dlq_transforms()
     if dlq is not None:
         _prepare_table(dead_letters(frame, dlq_transforms), dlq)
+        dlq = _claim(dlq)
+    # Claimed before the query plans its first batch from the table's progress: from here on a
+    # process that started earlier on this pipeline can no longer commit (zombie writers).
+    main = _claim(main)
     group = None
     if config.commit_to_group:
         group = {"bootstrap.servers": config.brokers, **config.kafka_settings}

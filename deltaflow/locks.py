@@ -22,10 +22,10 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -43,6 +43,8 @@ LOCK_DIR = "_deltaflow/locks"
 #: How long a lease lasts without release (a compaction that runs longer renews nothing: keep
 #: it above the longest compaction).
 DEFAULT_TTL_S = 1800.0
+#: Retries of a release (a conflict there means someone took over an expired lease: fine).
+RELEASE_RETRIES = 3
 _OWNER = "deltaflow.lease_owner"
 _EXPIRES = "deltaflow.lease_expires_ms"
 _SCHEMA = pa.schema([("unused", pa.string())])
@@ -79,11 +81,11 @@ class TableLease:
         self.held = False
 
     def _table(self) -> DeltaTable:
-        from deltaflow import delta_log
+        from deltaflow import commit, delta_log
 
         table = delta_log.load(self.uri, self._storage_options)
         if table is None:
-            table = delta_log.create_table(
+            table = commit.create_table(
                 self.uri,
                 _SCHEMA,
                 partition_by=(),
@@ -96,25 +98,46 @@ class TableLease:
         """Who holds the lease now (empty owner: nobody)."""
         return _state(self._table())
 
+    def _commit(
+        self, owner: str, expires_ms: int, *, refused: Callable[[LeaseState], bool], retries: int
+    ) -> bool:
+        """Record ``owner`` as the holder unless ``refused(state)``; whether this commit is in the
+        log (a commit whose response was lost counts: the log decides)."""
+        from deltaflow import commit
+        from deltaflow.exceptions import CommitError
+
+        def attempt(table: DeltaTable | None, props: Any) -> None:
+            assert table is not None  # _table() created it
+            table.create_write_transaction([], mode="append", schema=table.schema(), commit_properties=props)
+
+        self._table()
+        try:
+            result = commit.commit(
+                self.uri,
+                self._storage_options,
+                attempt,
+                what=f"lease {self.uri} for {owner or 'nobody'}",
+                metadata={_OWNER: owner, _EXPIRES: expires_ms},
+                already_done=lambda table: table is None or refused(_state(table)),
+                policy=commit.RetryPolicy(max_retries=retries),
+                # Of two takers that saw the lease free, the second must fail, not be rebased.
+                delta_rs_retries=0,
+            )
+        except CommitError:
+            return False  # another taker committed that version first (the log says: not ours)
+        return result.committed
+
     def try_acquire(self) -> bool:
         """Take the lease if it is free (or expired); ``False`` if another holds it or won."""
-        from deltalake import CommitProperties
-        from deltalake.exceptions import CommitFailedError
-
-        table = self._table()
         now = int(time.time() * 1000)
-        state = _state(table)
-        if not state.free_at(now) and state.owner != self.owner:
-            return False
-        props = CommitProperties(
-            custom_metadata={_OWNER: self.owner, _EXPIRES: now + self._ttl_ms}, max_commit_retries=0
+        taken = self._commit(
+            self.owner,
+            now + self._ttl_ms,
+            refused=lambda state: not state.free_at(now) and state.owner != self.owner,
+            retries=0,
         )
-        try:
-            table.create_write_transaction([], mode="append", schema=table.schema(), commit_properties=props)
-        except CommitFailedError:
-            return False  # another one committed that version first
-        self.held = True
-        return True
+        self.held = self.held or taken
+        return taken
 
     def acquire(self, timeout_s: float, poll_s: float = 1.0) -> None:
         """Wait up to ``timeout_s`` for the lease.
@@ -137,20 +160,11 @@ class TableLease:
 
     def release(self) -> None:
         """Give the lease back (unless it expired and another took it meanwhile)."""
-        from deltalake import CommitProperties
-        from deltalake.exceptions import CommitFailedError
-
         if not self.held:
             return
         self.held = False
         try:
-            table = self._table()
-            if _state(table).owner != self.owner:
-                return
-            props = CommitProperties(custom_metadata={_OWNER: "", _EXPIRES: 0}, max_commit_retries=0)
-            table.create_write_transaction([], mode="append", schema=table.schema(), commit_properties=props)
-        except CommitFailedError:
-            pass  # someone took it over after it expired: theirs now
+            self._commit("", 0, refused=lambda state: state.owner != self.owner, retries=RELEASE_RETRIES)
         except Exception:
             logger.warning("could not release the %s lease; it expires on its own", self.uri, exc_info=True)
 

@@ -24,7 +24,7 @@ from deltaflow.exceptions import ConfigError, DeltaflowError, TableNotFoundError
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from deltalake import DeltaTable
+    from deltalake import CommitProperties, DeltaTable
 
 __all__ = [
     "DEFAULT_RETENTION",
@@ -263,9 +263,29 @@ def _optimize(
                 )
             if column in meta.partition_columns:
                 raise ConfigError(f"--zorder column {column!r} is a partition column; Z-order data columns")
-        metrics = table.optimize.z_order(list(zorder), partition_filters=filters, target_size=size)
-    else:
-        metrics = table.optimize.compact(partition_filters=filters, target_size=size)
+    from deltaflow import commit
+
+    def attempt(table: DeltaTable | None, props: CommitProperties) -> dict[str, Any]:
+        assert table is not None  # opened above
+        if zorder:
+            return dict(
+                table.optimize.z_order(
+                    list(zorder), partition_filters=filters, target_size=size, commit_properties=props
+                )
+            )
+        return dict(
+            table.optimize.compact(partition_filters=filters, target_size=size, commit_properties=props)
+        )
+
+    outcome = commit.commit(
+        normalize_uri(uri),
+        storage_options or {},
+        attempt,
+        what=f"optimize of {normalize_uri(uri)}",
+        metadata={"deltaflow.operation": "zorder" if zorder else "compact"},
+    )
+    metrics = dict(outcome.value or outcome.info.get("operationMetrics") or {})
+    table = open_table(uri, storage_options)
     added = json.loads(metrics.get("filesAdded") or "{}")
     removed = json.loads(metrics.get("filesRemoved") or "{}")
     result = OptimizeResult(
@@ -527,10 +547,19 @@ def restore(
             table_uri=normalize_uri(uri),
             missing=len(missing),
         )
+    from deltaflow import commit
+
     table = open_table(uri, storage_options)
     before = table.version()
-    metrics = table.restore(target_version)
-    return RestoreResult(normalize_uri(uri), target_version, before, table.version(), dict(metrics))
+    outcome = commit.commit(
+        normalize_uri(uri),
+        storage_options or {},
+        lambda table, props: dict(table.restore(target_version, commit_properties=props)) if table else {},
+        what=f"restore of {normalize_uri(uri)} to version {target_version}",
+        metadata={"deltaflow.operation": "restore"},
+    )
+    metrics = dict(outcome.value or outcome.info.get("operationMetrics") or {})
+    return RestoreResult(normalize_uri(uri), target_version, before, outcome.version or before + 1, metrics)
 
 
 def _missing_files(table: DeltaTable, uri: str, storage_options: Mapping[str, str]) -> tuple[list[str], int]:
@@ -574,16 +603,38 @@ def properties(
             # delta-rs checks delta.* keys only when told to, and then refuses every user key.
             delta_keys = {k: v for k, v in set_.items() if k.startswith("delta.")}
             user_keys = {k: v for k, v in set_.items() if not k.startswith("delta.")}
-            if delta_keys:
-                table.alter.set_table_properties(delta_keys, raise_if_not_exists=True)
-            if user_keys:
-                table.alter.set_table_properties(user_keys, raise_if_not_exists=False)
+            for keys, strict in ((delta_keys, True), (user_keys, False)):
+                if keys:
+                    _set_properties(uri, storage_options or {}, keys, strict=strict)
         except DeltaflowError:
             raise
         except Exception as exc:  # noqa: BLE001 - delta-rs reports bad keys/values as generic errors
             raise ConfigError(f"cannot set {dict(set_)} on {normalize_uri(uri)!r}: {exc}") from None
         table = open_table(uri, storage_options)
     return dict(table.metadata().configuration)
+
+
+def _set_properties(
+    uri: str, storage_options: Mapping[str, str], keys: Mapping[str, str], *, strict: bool
+) -> None:
+    from deltaflow import commit
+
+    def attempt(table: DeltaTable | None, props: CommitProperties) -> None:
+        assert table is not None
+        table.alter.set_table_properties(dict(keys), raise_if_not_exists=strict, commit_properties=props)
+
+    def already_set(table: DeltaTable | None) -> bool:
+        config = table.metadata().configuration if table is not None else {}
+        return all(config.get(k) == v for k, v in keys.items())
+
+    commit.commit(
+        normalize_uri(uri),
+        storage_options,
+        attempt,
+        what=f"setting properties of {normalize_uri(uri)}",
+        metadata={"deltaflow.operation": "set properties"},
+        already_done=already_set,
+    )
 
 
 def read(

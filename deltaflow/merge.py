@@ -26,7 +26,7 @@ from deltaflow import __version__
 from deltaflow._faults import maybe_crash
 from deltaflow._storage import normalize_uri
 from deltaflow.config import SinkOptions
-from deltaflow.exceptions import CommitError, ConfigError, MergeError
+from deltaflow.exceptions import ConfigError, DeltaflowError, MergeError
 from deltaflow.metrics import metrics
 
 if TYPE_CHECKING:
@@ -59,7 +59,6 @@ UPSERT_OPS = (
 #: Operations that are not a row's new state (a Change Data Feed's pre-image, a truncate):
 #: skipped without a warning.
 SKIPPED_OPS = ("update_preimage", "t", "truncate")
-_BACKOFF_S = 0.2
 
 
 def _sequence(df: DataFrame, options: SinkOptions) -> Column | None:
@@ -232,10 +231,11 @@ class MergeWriter:
             )
 
     def _merge(self, data: pa.Table, batch_id: int, started: float) -> None:
-        from deltalake import CommitProperties, Transaction
-        from deltalake.exceptions import CommitFailedError, DeltaError
+        """ONE delta-rs MERGE carrying ``txn(pipeline_id, batch_id)``, under the commit rule."""
+        from deltalake.exceptions import DeltaError
 
-        from deltaflow import delta_log
+        from deltaflow import commit
+        from deltaflow.sink import is_committed, sink_fence
 
         opts = self._options
         app = opts.pipeline_id or ""
@@ -244,54 +244,52 @@ class MergeWriter:
         seq = _quote(SEQUENCE_COLUMN)
         # Ties go to the later change (the txn already keeps a replay out).
         newer = f" AND (t.{seq} IS NULL OR s.{seq} >= t.{seq})" if sequenced else ""
-        attempts, delay = 0, _BACKOFF_S
-        while True:
-            attempts += 1
-            table = delta_log.load(self._uri, opts.storage_options)
+
+        def attempt(table: Any, props: Any) -> dict[str, Any]:
             if table is None:
                 raise ConfigError(f"the merge target {self._uri!r} does not exist", table_uri=self._uri)
-            done = delta_log.transaction_version(table, app)
-            if done is not None and done >= batch_id:
-                return  # an earlier attempt landed although it reported an error
-            props = CommitProperties(
-                custom_metadata={
+            merged: dict[str, Any] = (
+                table.merge(data, predicate=on, source_alias="s", target_alias="t", commit_properties=props)
+                .when_matched_delete(predicate=f"s.{OP} = 'delete'{newer}")
+                .when_matched_update_all(predicate=f"s.{OP} = 'upsert'{newer}", except_cols=[OP])
+                .when_not_matched_insert_all(predicate=f"s.{OP} = 'upsert'", except_cols=[OP])
+                .execute()
+            )
+            return merged
+
+        try:
+            outcome = commit.commit(
+                self._uri,
+                opts.storage_options,
+                attempt,
+                what=f"merge of batch {batch_id} of {app!r}",
+                metadata={
                     "deltaflow.version": __version__,
                     "deltaflow.pipeline_id": app,
                     "deltaflow.epoch": batch_id,
                     "deltaflow.rows": data.num_rows,
                 },
-                app_transactions=[Transaction(app, batch_id, int(time.time() * 1000))],
+                txns=lambda _table: {app: batch_id},
+                already_done=lambda table: is_committed(table, self._uri, app, batch_id, streaming=True),
+                fence=sink_fence(opts),
+                policy=commit.RetryPolicy(max_retries=opts.max_commit_retries),
             )
-            try:
-                result: dict[str, Any] = (
-                    table.merge(
-                        data, predicate=on, source_alias="s", target_alias="t", commit_properties=props
-                    )
-                    .when_matched_delete(predicate=f"s.{OP} = 'delete'{newer}")
-                    .when_matched_update_all(predicate=f"s.{OP} = 'upsert'{newer}", except_cols=[OP])
-                    .when_not_matched_insert_all(predicate=f"s.{OP} = 'upsert'", except_cols=[OP])
-                    .execute()
-                )
-                break
-            except (CommitFailedError, OSError) as exc:
-                if attempts > opts.max_commit_retries:
-                    metrics.commit_failed(pipeline=app, table=self._uri)
-                    raise CommitError(
-                        f"merge of batch {batch_id} into {self._uri!r} failed after {attempts} attempt(s): "
-                        f"{exc}; nothing of the batch was committed",
-                        table_uri=self._uri,
-                        batch_id=batch_id,
-                    ) from exc
-                logger.warning("merge into %s failed (attempt %d): %s; retrying", self._uri, attempts, exc)
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
-            except DeltaError as exc:  # a type mismatch, an unknown column: retrying cannot help
-                metrics.commit_failed(pipeline=app, table=self._uri)
-                raise MergeError(
-                    f"merge of batch {batch_id} into {self._uri!r} failed: {exc}; nothing was committed",
-                    table_uri=self._uri,
-                    batch_id=batch_id,
-                ) from exc
+        except DeltaflowError:
+            metrics.commit_failed(pipeline=app, table=self._uri)
+            raise
+        except DeltaError as exc:  # a type mismatch, an unknown column: retrying cannot help
+            metrics.commit_failed(pipeline=app, table=self._uri)
+            raise MergeError(
+                f"merge of batch {batch_id} into {self._uri!r} failed: {exc}; nothing was committed",
+                table_uri=self._uri,
+                batch_id=batch_id,
+            ) from exc
+        if not outcome.committed:
+            metrics.batch_skipped(pipeline=app, table=self._uri)
+            logger.info("batch %s of %r is already merged into %s: replay skipped", batch_id, app, self._uri)
+            return
+        result: dict[str, Any] = dict(outcome.value or outcome.info.get("operationMetrics") or {})
+        attempts = outcome.attempts
         metrics.batch_committed(
             pipeline=app,
             table=self._uri,

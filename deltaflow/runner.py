@@ -552,7 +552,7 @@ def _kafka_letters(failed: DataFrame, pipeline_id: str, batch_id: int) -> DataFr
 
 def start_pipeline(spark: SparkSession, spec: PipelineSpec, *, available_now: bool = False) -> StreamingQuery:
     """Start one pipeline's streaming query (tables are created or checked first)."""
-    from deltaflow.api import _prepare_table
+    from deltaflow.api import _claim, _prepare_table
 
     location = checkpoint_location(spec)
     source = read_source(spark, spec, location)
@@ -580,6 +580,9 @@ def start_pipeline(spark: SparkSession, spec: PipelineSpec, *, available_now: bo
         values.update(pipeline_id=spec.id, checkpoint_location=location)
         dead_letter = SinkOptions.build(values)
         _prepare_table(spark.createDataFrame([], DEAD_LETTER_SCHEMA), dead_letter)
+        dead_letter = _claim(dead_letter)
+    # Every table this pipeline writes: an earlier process running it can no longer commit.
+    sinks = [_Sink(s.name, _claim(s.options), s.when) for s in sinks]
     writer = PipelineWriter(spec, sinks, dead_letter)
     stream = source.writeStream.foreachBatch(writer).option("checkpointLocation", location).queryName(spec.id)
     if available_now:

@@ -15,10 +15,11 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -35,10 +36,10 @@ from deltaflow._storage import filesystem, normalize_uri
 from deltaflow.config import SinkOptions
 from deltaflow.exceptions import (
     CheckpointMismatchError,
-    CommitError,
     ConfigError,
     DeltaflowError,
     WriteValidationError,
+    storage_error,
 )
 from deltaflow.metrics import metrics
 
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
     from deltaflow.compaction import AutoCompactor
+
 
 __all__ = ["DeltaCommitMessage", "DeltaflowDataSource", "FORMAT_NAME"]
 
@@ -172,7 +174,10 @@ class _DeltaSink:
             file_prefix=f"part-{batch_tag}-p{partition_id:05d}-a{attempt}",
             indexed_columns=_ALL_COLUMNS,
         )
-        files = writer.write_batches(iterator)
+        try:
+            files = writer.write_batches(iterator)
+        except OSError as exc:  # the store failed: a classified error the daemon can act on
+            raise storage_error(exc, self.table_uri, "writing data files of") from exc
         maybe_crash("write", batch_id)
         return DeltaCommitMessage(files, partition_id, attempt, query_id, _writer_id())
 
@@ -182,42 +187,51 @@ class _DeltaSink:
         """Commit one batch. The numbered steps match ``docs/DESIGN.md``.
 
         Step 1. Collect the files every task reported.
-        Step 2. Load the table afresh; if ``txn(pipeline_id)`` already holds this batch's
-                version, the batch is a replay: delete its new files and stop. A txn version
-                beyond this batch means a foreign checkpoint: fail, never skip.
-        Step 3. Check the inputs the commit itself would not: schema against the table
-                (strict or merge), partitioning, and that every file exists with its size.
-        Step 4. Commit all files and ``txn(pipeline_id, batch_id)`` in ONE transaction,
-                retrying with backoff; every retry repeats the replay check first.
+        Step 2. Load the table afresh; if it already holds this batch (``txn(pipeline_id)`` at
+                this batch's version, or every Kafka partition's progress at its end offsets),
+                the batch is a replay: delete its new files and stop. A txn version beyond this
+                batch means a foreign checkpoint: fail, never skip. Nothing is changed before
+                this check, not even the schema.
+        Step 3. Check the inputs the commit itself would not: schema against the table (strict
+                or merge: new columns are added now, in a commit of their own), partitioning,
+                and that every file exists with its size.
+        Step 4. Commit all files and the txns in ONE transaction under the commit rule
+                (:func:`deltaflow.commit.commit`): an error is resolved by reading the log, a
+                commit that landed is never repeated, files are deleted only when another commit
+                holds the batch.
         Step 5. Report. Spark records the batch as done only after this returns.
         """
-        from deltaflow import delta_log
+        from deltaflow import commit, delta_log
         from deltaflow._schema import file_schema
 
         opts = self.options
         app_id, version = self._txn(batch_id)
+        streaming = batch_id is not None
+        end = read_batch_offsets(opts, batch_id) if opts.kafka_offsets and batch_id is not None else None
+
+        def kafka_txns(table: Any) -> dict[str, int]:
+            return self._kafka_txns(table, end) if end is not None else {}
+
+        def already_done(table: Any) -> bool:
+            if end is not None:
+                # Kafka progress: the batch is in the log when no partition it read advances it.
+                return not kafka_txns(table)
+            return is_committed(table, self.table_uri, app_id, version, streaming=streaming)
 
         # Step 1. Collect the files every task reported.
         files = _collect(messages)
         maybe_crash("before_commit", batch_id)
 
-        # Step 2. Replay check.
+        # Step 2. Replay check, before anything is changed.
         table = delta_log.load(self.table_uri, opts.storage_options)
         try:
-            replay = is_committed(table, self.table_uri, app_id, version, streaming=batch_id is not None)
+            # (Kafka progress: a batch without rows that advances nothing is not a replay, just empty.)
+            replay = already_done(table) and (end is None or bool(files))
         except CheckpointMismatchError:
             self.delete_uncommitted(files)
             raise
         if replay:
-            metrics.batch_skipped(pipeline=opts.pipeline_id or "", table=self.table_uri)
-            removed = self.delete_uncommitted(files)
-            logger.info(
-                "batch %s of pipeline %r is already in %s: skipped the replay, deleted %d new file(s)",
-                version,
-                app_id,
-                self.table_uri,
-                removed,
-            )
+            self._skip(files, batch_id, "it is in the log already (a replay)")
             return
 
         # Step 3. Check the inputs.
@@ -226,19 +240,7 @@ class _DeltaSink:
         except DeltaflowError:
             self.delete_uncommitted(files)
             raise
-        source_txns: dict[str, int] = {}
-        if opts.kafka_offsets and batch_id is not None:
-            source_txns = self._kafka_txns(table, batch_id)
-            if files and not source_txns:
-                # Every partition of this batch is already in the log: a replay the source did
-                # not clamp (its delta_table_uri option is unset). Never commit it twice.
-                metrics.batch_skipped(pipeline=opts.pipeline_id or "", table=self.table_uri)
-                removed = self.delete_uncommitted(files)
-                logger.info(
-                    "batch %s: its Kafka offsets are committed already; deleted %d file(s)", batch_id, removed
-                )
-                return
-        if not files and not self.overwrite and table is not None and not source_txns:
+        if not files and not self.overwrite and table is not None and not kafka_txns(table):
             logger.debug("batch %s of %r wrote no rows: nothing to commit", batch_id, app_id)
             return
         indexed = delta_log.indexed_columns(table, opts.table_properties)
@@ -246,32 +248,45 @@ class _DeltaSink:
             names = file_schema(self.schema, opts.partition_columns).names
             files = [_trim_stats(f, frozenset(names[:indexed])) for f in files]
 
-        # Step 4. One transaction: files + txn + commit metadata, with retries.
+        # Step 4. One transaction: files + txns + commit metadata, under the commit rule.
         rows = sum(f.num_records for f in files)
         started = time.monotonic()
+        txn = {app_id: version} if app_id is not None and version is not None else {}
+        what = f"batch {batch_id if streaming else version} of {opts.pipeline_id or 'a batch write'!r}"
         try:
-            outcome = delta_log.commit_files(
+            result = commit.commit_files(
                 self.table_uri,
                 files,
+                what=what,
                 schema=self.schema,
                 partition_by=opts.partition_columns,
                 mode="overwrite" if self.overwrite else "append",
-                app_id=app_id,
-                txn_version=version,
                 metadata=self._commit_metadata(messages, batch_id, rows),
                 storage_options=opts.storage_options,
-                max_retries=opts.max_commit_retries,
+                policy=commit.RetryPolicy(max_retries=opts.max_commit_retries),
                 create_if_missing=opts.auto_create_table,
                 properties=opts.table_properties,
-                source_txns=source_txns,
+                txns=lambda table: {**kafka_txns(table), **txn},
+                already_done=already_done if (txn or end is not None) else None,
+                fence=sink_fence(opts),
             )
-        except CommitError:
+        except CheckpointMismatchError:
+            self.delete_uncommitted(files)  # a later checkpoint's batches are in the log, not ours
+            raise
+        except DeltaflowError:
+            # The log does not hold the batch, but an attempt may still be in flight: the files
+            # stay (orphans for vacuum --full if it never lands).
             metrics.commit_failed(pipeline=opts.pipeline_id or "", table=self.table_uri)
             raise
-        if not outcome.committed:
-            # An earlier attempt landed although it reported an error: these files are extra.
-            self.delete_uncommitted(files)
-            logger.info("batch %s of %r was committed by an earlier attempt", batch_id, app_id)
+        if not result.committed:
+            # Another commit holds this batch (an earlier process, a zombie): ours is in no log
+            # entry, so its files are referenced by none, unless an attempt is still in flight.
+            self._skip(
+                files,
+                batch_id,
+                f"another commit holds it (version {result.version})",
+                delete=result.may_delete_files,
+            )
             return
         maybe_crash("after_commit", batch_id)
 
@@ -283,24 +298,50 @@ class _DeltaSink:
             files=len(files),
             bytes_=sum(f.size for f in files),
             seconds=time.monotonic() - started,
-            retries=outcome.retries,
+            retries=result.retries,
         )
         logger.info(
-            "committed batch %s of %r to %s: version %s, %d file(s), %d row(s), %d retr%s",
+            "committed batch %s of %r to %s: version %s, %d file(s), %d row(s), %d retr%s%s",
             batch_id,
             opts.pipeline_id,
             self.table_uri,
-            outcome.table_version,
+            result.version,
             len(files),
             rows,
-            outcome.retries,
-            "y" if outcome.retries == 1 else "ies",
+            result.retries,
+            "y" if result.retries == 1 else "ies",
+            " (an attempt that reported an error had landed)" if result.recovered else "",
         )
         if (opts.auto_compact or opts.vacuum_interval_hours) and batch_id is not None and not self.overwrite:
             try:
                 self._compactor().after_commit(f.partition_values for f in files)
             except Exception:  # the batch is committed: maintenance must not fail it
                 logger.exception("auto-maintenance of %s not scheduled", self.table_uri)
+
+    def _skip(
+        self, files: Sequence[WrittenFile], batch_id: int | None, why: str, *, delete: bool = True
+    ) -> None:
+        metrics.batch_skipped(pipeline=self.options.pipeline_id or "", table=self.table_uri)
+        if not delete:
+            logger.warning(
+                "batch %s of %r skipped on %s: %s; its %d new file(s) are kept, since an attempt "
+                "to commit them may still be in flight (orphans for vacuum --full)",
+                batch_id,
+                self.options.pipeline_id,
+                self.table_uri,
+                why,
+                len(files),
+            )
+            return
+        removed = self.delete_uncommitted(files)
+        logger.info(
+            "batch %s of %r skipped on %s: %s; deleted its %d new file(s)",
+            batch_id,
+            self.options.pipeline_id,
+            self.table_uri,
+            why,
+            removed,
+        )
 
     def _compactor(self) -> AutoCompactor:
         from deltaflow.compaction import CompactionPolicy, compactor_for
@@ -315,18 +356,30 @@ class _DeltaSink:
         return compactor_for(self.table_uri, opts.storage_options, policy, pipeline=opts.pipeline_id or "")
 
     def abort_batch(self, messages: Sequence[WriterCommitMessage | None], batch_id: int | None) -> None:
-        """Delete the files of a failed batch, unless its commit landed after all."""
-        from deltaflow import delta_log
+        """Spark gave up on a batch: delete its files only if no commit can reference them.
 
-        app_id, version = self._txn(batch_id)
-        table = delta_log.load(self.table_uri, self.options.storage_options)
-        if is_committed(table, self.table_uri, app_id, version, streaming=False):
-            logger.warning("abort of batch %s of %r: its txn is in the log, files kept", version, app_id)
+        Spark calls ``abort`` after a task failed (some messages missing: the batch never
+        reached :meth:`commit_batch`, so no commit holds its files) and after ``commit`` raised
+        (every message present: :meth:`commit_batch` already kept or deleted the files by the
+        commit rule; an attempt may still be in flight, so nothing is deleted here).
+        """
+        if all(isinstance(m, DeltaCommitMessage) for m in messages):
+            logger.warning(
+                "aborted batch %s of %r on %s after its commit step: files left as the commit step "
+                "decided (unreferenced ones are orphans for vacuum --full)",
+                batch_id,
+                self.options.pipeline_id,
+                self.table_uri,
+            )
             return
         files = [f for m in messages if isinstance(m, DeltaCommitMessage) for f in m.files]
         removed = self.delete_uncommitted(files)
         logger.warning(
-            "aborted batch %s of %r on %s: deleted %d file(s)", batch_id, app_id, self.table_uri, removed
+            "aborted batch %s of %r on %s (a task failed, nothing was committed): deleted %d file(s)",
+            batch_id,
+            self.options.pipeline_id,
+            self.table_uri,
+            removed,
         )
 
     # -- helpers -----------------------------------------------------------------------------
@@ -340,12 +393,11 @@ class _DeltaSink:
             return self.options.pipeline_id, self.options.txn_version
         return None, None
 
-    def _kafka_txns(self, table: Any, batch_id: int) -> dict[str, int]:
-        """Txns ``<pipeline_id>-<topic>-<partition>`` = last offset of batch ``batch_id``, for the
-        partitions it advances beyond what the log holds (versions never move back)."""
+    def _kafka_txns(self, table: Any, end: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
+        """Txns ``<pipeline_id>-<topic>-<partition>`` = last offset of the batch ending at ``end``,
+        for the partitions it advances beyond what the log holds (versions never move back)."""
         from deltaflow import delta_log
 
-        end = read_batch_offsets(self.options, batch_id)
         app = self.options.pipeline_id or ""
         done = delta_log.kafka_progress(table, app, {t: list(parts) for t, parts in end.items()})
         return {
@@ -356,7 +408,7 @@ class _DeltaSink:
         }
 
     def _check(self, table: Any, files: Sequence[WrittenFile]) -> None:
-        from deltaflow import delta_log
+        from deltaflow import commit
         from deltaflow._schema import check_against_table
 
         opts = self.options
@@ -371,7 +423,12 @@ class _DeltaSink:
             )
             if diff.new_in_data:
                 new = {n for n, _, _ in diff.new_in_data}
-                delta_log.add_columns(table, [f for f in self.schema if f.name in new])
+                commit.add_columns(
+                    self.table_uri,
+                    opts.storage_options,
+                    [f for f in self.schema if f.name in new],
+                    policy=commit.RetryPolicy(max_retries=opts.max_commit_retries),
+                )
         elif not opts.auto_create_table:
             from deltaflow.exceptions import TableNotFoundError
 
@@ -380,8 +437,11 @@ class _DeltaSink:
                 table_uri=self.table_uri,
             )
         fs, root = filesystem(self.table_uri, opts.storage_options)
-        for f in files:
-            info = fs.get_file_info(f"{root}/{f.path}")
+        try:
+            infos = fs.get_file_info([f"{root}/{f.path}" for f in files])
+        except OSError as exc:
+            raise storage_error(exc, self.table_uri, "checking the data files of") from exc
+        for f, info in zip(files, infos, strict=True):
             if info.size != f.size:
                 raise WriteValidationError(
                     f"data file {f.path!r} of table {self.table_uri!r} is "
@@ -399,10 +459,20 @@ class _DeltaSink:
                 )
 
     def delete_uncommitted(self, files: Sequence[WrittenFile]) -> int:
+        """Delete files no commit references; a storage failure leaves them as orphans."""
         if not files:
             return 0
         fs, root = filesystem(self.table_uri, self.options.storage_options)
-        return delete_files(fs, root, (f.path for f in files))
+        try:
+            return delete_files(fs, root, (f.path for f in files))
+        except OSError as exc:
+            logger.warning(
+                "could not delete %d unreferenced file(s) of %s (%s); they are orphans for vacuum --full",
+                len(files),
+                self.table_uri,
+                exc,
+            )
+            return 0
 
     def _commit_metadata(
         self, messages: Sequence[WriterCommitMessage | None], batch_id: int | None, rows: int
@@ -426,6 +496,15 @@ class _DeltaSink:
         return meta
 
 
+def sink_fence(options: SinkOptions) -> Any:
+    """The writer epoch a stream's commits carry (``writer_epoch``), or ``None``."""
+    from deltaflow import commit
+
+    if options.writer_epoch is None or not options.pipeline_id:
+        return None
+    return commit.Fence(commit.fence_app_id(options.pipeline_id), options.writer_epoch)
+
+
 def read_batch_offsets(options: SinkOptions, batch_id: int) -> dict[str, dict[str, int]]:
     """The end offsets of the query's single source for ``batch_id``, from Spark's offset log.
 
@@ -434,8 +513,8 @@ def read_batch_offsets(options: SinkOptions, batch_id: int) -> dict[str, dict[st
     """
     if not options.checkpoint_location:
         raise ConfigError("kafka_offsets needs the query's checkpoint location", table_uri=options.table_uri)
-    path = Path(normalize_uri(options.checkpoint_location)) / "offsets" / str(batch_id)
-    lines = path.read_text().splitlines()
+    path = f"{options.checkpoint_location.rstrip('/')}/offsets/{batch_id}"
+    lines = read_checkpoint_file(options.checkpoint_location, f"offsets/{batch_id}", options).splitlines()
     sources = [line for line in lines[2:] if line.strip()]
     if len(sources) != 1 or not sources[0].startswith("{"):
         raise ConfigError(
@@ -445,6 +524,54 @@ def read_batch_offsets(options: SinkOptions, batch_id: int) -> dict[str, dict[st
         )
     parsed = json.loads(sources[0])
     return {str(t): {str(p): int(o) for p, o in parts.items()} for t, parts in parsed.items()}
+
+
+def read_checkpoint_file(location: str, relative: str, options: SinkOptions) -> str:
+    """The text of a file in Spark's checkpoint at ``location``, wherever Spark keeps it.
+
+    Local paths are read directly. In the driver's own Python process (``foreachBatch``) the
+    file is read through Spark's Hadoop filesystems, so any checkpoint Spark can write (HDFS,
+    ``s3a://`` with its jars) can be read. Elsewhere (the data source's commit runs in a Python
+    worker Spark starts, with no JVM at hand) pyarrow's filesystems read it, with the sink's
+    storage options: object stores, and HDFS where libhdfs is installed.
+    """
+    uri = normalize_uri(location)
+    target = f"{uri.rstrip('/')}/{relative}"
+    if not urlparse(uri).scheme:
+        return Path(target).read_text()
+    text = _read_with_hadoop(f"{location.rstrip('/')}/{relative}")
+    if text is not None:
+        return text
+    try:
+        fs, path = filesystem(target, options.storage_options)
+        with fs.open_input_stream(path) as stream:
+            return bytes(stream.read()).decode("utf-8")
+    except (OSError, pa.ArrowException) as exc:
+        raise storage_error(exc, location, f"reading {relative} of Spark's checkpoint") from exc
+
+
+def _read_with_hadoop(location: str) -> str | None:
+    """The file at ``location`` read through the JVM of this process's SparkContext, if any."""
+    try:
+        from pyspark import SparkContext
+    except ImportError:  # pragma: no cover - pyspark is a dependency
+        return None
+    sc = SparkContext._active_spark_context
+    if sc is None or sc._jvm is None or sc._jsc is None:
+        return None
+    from py4j.protocol import Py4JError
+
+    jvm = sc._jvm
+    try:
+        path = jvm.org.apache.hadoop.fs.Path(location)
+        stream = path.getFileSystem(sc._jsc.hadoopConfiguration()).open(path)
+        try:
+            return str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+        finally:
+            stream.close()
+    except Py4JError as exc:  # e.g. no Hadoop filesystem for the scheme: pyarrow may have one
+        logger.debug("Spark's filesystems cannot read %s: %s", location, exc)
+        return None
 
 
 def is_committed(

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from deltaflow import commit
 from deltaflow.exceptions import CheckpointMismatchError, ConfigError
 from deltaflow.merge import MergeWriter
 from deltaflow.pipeline import load_pipelines
@@ -115,11 +116,15 @@ def test_op_column_changes_upsert_delete_in_sequence_and_replays_do_nothing(spar
     shutil.rmtree(tmp_path / "t" / "_deltaflow" / "checkpoints")
     with pytest.raises(CheckpointMismatchError, match="checkpoint is not the one"):
         run_pipelines(spark, specs, available_now=True)
-    assert DeltaTable(str(tmp_path / "t")).version() == version
+    # Only the restart's writer claim was committed: no rows, no files.
+    latest = DeltaTable(str(tmp_path / "t")).version()
+    entries = commit.read_entries(str(tmp_path / "t"), {}, version + 1, latest)
+    assert [bool(e.info.get(commit.CLAIM_KEY)) for e in entries] == [True]
+    assert not entries[0].added and not entries[0].removed
 
 
 def test_changes_without_a_sequence_are_refused_with_nothing_merged(spark, tmp_path):
-    from deltaflow import delta_log
+    from deltaflow import commit
     from deltaflow.config import SinkOptions
     from deltaflow.exceptions import MergeError
     from deltaflow.merge import target_rows
@@ -143,7 +148,7 @@ def test_changes_without_a_sequence_are_refused_with_nothing_merged(spark, tmp_p
 
     from deltaflow._schema import spark_to_arrow
 
-    delta_log.create_table(
+    commit.create_table(
         str(tmp_path / "t"), spark_to_arrow(schema), partition_by=(), properties={}, storage_options={}
     )
     with pytest.raises(MergeError, match=r"1 change\(s\) have no sequence .*nothing was merged"):

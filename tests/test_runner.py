@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from deltaflow import commit
 from deltaflow.exceptions import ConfigError, DeltaSourceError, ExpectationFailedError
 from deltaflow.metrics import metrics
 from deltaflow.pipeline import load_pipelines
@@ -150,7 +151,9 @@ def test_a_failing_expectation_stops_the_pipeline_with_nothing_committed(spark, 
         run_pipelines(spark, specs, available_now=True)
     for name in ("a", "b"):
         table = DeltaTable(str(tmp_path / name))
-        assert table.version() == 0 and table.to_pyarrow_table().num_rows == 0  # created, never written
+        assert table.to_pyarrow_table().num_rows == 0  # created, never written: ...
+        entries = commit.read_entries(str(tmp_path / name), {}, 1, table.version())
+        assert [bool(e.info.get(commit.CLAIM_KEY)) for e in entries] == [True]  # ... only claimed
 
 
 def test_json_files_schema_inferred_once_and_rescued_data(spark, tmp_path):

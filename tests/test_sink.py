@@ -11,6 +11,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import functions as F  # noqa: N812
 
 import deltaflow
+from deltaflow._storage import filesystem
 from deltaflow.exceptions import ConfigError, SchemaMismatchError, TableNotFoundError, UnknownOptionError
 
 
@@ -291,3 +292,23 @@ def test_object_store_table_needs_an_explicit_checkpoint(spark, tmp_path):
     source = spark.readStream.format("rate").load()
     with pytest.raises(ConfigError, match="pass checkpoint_location="):
         deltaflow.write_stream(source, "s3://bucket/t", pipeline_id="p")
+
+
+def test_spark_checkpoint_files_are_read_wherever_spark_keeps_them(spark, s3, tmp_path):
+    from deltaflow.config import SinkOptions
+    from deltaflow.sink import _read_with_hadoop, read_checkpoint_file
+
+    offsets = 'v1\n{"batchWatermarkMs":0}\n{"t":{"0":5}}\n'
+    (tmp_path / "ckpt" / "offsets").mkdir(parents=True)
+    (tmp_path / "ckpt" / "offsets" / "3").write_text(offsets)
+    options = SinkOptions.build({"table_uri": str(tmp_path / "t")})
+    # Local paths directly; other schemes through Spark's Hadoop filesystems in the driver ...
+    assert read_checkpoint_file(f"file://{tmp_path}/ckpt", "offsets/3", options) == offsets
+    assert _read_with_hadoop(f"file://{tmp_path}/ckpt/offsets/3") == offsets
+    # ... and where Hadoop has no filesystem for the scheme (no S3 jars), through pyarrow's.
+    assert _read_with_hadoop("s3://lake/ckpt/offsets/3") is None
+    s3_options = SinkOptions.build({"table_uri": s3.uri(), "storage_options": s3.storage_options})
+    fs, root = filesystem(s3.uri("ckpt"), s3.storage_options)
+    with fs.open_output_stream(f"{root}/offsets/3") as out:
+        out.write(offsets.encode())
+    assert read_checkpoint_file(f"s3://{root}", "offsets/3", s3_options) == offsets

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import polars as pl
@@ -17,7 +19,7 @@ import pytest
 from deltalake import DeltaTable
 from pyarrow import fs as pafs
 
-from deltaflow import delta_log, maintenance
+from deltaflow import commit, maintenance
 from deltaflow._storage import filesystem
 from deltaflow.exceptions import TableNotFoundError
 from deltaflow.metrics import metrics
@@ -204,7 +206,7 @@ def test_writers_racing_to_create_a_table_agree_on_one(s3, tmp_path, where):
         start.wait()
         try:
             tables.append(
-                delta_log.create_table(uri, schema, partition_by=(), properties={}, storage_options=options)
+                commit.create_table(uri, schema, partition_by=(), properties={}, storage_options=options)
             )
         except BaseException as exc:  # noqa: BLE001 - collected for the assertion
             errors.append(exc)
@@ -221,11 +223,26 @@ def test_writers_racing_to_create_a_table_agree_on_one(s3, tmp_path, where):
     assert {t.metadata().id for t in tables} == {final.metadata().id}  # everyone adopted it
 
 
-def test_storage_errors_are_retried_and_an_outage_stops_with_nothing_committed(spark, s3, tmp_path):
-    from deltaflow.exceptions import TerminalError
+class _Restarts(logging.Handler):
+    """Sets ``seen`` when the daemon logs that it restarts a query after a transient failure."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.seen = threading.Event()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "restarting in" in record.getMessage():
+            self.messages.append(record.getMessage())
+            self.seen.set()
+
+
+def test_storage_errors_are_retried_and_an_outage_heals_exactly(spark, s3, tmp_path):
     from deltaflow.testing import FaultyHttpProxy
 
     proxy = FaultyHttpProxy(s3.endpoint)
+    restarts = _Restarts()
+    logging.getLogger("deltaflow.daemon").addHandler(restarts)
     try:
         uri = s3.uri("faults")
 
@@ -255,20 +272,42 @@ def test_storage_errors_are_retried_and_an_outage_stops_with_nothing_committed(s
         assert proxy.injected == 5
         table = DeltaTable(uri, storage_options=s3.storage_options)
         assert sorted(table.to_pyarrow_table(columns=["id"]).column("id").to_pylist()) == list(range(2000))
-        version = table.version()
+        assert not restarts.seen.is_set()
 
-        # An outage longer than the retries: the pipeline stops, nothing of the batch is committed.
-        proxy.fail("PUT", r"\.parquet", 503, times=-1)
-        with pytest.raises(TerminalError, match=r"(?i)slow_?down|503"):
-            run_pipelines(spark, specs(3000), available_now=True)
-        assert DeltaTable(uri, storage_options=s3.storage_options).version() == version
+        # The store becomes unreachable (every connection reset) after the restart's claim and the
+        # next batch's commit landed, and comes back once the daemon has restarted the query for
+        # it: the query resumes, exactly once.
+        commits_before = sum(1 for m, p in proxy.requests if m == "PUT" and "_delta_log/0" in p)
 
-        # Back up: the batch is replayed and lands once.
-        proxy.heal()
-        run_pipelines(spark, specs(3000), available_now=True)
+        def outage() -> None:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                if (
+                    sum(1 for m, p in list(proxy.requests) if m == "PUT" and "_delta_log/0" in p)
+                    > commits_before
+                ):
+                    break
+                time.sleep(0.01)
+            proxy.outage()
+            restarts.seen.wait(120)
+            proxy.heal()
+
+        breaker = threading.Thread(target=outage, daemon=True)
+        breaker.start()
+        run_pipelines(spark, specs(6000), available_now=True)
+        breaker.join(5)
+        assert restarts.seen.is_set(), "the outage never reached the daemon"
+        assert "transient" in restarts.messages[0]
+        assert proxy.counts["reset"] > 0
         table = DeltaTable(uri, storage_options=s3.storage_options)
-        assert sorted(table.to_pyarrow_table(columns=["id"]).column("id").to_pylist()) == list(range(3000))
+        assert sorted(table.to_pyarrow_table(columns=["id"]).column("id").to_pylist()) == list(range(6000))
+        assert table.transaction_version("faulty") == 5
+        missing = {a["path"] for a in pa.table(table.get_add_actions(flatten=True)).to_pylist()} - _objects(
+            uri, s3.storage_options
+        )
+        assert missing == set()
     finally:
+        logging.getLogger("deltaflow.daemon").removeHandler(restarts)
         proxy.close()
 
 
