@@ -20,6 +20,7 @@ import re
 import socket
 import struct
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -404,7 +405,7 @@ class FaultyHttpProxy:
         self._lock = threading.Lock()
         self.counts: dict[str, int] = {"fail": 0, "lose_response": 0, "delay": 0, "reset": 0}
         self.requests: list[tuple[str, str]] = []
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", port or 0), self._handler())
+        self._server = _QuietServer(("127.0.0.1", port or 0), self._handler())
         self._server.daemon_threads = True
         self.port = int(self._server.server_address[1])
         self._thread = threading.Thread(target=self._server.serve_forever, name="faulty-http", daemon=True)
@@ -566,6 +567,15 @@ class FaultyHttpProxy:
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any  # noqa: N815
 
         return Handler
+
+
+class _QuietServer(http.server.ThreadingHTTPServer):
+    """Clients that go away mid-answer (killed processes, their own timeouts) are normal here."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 @dataclass(frozen=True)
