@@ -80,6 +80,9 @@ CREDENTIALS = {
 class Report:
     seconds: float = 0.0
     kills: int = 0
+    #: Kills of a process that had sent commits of its own since its start (the rest hit a
+    #: process still starting or working on its first batch).
+    kills_after_commits: int = 0
     faults: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     exits: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     unexpected_exits: list[str] = dataclasses.field(default_factory=list)
@@ -247,7 +250,7 @@ def run(
                       - id: chaos-files
                         source: {{type: files, path: "{landing}", format: json,
                                   schema: "id LONG, name STRING",
-                                  rescued_data_column: null, max_files_per_trigger: 5}}
+                                  rescued_data_column: null, max_files_per_trigger: 50}}
                         checkpoint_location: "{work}/yaml-checkpoint"
                         sinks:
                           - table_uri: s3://lake/files
@@ -314,6 +317,7 @@ def run(
                         victim.kill()
                     report.kills += 1
                     commits = log_puts(victim.name) - puts_at_start[victim.name]
+                    report.kills_after_commits += commits > 0
                     say(
                         f"{now - started:6.0f} s  kill {victim.name} ({report.kills}) after "
                         f"{now - victim.started_at:.0f} s and {commits} commit request(s) of its own"
