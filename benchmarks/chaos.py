@@ -48,7 +48,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from deltaflow.testing import FaultyHttpProxy, start_broker, stop_process, wait_for_port  # noqa: E402
+from deltaflow.testing import S3_TEST_CREDENTIALS, FaultyHttpProxy, start_broker, start_s3  # noqa: E402
 
 #: The PUT that writes a Delta log entry: the commit itself.
 LOG_ENTRY = r"_delta_log/\d{20}\.json$"
@@ -68,12 +68,7 @@ FAULT_GAP_S = (2.0, 6.0)
 DRAIN_TIMEOUT_S = 600
 #: Stderr lines kept per unexpected exit.
 TAIL_LINES = 5
-CREDENTIALS = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_REGION": "us-east-1",
-    "AWS_ALLOW_HTTP": "true",
-}
+CREDENTIALS = S3_TEST_CREDENTIALS
 
 
 @dataclasses.dataclass
@@ -149,45 +144,21 @@ class Worker:
         self.kill()
 
 
-def _moto() -> tuple[subprocess.Popen[bytes], str]:
-    with contextlib.closing(__import__("socket").socket()) as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    server = Path(sys.executable).with_name("moto_server")
-    process = subprocess.Popen(
-        [str(server), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    wait_for_port(port, process, "the moto S3 server")
-    endpoint = f"http://127.0.0.1:{port}"
-    import boto3
-
-    boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    ).create_bucket(Bucket="lake")
-    return process, endpoint
-
-
 def _bad(n: int) -> bytes:
     return b"not json %d" % n
 
 
 @contextlib.contextmanager
 def _services() -> Iterator[tuple[str, FaultyHttpProxy, Any]]:
-    moto, endpoint = _moto()
-    proxy = FaultyHttpProxy(endpoint)
+    s3 = start_s3()
+    proxy = FaultyHttpProxy(s3.endpoint)
     broker = start_broker()
     try:
-        yield endpoint, proxy, broker
+        yield s3.endpoint, proxy, broker
     finally:
         broker.stop()
         proxy.close()
-        stop_process(moto)
+        s3.stop()
 
 
 def run(

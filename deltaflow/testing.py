@@ -32,9 +32,11 @@ from typing import Any
 __all__ = [
     "Broker",
     "FaultyHttpProxy",
+    "S3Server",
     "TcpProxy",
     "start_broker",
     "start_broker_behind_proxy",
+    "start_s3",
     "wait_for_port",
 ]
 
@@ -174,6 +176,56 @@ def start_broker(
             time.sleep(0.1)
     process.kill()
     raise RuntimeError(f"tansu did not listen on 127.0.0.1:{port} within {STARTUP_TIMEOUT_S} s")
+
+
+#: The credentials a local moto server accepts (any; these are the conventional ones).
+S3_TEST_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_REGION": "us-east-1",
+    "AWS_ALLOW_HTTP": "true",
+}
+
+
+@dataclass
+class S3Server:
+    """A running moto S3 server, its endpoint and the bucket created in it."""
+
+    endpoint: str
+    process: subprocess.Popen[bytes]
+    bucket: str
+
+    @property
+    def storage_options(self) -> dict[str, str]:
+        """delta-rs storage options (and the AWS environment) that reach this server."""
+        return {"AWS_ENDPOINT_URL": self.endpoint, **S3_TEST_CREDENTIALS}
+
+    def stop(self) -> None:
+        stop_process(self.process)
+
+
+def start_s3(bucket: str = "lake") -> S3Server:
+    """A moto S3 server (``pip install 'moto[server]'``) on 127.0.0.1 and a free port, holding
+    an empty ``bucket``."""
+    import boto3
+
+    port = _free_port()
+    server = Path(sys.executable).with_name("moto_server")
+    process = subprocess.Popen(
+        [str(server), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_for_port(port, process, "the moto S3 server")
+    endpoint = f"http://127.0.0.1:{port}"
+    boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=S3_TEST_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=S3_TEST_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+        region_name=S3_TEST_CREDENTIALS["AWS_REGION"],
+    ).create_bucket(Bucket=bucket)
+    return S3Server(endpoint, process, bucket)
 
 
 def start_broker_behind_proxy() -> tuple[Broker, TcpProxy]:
