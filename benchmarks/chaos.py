@@ -397,7 +397,7 @@ def _missing_files(uri: str, options: dict[str, str]) -> int:
     from deltalake import DeltaTable
     from pyarrow import fs as pafs
 
-    from deltaflow._storage import filesystem
+    from deltaflow.io.storage import filesystem
 
     table = DeltaTable(uri, storage_options=options)
     fs, root = filesystem(uri, options)

@@ -6,7 +6,7 @@ tansu broker, then lands that topic, in one process and on the same machine, wit
 * reference, no Spark: confluent-kafka consume -> pyarrow JSON decoding (explicit schema) ->
   ``write_deltalake`` (Parquet + one delta-rs commit) per ~1M rows. Timed from creating the
   consumer until the last commit returns.
-* deltaflow: ``deltaflow.ingest`` (Spark ``local[*]``, the deltaflow-kafka source decoding JSON
+* deltaflow: ``deltaflow.pipeline.ingest`` (Spark ``local[*]``, the deltaflow-kafka source decoding JSON
   to Arrow in its tasks with the given schema, foreachBatch writer, progress in the Delta log),
   ``allowed_latency=--trigger`` s (the source starts a batch every --trigger s, or at once
   while a backlog drains), ``--max-messages-per-batch`` (the CLI's default 500,000). Timed
@@ -141,7 +141,7 @@ def run_deltaflow(
     """Seconds from ``ingest()`` until the txns cover ``last``; the query's batch progress."""
     from deltalake import DeltaTable
 
-    from deltaflow.ingest import IngestConfig, ingest
+    from deltaflow.pipeline.ingest import IngestConfig, ingest
 
     config = IngestConfig(
         topic=topic, table_uri=table, brokers=bootstrap, app_id="bench", allowed_latency=trigger,

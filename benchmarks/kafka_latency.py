@@ -2,7 +2,7 @@
 
 A producer thread produces ``--rate`` JSON messages/s (default 10,000; a burst of rate/100 every
 10 ms, ``linger.ms`` 5) for ``--seconds`` (default 60) into a 4-partition topic of a local tansu
-broker, while ``deltaflow.ingest`` runs with ``allowed_latency=--trigger`` (default 1 s: a
+broker, while ``deltaflow.pipeline.ingest`` runs with ``allowed_latency=--trigger`` (default 1 s: a
 micro-batch at most every second, paced by the source) and ``max_messages_per_batch`` 500,000
 (the CLI's default). Messages are
 those of ``kafka_ingest.py`` (12 fields) with ``id`` the sequence number and one more field,
@@ -172,7 +172,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import deltaflow
-    from deltaflow.ingest import IngestConfig, ingest
+    from deltaflow.pipeline.ingest import IngestConfig, ingest
     from deltaflow.testing import start_broker
 
     work = Path(tempfile.mkdtemp(prefix="deltaflow-klat-"))

@@ -10,12 +10,11 @@ Quick start::
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 from typing import TYPE_CHECKING, Any
 
-from deltaflow.config import SinkOptions
-from deltaflow.exceptions import (
+from deltaflow._version import __version__
+from deltaflow.config.sink import SinkOptions
+from deltaflow.errors import (
     CheckpointMismatchError,
     CommitError,
     ConfigError,
@@ -30,15 +29,15 @@ from deltaflow.exceptions import (
 )
 
 if TYPE_CHECKING:
-    from deltaflow.api import register, write, write_stream
-    from deltaflow.session import spark_session
+    from deltaflow.pipeline.api import register, write, write_stream
+    from deltaflow.pipeline.session import spark_session
 
 # pyspark is imported on first use of these, so `import deltaflow` (and the CLI) stay fast.
 _LAZY = {
-    "register": "deltaflow.api",
-    "write": "deltaflow.api",
-    "write_stream": "deltaflow.api",
-    "spark_session": "deltaflow.session",
+    "register": "deltaflow.pipeline.api",
+    "write": "deltaflow.pipeline.api",
+    "write_stream": "deltaflow.pipeline.api",
+    "spark_session": "deltaflow.pipeline.session",
 }
 
 

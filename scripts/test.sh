@@ -6,4 +6,5 @@ cd "$(dirname "$0")/.."
 .venv/bin/ruff check deltaflow tests benchmarks
 .venv/bin/ruff format --check deltaflow tests benchmarks
 .venv/bin/mypy
+.venv/bin/lint-imports --no-cache
 exec .venv/bin/pytest "$@"

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from deltaflow.cli import cli
+from deltaflow.cli.commands import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,7 +67,16 @@ def test_demo_streams_every_event_exactly_once(tmp_path):
 
 def test_kafka_demo_ingests_every_message_exactly_once(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "deltaflow.cli", "demo", "--workdir", str(tmp_path), "--events", "3000"],
+        [
+            sys.executable,
+            "-m",
+            "deltaflow.cli",
+            "demo",
+            "--workdir",
+            str(tmp_path),
+            "--events",
+            "3000",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -82,7 +91,7 @@ def test_kafka_demo_ingests_every_message_exactly_once(tmp_path):
 
 
 def test_backfill_progress_line():
-    from deltaflow.cli import ProgressLine
+    from deltaflow.cli.commands import ProgressLine
 
     line = ProgressLine.render(350_000, 650_000, 50_000.0)
     assert line == "[" + "#" * 10 + "." * 20 + "]  35% 350,000/1,000,000 messages, 50,000 msgs/s, ~13 s left"

@@ -43,7 +43,7 @@ def test_a_pipeline_submitted_to_two_executors_commits_files_from_both_exactly_o
             "spark.executor.memory=1g",
             "--conf",
             "spark.scheduler.minRegisteredResourcesRatio=1.0",  # wait for both executors
-            deltaflow.cli.__file__,
+            str(Path(deltaflow.cli.__file__).with_name("__main__.py")),
             "run",
             str(path),
             "--once",

@@ -1,4 +1,4 @@
-"""The commit rule (deltaflow.commit) on local tables: every outcome decided from the log.
+"""The commit rule (deltaflow.delta.commit) on local tables: every outcome decided from the log.
 
 A "lost response" here is an attempt that commits through delta-rs and then raises, as a
 timeout or a reset after the store took the request does; ``tests/test_faults.py`` does the
@@ -12,9 +12,10 @@ import pyarrow.fs as pafs
 import pytest
 from deltalake import DeltaTable
 
-from deltaflow import commit, delta_log
-from deltaflow._parquet import PartitionedFileWriter
-from deltaflow.exceptions import CommitError, StorageAccessError, WriterFencedError
+from deltaflow.delta import commit
+from deltaflow.delta import log as delta_log
+from deltaflow.errors import CommitError, StorageAccessError, WriterFencedError
+from deltaflow.io.parquet import PartitionedFileWriter
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
 

@@ -11,9 +11,9 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 import deltaflow
-from deltaflow import compaction
-from deltaflow.compaction import AutoCompactor, CompactionPolicy
 from deltaflow.metrics import metrics
+from deltaflow.ops import compaction
+from deltaflow.ops.compaction import AutoCompactor, CompactionPolicy
 
 
 def _files_per_day(uri: str) -> dict[str, int]:

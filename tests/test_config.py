@@ -1,7 +1,7 @@
 import pytest
 
-from deltaflow.config import SinkOptions
-from deltaflow.exceptions import ConfigError, TerminalError, UnknownOptionError
+from deltaflow.config.sink import SinkOptions
+from deltaflow.errors import ConfigError, TerminalError, UnknownOptionError
 
 
 def test_defaults_follow_the_rivven_sink():

@@ -1,4 +1,4 @@
-"""``deltaflow.daemon``: which failures are retried, and the restart loop on real Spark queries."""
+"""``deltaflow.service.daemon``: which failures are retried, and the restart loop on real Spark queries."""
 
 from __future__ import annotations
 
@@ -10,15 +10,19 @@ import time
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from deltaflow.daemon import classify_failure, run_until_stopped
-from deltaflow.exceptions import (
+from deltaflow.errors import (
     CheckpointMismatchError,
     CommitError,
     ConfigError,
+    KafkaAccessError,
+    KafkaUnavailableError,
+    LeaseHeldError,
+    PipelineConfigError,
     QueryFailedError,
     SchemaMismatchError,
     TransientError,
 )
+from deltaflow.service.daemon import classify_failure, run_until_stopped
 
 
 def _worker_failure(exception_line: str, where: str = "latestOffset") -> RuntimeError:
@@ -48,29 +52,31 @@ def _chained(outer: Exception, cause: Exception) -> Exception:
         pytest.param(ConfigError("bad"), ConfigError, "bad", id="deltaflow-terminal"),
         pytest.param(
             KafkaException(KafkaError(KafkaError._TRANSPORT, "Broker transport failure")),
-            TransientError,
+            KafkaUnavailableError,
             "_TRANSPORT",
             id="kafka-on-driver",
         ),
         pytest.param(
             _worker_failure(
-                'cimpl.KafkaException: KafkaError{code=_TRANSPORT,val=-195,str="Failed to get metadata: '
-                'Local: Broker transport failure"}'
+                "deltaflow.errors.KafkaUnavailableError: reading the latest offsets from k:9092: "
+                "_TRANSPORT: Failed to get metadata: Local: Broker transport failure; the Kafka "
+                "cluster may be down or unreachable, retrying later may work"
             ),
-            TransientError,
-            'cimpl.KafkaException: KafkaError{code=_TRANSPORT,val=-195,str="Failed to get metadata: '
-            'Local: Broker transport failure"}',
+            KafkaUnavailableError,
+            "reading the latest offsets from k:9092: _TRANSPORT: Failed to get metadata",
             id="kafka-in-worker",
         ),
         pytest.param(
-            _worker_failure("cimpl.KafkaException: KafkaError{code=_ALL_BROKERS_DOWN,val=-187}"),
-            TransientError,
+            _worker_failure(
+                "deltaflow.errors.KafkaUnavailableError: reading t[0] offsets 0-5: _ALL_BROKERS_DOWN: x"
+            ),
+            KafkaUnavailableError,
             "_ALL_BROKERS_DOWN",
             id="all-brokers-down",
         ),
         pytest.param(
             _worker_failure(
-                "deltaflow.exceptions.TransientError: no progress reading t[0] at offset 5 (range ends "
+                "deltaflow.errors.TransientError: no progress reading t[0] at offset 5 (range ends "
                 "at 9) for 60 s; is the broker up?",
                 where="read",
             ),
@@ -79,14 +85,14 @@ def _chained(outer: Exception, cause: Exception) -> Exception:
             id="stalled-read-in-worker",
         ),
         pytest.param(
-            _worker_failure("deltaflow.exceptions.CommitError: commit to /t failed after 4 attempt(s)"),
+            _worker_failure("deltaflow.errors.CommitError: commit to /t failed after 4 attempt(s)"),
             CommitError,
             "commit to /t failed after 4 attempt(s)",
             id="commit-conflict-in-worker",
         ),
         pytest.param(
             _worker_failure(
-                "deltaflow.exceptions.SchemaMismatchError: schema of the data does not match the Delta "
+                "deltaflow.errors.SchemaMismatchError: schema of the data does not match the Delta "
                 "table '/t':\n  - column 'a' is x"
             ),
             SchemaMismatchError,
@@ -94,20 +100,23 @@ def _chained(outer: Exception, cause: Exception) -> Exception:
             id="schema-mismatch-in-worker",
         ),
         pytest.param(
-            _worker_failure("deltaflow.exceptions.CheckpointMismatchError: txn 7 > batch 3"),
+            _worker_failure("deltaflow.errors.CheckpointMismatchError: txn 7 > batch 3"),
             CheckpointMismatchError,
             "txn 7 > batch 3",
             id="checkpoint-mismatch-in-worker",
         ),
         pytest.param(
-            _worker_failure("deltaflow.exceptions.ConfigError: Kafka topic 't' does not exist"),
+            _worker_failure("deltaflow.errors.ConfigError: Kafka topic 't' does not exist"),
             ConfigError,
             "Kafka topic 't' does not exist",
             id="config-error-in-worker",
         ),
         pytest.param(
-            _worker_failure("cimpl.KafkaException: KafkaError{code=SASL_AUTHENTICATION_FAILED,val=58}"),
-            QueryFailedError,
+            _worker_failure(
+                "deltaflow.errors.KafkaAccessError: reading t[0] offsets 0-5: Kafka refused the "
+                "client (SASL_AUTHENTICATION_FAILED: x); check the Kafka settings"
+            ),
+            KafkaAccessError,
             "SASL_AUTHENTICATION_FAILED",
             id="kafka-authentication",
         ),
@@ -119,9 +128,34 @@ def _chained(outer: Exception, cause: Exception) -> Exception:
         ),
         pytest.param(
             _chained(RuntimeError("sampling failed"), KafkaException(KafkaError(KafkaError._TIMED_OUT))),
-            TransientError,
-            "sampling failed",
+            KafkaUnavailableError,
+            "sampling failed: _TIMED_OUT",
             id="kafka-as-python-cause",
+        ),
+        pytest.param(
+            _chained(RuntimeError("sampling failed"), KafkaException(KafkaError(KafkaError._INVALID_ARG))),
+            KafkaAccessError,
+            "sampling failed: Kafka refused the client (_INVALID_ARG",
+            id="kafka-setting-as-python-cause",
+        ),
+        pytest.param(
+            # Only a deltaflow class name decides; words in the text never do.
+            _worker_failure('cimpl.KafkaException: KafkaError{code=_TRANSPORT,val=-195,str="down"}'),
+            QueryFailedError,
+            "retrying cannot help: cimpl.KafkaException",
+            id="raw-kafka-text-is-not-matched",
+        ),
+        pytest.param(
+            _worker_failure("deltaflow.errors.LeaseHeldError: the lease is held by h:1"),
+            LeaseHeldError,
+            "the lease is held by h:1",
+            id="lease-held-in-worker",
+        ),
+        pytest.param(
+            _worker_failure("deltaflow.errors.PipelineConfigError: p.yaml: 1 problem(s):"),
+            PipelineConfigError,
+            "p.yaml: 1 problem(s):",
+            id="pipeline-config-in-worker",
         ),
     ],
 )

@@ -1,6 +1,6 @@
 import pickle
 
-from deltaflow.exceptions import CommitError, DeltaflowError, SchemaMismatchError, TransientError
+from deltaflow.errors import CommitError, DeltaflowError, SchemaMismatchError, TransientError
 
 
 def test_errors_keep_their_context_through_pickle():

@@ -2,7 +2,7 @@
 
 On S3 (a moto server) the :class:`~deltaflow.testing.FaultyHttpProxy` forwards the ``PUT`` of
 each Delta log entry and answers the client with ``500``; on local disk, where no proxy can sit,
-``deltaflow._faults.lose_commit_responses`` raises a connection reset right after each commit
+``deltaflow.io.faults.lose_commit_responses`` raises a connection reset right after each commit
 landed. Either way the writer must find its commit in the log: the table stays readable, every
 batch is in it exactly once, and the writer reports what the log holds.
 """
@@ -25,12 +25,12 @@ from deltalake.exceptions import TableNotFoundError
 from pyarrow import fs as pafs
 
 import deltaflow
-from deltaflow import commit
-from deltaflow._faults import lose_commit_responses
-from deltaflow._storage import filesystem
-from deltaflow.ingest import IngestConfig, ingest
-from deltaflow.pipeline import load_pipelines
-from deltaflow.runner import run_pipelines
+from deltaflow.config.pipeline import load_pipelines
+from deltaflow.delta import commit
+from deltaflow.io.faults import lose_commit_responses
+from deltaflow.io.storage import filesystem
+from deltaflow.pipeline.ingest import IngestConfig, ingest
+from deltaflow.service.daemon import run_pipelines
 from deltaflow.testing import FaultyHttpProxy
 from tests.fixtures.readers import duckdb_delta
 
@@ -314,7 +314,7 @@ def test_a_zombie_writer_is_fenced_and_nothing_is_doubled(kafka, s3, tmp_path, w
 
 
 def test_a_missing_bucket_stops_at_once_and_says_what_to_check(spark, s3):
-    from deltaflow.exceptions import StorageAccessError, TerminalError
+    from deltaflow.errors import StorageAccessError, TerminalError
 
     df = spark.range(3)
     with pytest.raises(StorageAccessError, match="check the storage settings") as err:

@@ -10,8 +10,8 @@ from pathlib import Path
 from click.testing import CliRunner
 from deltalake import DeltaTable
 
-from deltaflow.cli import cli
-from deltaflow.ingest import IngestConfig, ingest
+from deltaflow.cli.commands import cli
+from deltaflow.pipeline.ingest import IngestConfig, ingest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,7 +85,16 @@ def test_help_shows_kafka_delta_ingest_flags_and_env_vars():
 
 def test_bad_transform_is_refused_before_spark_starts(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "deltaflow.cli", "ingest", "topic", str(tmp_path / "t"), "-t", "oops"],
+        [
+            sys.executable,
+            "-m",
+            "deltaflow.cli.commands",
+            "ingest",
+            "topic",
+            str(tmp_path / "t"),
+            "-t",
+            "oops",
+        ],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -104,7 +113,7 @@ def test_cli_ends_at_latest_offsets(kafka, tmp_path):
         [
             sys.executable,
             "-m",
-            "deltaflow.cli",
+            "deltaflow.cli.commands",
             "ingest",
             topic,
             str(tmp_path / "t"),
@@ -146,7 +155,16 @@ def test_sigterm_stops_cleanly_and_the_next_start_resumes_exactly(kafka, tmp_pat
     topic = kafka.create_topic(partitions=2)
     kafka.produce(topic, _events(0, 200), partitions=2)
     table = str(tmp_path / "t")
-    base = [sys.executable, "-m", "deltaflow.cli", "ingest", topic, table, "--kafka", kafka.bootstrap]
+    base = [
+        sys.executable,
+        "-m",
+        "deltaflow.cli.commands",
+        "ingest",
+        topic,
+        table,
+        "--kafka",
+        kafka.bootstrap,
+    ]
     base += ["--app_id", "sig", "--schema", SCHEMA]
     daemon = subprocess.Popen(
         [*base, "--allowed_latency", "1"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -202,7 +220,7 @@ def test_daemon_rides_out_a_broker_outage(tmp_path):
         command = [
             sys.executable,
             "-m",
-            "deltaflow.cli",
+            "deltaflow.cli.commands",
             "ingest",
             topic,
             str(table),
@@ -267,7 +285,7 @@ def test_commit_to_group_mirrors_the_committed_offsets(spark, kafka, tmp_path):
 
 
 def test_transforms_from_the_environment_one_per_line(monkeypatch):
-    from deltaflow import cli as cli_module
+    from deltaflow.cli import commands as cli_module
 
     seen = {}
 
@@ -275,7 +293,7 @@ def test_transforms_from_the_environment_one_per_line(monkeypatch):
         seen.update(kwargs)
         raise SystemExit(0)
 
-    monkeypatch.setattr("deltaflow.ingest.IngestConfig", fake_config)
+    monkeypatch.setattr("deltaflow.pipeline.ingest.IngestConfig", fake_config)
     env = {
         "TRANSFORMS": "date: substr(ts, `0`, `10`)\nmeta.offset: kafka.offset\n",
         "KAFKA_SETTINGS": "a=b c",

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from deltaflow.ingest import DLQ_COLUMNS, IngestConfig, ingest
+from deltaflow.pipeline.ingest import DLQ_COLUMNS, IngestConfig, ingest
 from tests.fixtures.registry import AVRO_V1, AVRO_V2
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,7 +89,7 @@ def test_bad_messages_go_to_the_dead_letter_table(spark, kafka, tmp_path, write_
         max_messages_per_batch=120,
         write_path=write_path,
     )
-    with caplog.at_level("WARNING", logger="deltaflow.ingest"):
+    with caplog.at_level("WARNING", logger="deltaflow.pipeline.ingest"):
         assert ingest(spark, config).awaitTermination(300)
     assert "carry fields the table lacks, not stored: extra" in caplog.text
     _assert_split(tmp_path / "t", tmp_path / "dlq", 300, 3)
@@ -114,7 +114,7 @@ def test_without_a_dead_letter_table_bad_messages_are_counted_and_skipped(spark,
         transforms=TRANSFORMS,
         ends_at_latest_offsets=True,
     )
-    with caplog.at_level("WARNING", logger="deltaflow.ingest"):
+    with caplog.at_level("WARNING", logger="deltaflow.pipeline.ingest"):
         assert ingest(spark, config).awaitTermination(300)
     assert "6 message(s) could not be decoded or transformed and are skipped" in caplog.text
     assert sorted(DeltaTable(str(tmp_path / "t")).to_pyarrow_table()["id"].to_pylist()) == _good(20)

@@ -10,8 +10,9 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from deltaflow import maintenance
-from deltaflow.locks import LeaseHeldError, TableLease
+from deltaflow.delta.leases import TableLease
+from deltaflow.errors import LeaseHeldError
+from deltaflow.ops import maintenance
 
 
 def _race(count: int, work) -> list:  # type: ignore[no-untyped-def]

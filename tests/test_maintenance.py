@@ -1,4 +1,4 @@
-"""Table maintenance (deltaflow.maintenance and its CLI commands) on real Delta tables."""
+"""Table maintenance (deltaflow.ops.maintenance and its CLI commands) on real Delta tables."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from deltaflow import maintenance
-from deltaflow.cli import cli
-from deltaflow.exceptions import ConfigError, TableNotFoundError, TerminalError
+from deltaflow.cli.commands import cli
+from deltaflow.errors import ConfigError, TableNotFoundError, TerminalError
+from deltaflow.ops import maintenance
 
 
 def _small_file_table(path, batches: int = 12, rows: int = 50) -> None:
@@ -314,7 +314,7 @@ def test_cli_commands_print_text_and_json_and_map_errors_to_exit_codes(tmp_path)
     out = runner.invoke(cli, ["checkpoint", str(table)])
     assert out.exit_code == 0 and "checkpoint written at version" in out.stdout
 
-    from deltaflow.cli import main
+    from deltaflow.cli.commands import main
 
     for args in (
         ["vacuum", str(table), "--retention-hours", "1"],

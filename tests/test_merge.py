@@ -12,11 +12,11 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from deltaflow import commit
-from deltaflow.exceptions import CheckpointMismatchError, ConfigError
-from deltaflow.merge import MergeWriter
-from deltaflow.pipeline import load_pipelines
-from deltaflow.runner import run_pipelines
+from deltaflow.config.pipeline import load_pipelines
+from deltaflow.delta import commit
+from deltaflow.errors import CheckpointMismatchError, ConfigError
+from deltaflow.service.daemon import run_pipelines
+from deltaflow.sinks.merge import MergeWriter
 
 
 def _spec(tmp_path: Path, text: str, **env: str):
@@ -124,10 +124,10 @@ def test_op_column_changes_upsert_delete_in_sequence_and_replays_do_nothing(spar
 
 
 def test_changes_without_a_sequence_are_refused_with_nothing_merged(spark, tmp_path):
-    from deltaflow import commit
-    from deltaflow.config import SinkOptions
-    from deltaflow.exceptions import MergeError
-    from deltaflow.merge import target_rows
+    from deltaflow.config.sink import SinkOptions
+    from deltaflow.delta import commit
+    from deltaflow.errors import MergeError
+    from deltaflow.sinks.merge import target_rows
 
     options = SinkOptions.build(
         {
@@ -146,7 +146,7 @@ def test_changes_without_a_sequence_are_refused_with_nothing_merged(spark, tmp_p
     schema = target_rows(rows, options).schema
     import pyarrow as pa
 
-    from deltaflow._schema import spark_to_arrow
+    from deltaflow.delta.schema import spark_to_arrow
 
     commit.create_table(
         str(tmp_path / "t"), spark_to_arrow(schema), partition_by=(), properties={}, storage_options={}

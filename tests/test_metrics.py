@@ -8,8 +8,8 @@ import urllib.request
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from deltaflow.ingest import IngestConfig, ingest
 from deltaflow.metrics import Metrics, metrics
+from deltaflow.pipeline.ingest import IngestConfig, ingest
 
 
 def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -6,7 +6,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from deltaflow._parquet import (
+from deltaflow.io.parquet import (
     PartitionedFileWriter,
     escape_path_component,
     partition_dir,
@@ -125,7 +125,7 @@ def test_files_roll_at_max_records_and_sizes_match_disk(tmp_path):
 def test_files_roll_at_target_size(tmp_path):
     writer = _writer(tmp_path, SCHEMA, target_file_size=64 * 1024, compression="none")
     # row groups are flushed at ROW_GROUP_ROWS; use small ones so the size check runs often
-    import deltaflow._parquet as mod
+    import deltaflow.io.parquet as mod
 
     old = mod.ROW_GROUP_ROWS
     mod.ROW_GROUP_ROWS = 2000

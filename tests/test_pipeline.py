@@ -8,16 +8,15 @@ import textwrap
 import pytest
 from click.testing import CliRunner
 
-from deltaflow.cli import cli
-from deltaflow.pipeline import (
-    MASK,
+from deltaflow.cli.commands import cli
+from deltaflow.config.pipeline import (
     DeltaSourceSpec,
     FilesSourceSpec,
-    PipelineConfigError,
     load_pipelines,
-    masked,
-    parse_seconds,
 )
+from deltaflow.config.secrets import MASK, masked
+from deltaflow.config.units import parse_seconds
+from deltaflow.errors import PipelineConfigError
 
 
 def _write(tmp_path, text: str):
@@ -188,7 +187,7 @@ def test_cli_validate_prints_each_pipeline_and_masks_secrets(tmp_path, monkeypat
     assert result.output.rstrip().endswith("2 pipeline(s), valid")
 
     monkeypatch.delenv("LAKE")
-    from deltaflow.cli import main
+    from deltaflow.cli.commands import main
 
     with pytest.raises(SystemExit) as exited:
         main(["validate", str(path)])

@@ -17,11 +17,11 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from deltaflow import commit
-from deltaflow.exceptions import ConfigError, DeltaSourceError, ExpectationFailedError
+from deltaflow.config.pipeline import load_pipelines
+from deltaflow.delta import commit
+from deltaflow.errors import ConfigError, DeltaSourceError, ExpectationFailedError
 from deltaflow.metrics import metrics
-from deltaflow.pipeline import load_pipelines
-from deltaflow.runner import SOURCE_SCHEMA_FILE, run_pipelines
+from deltaflow.pipeline.runner import SOURCE_SCHEMA_FILE, run_pipelines
 from deltaflow.sources.generator import generate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -370,7 +370,7 @@ def test_delta_source_timestamp_partitions_and_a_column_added_upstream(spark, tm
 
     # A column added upstream while a query reads: that query stops (transient, the daemon restarts
     # it) rather than dropping the new column's values; a query started afterwards reads it.
-    from deltaflow.exceptions import SchemaEvolvedError
+    from deltaflow.errors import SchemaEvolvedError
     from deltaflow.sources.delta import DeltaStreamOptions, DeltaStreamReader, table_arrow_schema
 
     running = DeltaStreamReader(DeltaStreamOptions(str(src)), table_arrow_schema(DeltaTable(str(src))))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pyspark
 
-from deltaflow.session import default_conf, worker_python
+from deltaflow.pipeline.session import default_conf, worker_python
 
 PACKAGE = Path(pyspark.__file__).parent
 LIB = PACKAGE / "python" / "lib"

@@ -11,8 +11,8 @@ from pyspark.errors import PySparkException
 from pyspark.sql import functions as F  # noqa: N812
 
 import deltaflow
-from deltaflow._storage import filesystem
-from deltaflow.exceptions import ConfigError, SchemaMismatchError, TableNotFoundError, UnknownOptionError
+from deltaflow.errors import ConfigError, SchemaMismatchError, TableNotFoundError, UnknownOptionError
+from deltaflow.io.storage import filesystem
 
 
 def _df(spark, start, count, **extra):
@@ -295,8 +295,8 @@ def test_object_store_table_needs_an_explicit_checkpoint(spark, tmp_path):
 
 
 def test_spark_checkpoint_files_are_read_wherever_spark_keeps_them(spark, s3, tmp_path):
-    from deltaflow.config import SinkOptions
-    from deltaflow.sink import _read_with_hadoop, read_checkpoint_file
+    from deltaflow.config.sink import SinkOptions
+    from deltaflow.sinks.datasource import _read_with_hadoop, read_checkpoint_file
 
     offsets = 'v1\n{"batchWatermarkMs":0}\n{"t":{"0":5}}\n'
     (tmp_path / "ckpt" / "offsets").mkdir(parents=True)

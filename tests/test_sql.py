@@ -6,10 +6,11 @@ import pytest
 from click.testing import CliRunner
 from deltalake import DeltaTable
 
-from deltaflow.cli import cli
-from deltaflow.pipeline import FilesSourceSpec, KafkaSourceSpec, PipelineConfigError
-from deltaflow.runner import run_pipelines
-from deltaflow.sql import parse_sql
+from deltaflow.cli.commands import cli
+from deltaflow.config.pipeline import FilesSourceSpec, KafkaSourceSpec
+from deltaflow.config.sql import parse_sql
+from deltaflow.errors import PipelineConfigError
+from deltaflow.service.daemon import run_pipelines
 
 SQL = """
 -- a comment; with a semicolon

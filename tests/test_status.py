@@ -18,8 +18,8 @@ import pytest
 from click.testing import CliRunner
 from deltalake import DeltaTable
 
-from deltaflow.cli import cli
-from deltaflow.status import StatusBoard
+from deltaflow.cli.commands import cli
+from deltaflow.service.status import StatusBoard
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Where the rendered page's screenshot is kept for a human to look at.
@@ -83,7 +83,16 @@ def test_status_page_of_a_running_ingest_in_chromium(kafka, tmp_path):
     kafka.produce(topic, [json.dumps({"id": i}).encode() for i in range(300)], partitions=2)
     table = tmp_path / "t"
     log = tmp_path / "daemon.log"
-    command = [sys.executable, "-m", "deltaflow.cli", "ingest", topic, str(table), "--kafka", kafka.bootstrap]
+    command = [
+        sys.executable,
+        "-m",
+        "deltaflow.cli.commands",
+        "ingest",
+        topic,
+        str(table),
+        "--kafka",
+        kafka.bootstrap,
+    ]
     command += ["--app_id", "page", "--schema", "id LONG", "--allowed_latency", "1", "--status_port", "0"]
     command += ["--max_messages_per_batch", "100"]
     with log.open("w") as stderr:

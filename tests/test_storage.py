@@ -19,12 +19,13 @@ import pytest
 from deltalake import DeltaTable
 from pyarrow import fs as pafs
 
-from deltaflow import commit, maintenance
-from deltaflow._storage import filesystem
-from deltaflow.exceptions import TableNotFoundError
+from deltaflow.config.pipeline import load_pipelines
+from deltaflow.delta import commit
+from deltaflow.errors import TableNotFoundError
+from deltaflow.io.storage import filesystem
 from deltaflow.metrics import metrics
-from deltaflow.pipeline import load_pipelines
-from deltaflow.runner import run_pipelines
+from deltaflow.ops import maintenance
+from deltaflow.service.daemon import run_pipelines
 from deltaflow.sources.generator import generate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,7 +166,7 @@ def test_two_pipelines_and_compaction_write_one_table_at_once(spark, s3, tmp_pat
     assert {s.messages for s in summaries.values()} == {3000}
     assert any(r.files_removed for r in optimized)  # the job compacted while the streams wrote
 
-    from deltaflow.compaction import compactors
+    from deltaflow.ops.compaction import compactors
 
     for compactor in compactors():
         compactor.wait_idle(60)
@@ -242,7 +243,7 @@ def test_storage_errors_are_retried_and_an_outage_heals_exactly(spark, s3, tmp_p
 
     proxy = FaultyHttpProxy(s3.endpoint)
     restarts = _Restarts()
-    logging.getLogger("deltaflow.daemon").addHandler(restarts)
+    logging.getLogger("deltaflow.service.daemon").addHandler(restarts)
     try:
         uri = s3.uri("faults")
 
@@ -307,7 +308,7 @@ def test_storage_errors_are_retried_and_an_outage_heals_exactly(spark, s3, tmp_p
         )
         assert missing == set()
     finally:
-        logging.getLogger("deltaflow.daemon").removeHandler(restarts)
+        logging.getLogger("deltaflow.service.daemon").removeHandler(restarts)
         proxy.close()
 
 

@@ -1,8 +1,9 @@
 import pytest
 from pyspark.sql import functions as F  # noqa: N812
 
-from deltaflow.exceptions import ConfigError
-from deltaflow.transforms import KAFKA_FIELDS, apply_transforms, parse_transform
+from deltaflow.config.transforms import KAFKA_FIELDS, parse_transform
+from deltaflow.errors import ConfigError
+from deltaflow.pipeline.transforms import apply_transforms, column
 
 
 @pytest.mark.parametrize("text", ["no colon", ": kafka.offset", "a.b:", "bad target!: kafka.offset"])
@@ -13,7 +14,7 @@ def test_malformed_transforms_are_rejected(text):
 
 def test_unknown_source_names_the_accepted_forms(spark):
     with pytest.raises(ConfigError, match=r"use kafka.<partition\|offset"):
-        parse_transform("x: lower(name)").column()
+        column(parse_transform("x: lower(name)"))
 
 
 def test_transforms_compile_to_spark_columns(spark):

@@ -28,7 +28,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.json as pj
 
-from deltaflow.exceptions import ConfigError, TransientError
+from deltaflow.errors import ConfigError, TransientError
 
 __all__ = [
     "AvroDecoder",

@@ -37,8 +37,9 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from deltaflow._storage import filesystem, normalize_uri
-from deltaflow.exceptions import ConfigError, DeltaSourceError, TableNotFoundError
+from deltaflow.config.locations import normalize_uri
+from deltaflow.errors import ConfigError, DeltaSourceError, TableNotFoundError
+from deltaflow.io.storage import filesystem
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -133,7 +134,7 @@ class _CdfTask(InputPartition):
 
 
 def _load(options: DeltaStreamOptions) -> DeltaTable:
-    from deltaflow import delta_log
+    from deltaflow.delta import log as delta_log
 
     table = delta_log.load(options.table_uri, options.storage_options)
     if table is None:
@@ -165,7 +166,7 @@ def _check_readable(table: DeltaTable, uri: str) -> None:
 
 def table_arrow_schema(table: DeltaTable) -> pa.Schema:
     """The table's schema with plain (not view) Arrow types."""
-    from deltaflow._schema import plain_schema
+    from deltaflow.delta.schema import plain_schema
 
     return plain_schema(pa.schema(table.schema().to_arrow()))
 
@@ -187,7 +188,7 @@ class DeltaTableDataSource(DataSource):
         return from_arrow_schema(schema)
 
     def streamReader(self, schema: StructType) -> DeltaStreamReader:  # noqa: N802
-        from deltaflow._schema import spark_to_arrow
+        from deltaflow.delta.schema import spark_to_arrow
 
         return DeltaStreamReader(DeltaStreamOptions.from_spark_options(self.options), spark_to_arrow(schema))
 
@@ -358,7 +359,7 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _check_metadata(self, metadata: Mapping[str, Any], version: int) -> None:
         """A commit changing the table's metadata: refuse column mapping; new columns restart
         the query so that its schema (fixed at start) takes them."""
-        from deltaflow.exceptions import SchemaEvolvedError
+        from deltaflow.errors import SchemaEvolvedError
 
         uri = self._options.table_uri
         mode = (metadata.get("configuration") or {}).get("delta.columnMapping.mode", "none")

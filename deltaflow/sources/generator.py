@@ -27,7 +27,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from deltaflow.exceptions import ConfigError
+from deltaflow.errors import ConfigError
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType

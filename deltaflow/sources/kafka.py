@@ -16,6 +16,7 @@ import logging
 import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -28,14 +29,21 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from deltaflow.exceptions import ConfigError, TransientError
+from deltaflow.config.secrets import MASK, masked
+from deltaflow.errors import (
+    ConfigError,
+    DeltaflowError,
+    KafkaAccessError,
+    KafkaUnavailableError,
+    TransientError,
+)
 from deltaflow.sources.decode import JsonDecoder, SchemaRegistry, avro_to_spark_ddl, decompress
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql.types import StructType
 
-__all__ = ["FORMAT_NAME", "KAFKA_SCHEMA", "KafkaDataSource", "KafkaSourceOptions", "Offsets"]
+__all__ = ["FORMAT_NAME", "KAFKA_SCHEMA", "KafkaDataSource", "KafkaSourceOptions", "Offsets", "kafka_errors"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +81,6 @@ _FAST_CONSUMER = {
     "enable.partition.eof": False,
 }
 #: Settings whose values are never logged or shown.
-_SECRET_SETTINGS = re.compile(r"password|secret|token|key\.pem|keystore|jaas", re.IGNORECASE)
 
 Offsets = dict[str, dict[str, int]]
 #: The Kafka metadata columns a pipeline may leave unfilled (see ``metadata``).
@@ -192,13 +199,10 @@ class KafkaSourceOptions(BaseModel):
             exclude={"kafka_settings", "sasl_password", "delta_storage_options", "schema_registry_auth"}
         )
         if self.schema_registry_auth is not None:
-            out["schema_registry_auth"] = "**********"
-        out["kafka_settings"] = {
-            k: "**********" if _SECRET_SETTINGS.search(k) else v.get_secret_value()
-            for k, v in self.kafka_settings.items()
-        }
+            out["schema_registry_auth"] = MASK
+        out["kafka_settings"] = masked({k: v.get_secret_value() for k, v in self.kafka_settings.items()})
         if self.sasl_password is not None:
-            out["sasl_password"] = "**********"
+            out["sasl_password"] = MASK
         return out
 
     @classmethod
@@ -218,7 +222,7 @@ class KafkaSourceOptions(BaseModel):
             values["kafka_settings"] = merged
         unknown = set(values) - set(cls.model_fields)
         if unknown:
-            from deltaflow.exceptions import UnknownOptionError
+            from deltaflow.errors import UnknownOptionError
 
             raise UnknownOptionError(unknown, cls.model_fields)
         try:
@@ -351,7 +355,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Plans micro-batches on the driver; :meth:`read` runs on executors."""
 
     def __init__(self, options: KafkaSourceOptions, schema: StructType) -> None:
-        from deltaflow._schema import spark_to_arrow
+        from deltaflow.delta.schema import spark_to_arrow
 
         self._options = options
         self._schema = schema
@@ -382,11 +386,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._admin is None:
             from confluent_kafka.admin import AdminClient
 
-            self._admin = AdminClient(self._options.client_config())
+            with kafka_errors(f"connecting to Kafka at {self._options.bootstrap_servers}"):
+                self._admin = AdminClient(self._options.client_config())
         return self._admin
 
     def _topic_partitions(self) -> dict[str, list[int]]:
-        meta = self._client().list_topics(timeout=METADATA_TIMEOUT_S)
+        with kafka_errors(f"reading the topics of {self._options.bootstrap_servers}"):
+            meta = self._client().list_topics(timeout=METADATA_TIMEOUT_S)
         if self._options.topic_pattern:
             pattern = re.compile(self._options.topic_pattern)
             names = [t for t in meta.topics if pattern.fullmatch(t) and not t.startswith("__")]
@@ -413,17 +419,18 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         out: Offsets = {t: {} for t in layout}
         if not request:
             return out
-        futures = self._client().list_offsets(request, request_timeout=METADATA_TIMEOUT_S)
-        for tp, future in futures.items():
-            out[tp.topic][str(tp.partition)] = int(future.result().offset)
+        with kafka_errors(f"reading the {which} offsets from {self._options.bootstrap_servers}"):
+            futures = self._client().list_offsets(request, request_timeout=METADATA_TIMEOUT_S)
+            for tp, future in futures.items():
+                out[tp.topic][str(tp.partition)] = int(future.result().offset)
         return out
 
     def _committed(self, layout: Mapping[str, Sequence[int | str]]) -> Offsets:
         """Next offset to read per partition according to the Delta table (if configured)."""
         if not self._options.delta_table_uri or not self._options.delta_app_id:
             return {}
-        from deltaflow import delta_log
-        from deltaflow._storage import normalize_uri
+        from deltaflow.config.locations import normalize_uri
+        from deltaflow.delta import log as delta_log
 
         table = delta_log.load(
             normalize_uri(self._options.delta_table_uri), self._options.delta_storage_options
@@ -593,8 +600,70 @@ def commit_to_group(config: Mapping[str, Any], end: Offsets) -> None:
         consumer.close()
 
 
+#: librdkafka error names that retrying cannot fix: credentials, permissions, settings.
+_REFUSED = frozenset(
+    {
+        "_AUTHENTICATION",
+        "SASL_AUTHENTICATION_FAILED",
+        "UNSUPPORTED_SASL_MECHANISM",
+        "ILLEGAL_SASL_STATE",
+        "TOPIC_AUTHORIZATION_FAILED",
+        "GROUP_AUTHORIZATION_FAILED",
+        "CLUSTER_AUTHORIZATION_FAILED",
+        "_INVALID_ARG",
+        "_INVALID_TYPE",
+        "_UNSUPPORTED_FEATURE",
+        "_SSL",
+        "_FATAL",
+    }
+)
+
+
+def kafka_failure(exc: BaseException, doing: str, **context: Any) -> DeltaflowError:
+    """The deltaflow error for a confluent-kafka exception raised while ``doing`` something:
+    :class:`KafkaAccessError` when Kafka refused the client or its settings (or librdkafka
+    calls the error fatal), else :class:`KafkaUnavailableError`."""
+    err: Any = exc.args[0] if exc.args else None
+    name = str(err.name()) if hasattr(err, "name") else type(exc).__name__
+    text = str(err.str()) if hasattr(err, "str") else str(exc)
+    fatal = bool(err.fatal()) if hasattr(err, "fatal") else False
+    if fatal or name in _REFUSED:
+        return KafkaAccessError(
+            f"{doing}: Kafka refused the client ({name}: {text}); check the Kafka settings "
+            "(bootstrap servers, security protocol, credentials, ACLs)",
+            kafka_error=name,
+            **context,
+        )
+    return KafkaUnavailableError(
+        f"{doing}: {name}: {text}; the Kafka cluster may be down or unreachable, retrying later may work",
+        kafka_error=name,
+        **context,
+    )
+
+
+@contextmanager
+def kafka_errors(doing: str, **context: Any) -> Iterator[None]:
+    """Turn confluent-kafka's exceptions raised inside the block into deltaflow errors (see
+    :func:`kafka_failure`), so that what happens next is decided by their type."""
+    from confluent_kafka import KafkaException
+
+    try:
+        yield
+    except KafkaException as exc:
+        raise kafka_failure(exc, doing, **context) from exc
+
+
 def read_range(task: KafkaPartitionRange) -> Iterator[pa.RecordBatch]:
     """Read ``[task.start, task.end)`` of one partition as Arrow batches of the source schema."""
+    with kafka_errors(
+        f"reading {task.topic}[{task.partition}] offsets {task.start}-{task.end}",
+        topic=task.topic,
+        partition=task.partition,
+    ):
+        yield from _read_range(task)
+
+
+def _read_range(task: KafkaPartitionRange) -> Iterator[pa.RecordBatch]:
     from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
     decoding = task.decoding

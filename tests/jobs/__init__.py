@@ -15,7 +15,7 @@ def run_job(module: str, *args: str, crash_at: str | None = None) -> subprocess.
     """Run ``python -m tests.jobs.<module> ARGS`` in its own session (process group).
 
     ``crash_at`` (``"<point>:<batch_id>"``) makes the sink SIGKILL the job's whole process
-    group at that step, as a machine failure would; see ``deltaflow._faults``.
+    group at that step, as a machine failure would; see ``deltaflow.io.faults``.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("DELTAFLOW_TEST_")}
     if crash_at:

@@ -11,7 +11,7 @@ import fastavro
 import pyarrow as pa
 import pytest
 
-from deltaflow.exceptions import ConfigError
+from deltaflow.errors import ConfigError
 from deltaflow.sources.decode import (
     AvroDecoder,
     JsonDecoder,

@@ -10,7 +10,7 @@ import pytest
 from deltalake import DeltaTable
 
 import deltaflow
-from deltaflow.exceptions import ConfigError, UnknownOptionError
+from deltaflow.errors import ConfigError, UnknownOptionError
 from deltaflow.sources.kafka import IDLE_POLL_S, KafkaSourceOptions, KafkaStreamReader, _admit
 
 

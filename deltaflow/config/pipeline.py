@@ -1,0 +1,529 @@
+"""Declarative pipelines: the YAML file ``deltaflow run`` and ``deltaflow validate`` read.
+
+One file declares one or more pipelines::
+
+    pipelines:
+      - id: orders-silver
+        source: {type: files, path: /landing/orders, format: json}
+        transforms: {date: "sql: to_date(ts)"}
+        filter: "status <> 'test'"
+        expectations:
+          - {name: positive_amount, expr: "amount > 0", action: drop}
+        dead_letter: {table_uri: /lake/orders_rejected}
+        sinks:
+          - {name: eu, table_uri: /lake/orders_eu, when: "region = 'eu'"}
+          - {name: rest, table_uri: /lake/orders_rest, when: "region <> 'eu'"}
+
+Loading substitutes ``${VAR}`` and ``${VAR:-default}`` in every string, then validates the
+whole file with pydantic; every error names its YAML path, the value received and what is
+allowed (:class:`PipelineConfigError`). Nothing here imports Spark: ``validate`` starts no JVM.
+
+A micro-batch flows: source -> ``transforms`` (kafka-delta-ingest mappings) -> ``filter`` ->
+``select`` -> ``expectations`` -> each sink's ``when`` predicate (see ``deltaflow.pipeline.runner``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from deltaflow.config.identity import PipelineId
+from deltaflow.config.locations import normalize_uri
+from deltaflow.config.secrets import masked
+from deltaflow.config.sink import SinkOptions
+from deltaflow.config.transforms import parse_transform
+from deltaflow.config.units import parse_seconds, parse_size
+from deltaflow.errors import ConfigError, PipelineConfigError
+
+__all__ = [
+    "DeltaSourceSpec",
+    "Expectation",
+    "FilesSourceSpec",
+    "GeneratorSourceSpec",
+    "KafkaSourceSpec",
+    "PipelineFile",
+    "PipelineSpec",
+    "SinkSpec",
+    "load_pipelines",
+]
+
+#: ``${NAME}`` or ``${NAME:-default}``; ``$${`` is a literal ``${``.
+_ENV = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class FilesSourceSpec(_Model):
+    """A landing directory of files, read with Spark's file stream source.
+
+    Attributes:
+        path: The directory (new files are picked up; files must not change once written).
+        format: ``json`` (one object per line), ``csv``, ``parquet``, ``avro`` (object container
+            files, decoded with fastavro in the tasks: no spark-avro jar) or ``text``.
+        schema: Spark DDL of the columns (``id BIGINT, ts TIMESTAMP``); when left out it is
+            inferred once from the files present at the first start and stored with the
+            checkpoint, so later files never change it.
+        max_files_per_trigger / max_bytes_per_trigger: Admission control per micro-batch.
+        rescued_data_column: JSON/CSV/Avro: a column holding what did not fit the schema (JSON
+            and Avro: an object of the fields the schema lacks; a JSON record with a value of the
+            wrong type or that cannot be parsed, a CSV line: the whole record). ``null`` drops
+            that information.
+        source_file_column: A column with the path of the file each row came from.
+        options: Further options of Spark's reader (``header``, ``sep``, ``dateFormat``, ...).
+    """
+
+    type: Literal["files"]
+    path: str
+    format: Literal["json", "csv", "parquet", "avro", "text"] = "json"
+    schema_: str | None = Field(default=None, alias="schema")
+    max_files_per_trigger: int | None = Field(default=None, ge=1)
+    max_bytes_per_trigger: Annotated[int | None, Field(ge=1)] = None
+    rescued_data_column: str | None = "_rescued_data"
+    source_file_column: str | None = None
+    options: dict[str, str] = Field(default_factory=dict)
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    @field_validator("max_bytes_per_trigger", mode="before")
+    @classmethod
+    def _bytes(cls, value: Any) -> Any:
+
+        return parse_size(value) if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _check(self) -> FilesSourceSpec:
+        if self.max_files_per_trigger and self.max_bytes_per_trigger:
+            raise ValueError("set max_files_per_trigger or max_bytes_per_trigger, not both (Spark takes one)")
+        if self.format == "json" and self.options.get("multiLine", "").lower() == "true":
+            raise ValueError("json files are read one object per line; multiLine is not supported")
+        return self
+
+    @field_validator("options", mode="before")
+    @classmethod
+    def _strings(cls, value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
+        return value
+
+
+class DeltaSourceSpec(_Model):
+    """Another Delta table read as a stream of its new commits (offsets are table versions).
+
+    Attributes:
+        table_uri: The table to read.
+        starting_version: The first version to read; default: the table's latest version
+            when the pipeline first starts (its current content is read as the first batch).
+        starting_timestamp: The first version committed at or after this ISO-8601 time.
+        ignore_deletes: Skip commits that only remove data (a partition deleted); without it
+            such a commit stops the pipeline.
+        ignore_changes: Also accept commits that rewrite files (UPDATE, MERGE, DELETE of
+            rows): their new files are read again, so unchanged rows come downstream twice.
+        read_change_feed: Read the table's Change Data Feed (inserts, update pre/post images,
+            deletes with ``_change_type``, ``_commit_version``, ``_commit_timestamp``); needs
+            ``delta.enableChangeDataFeed`` on the source table.
+        max_versions_per_trigger: At most this many table versions per micro-batch.
+        storage_options: Storage options for reading the table.
+    """
+
+    type: Literal["delta"]
+    table_uri: str
+    starting_version: int | None = Field(default=None, ge=0)
+    starting_timestamp: str | None = None
+    ignore_deletes: bool = False
+    ignore_changes: bool = False
+    read_change_feed: bool = False
+    max_versions_per_trigger: int | None = Field(default=None, ge=1)
+    storage_options: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_start(self) -> DeltaSourceSpec:
+        if self.starting_version is not None and self.starting_timestamp is not None:
+            raise ValueError("set starting_version or starting_timestamp, not both")
+        return self
+
+
+class KafkaSourceSpec(_Model):
+    """A Kafka topic through the ``deltaflow-kafka`` source, values decoded in its tasks.
+
+    The decoded value's fields become columns, beside a ``kafka`` struct (``topic``,
+    ``partition``, ``offset``, ``timestamp``, ``key``, ``headers``). Messages that cannot be
+    decoded go to the pipeline's dead-letter table (or are counted and skipped without one).
+    """
+
+    type: Literal["kafka"]
+    bootstrap_servers: str
+    topic: str | list[str] | None = None
+    topic_pattern: str | None = None
+    starting_offsets: Literal["earliest", "latest"] | dict[str, dict[str, int]] = "earliest"
+    max_messages_per_batch: int = Field(default=0, ge=0)
+    format: Literal["json", "avro"] = "json"
+    schema_: str | None = Field(default=None, alias="schema")
+    avro_schema: str | None = None
+    schema_registry_url: str | None = None
+    decompress_gzip: bool = False
+    kafka_settings: dict[str, SecretStr] = Field(default_factory=dict)
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _check(self) -> KafkaSourceSpec:
+        if (self.topic is None) == (self.topic_pattern is None):
+            raise ValueError("set exactly one of topic and topic_pattern")
+        if self.format == "json" and not self.schema_:
+            raise ValueError("format json needs schema (Spark DDL of the value's fields)")
+        if self.format == "avro" and not (self.avro_schema or self.schema_registry_url):
+            raise ValueError("format avro needs avro_schema or schema_registry_url")
+        return self
+
+    @property
+    def topics(self) -> list[str]:
+        if self.topic is None:
+            return []
+        return [self.topic] if isinstance(self.topic, str) else list(self.topic)
+
+
+class GeneratorSourceSpec(_Model):
+    """Synthetic events for demos and benchmarks, deterministic per row id.
+
+    Attributes:
+        rows_per_second: Rows made available per second of wall-clock time.
+        total_rows: Stop producing after this many rows (``null``: forever).
+        rows_per_batch: Admission control: at most this many rows per micro-batch.
+        partitions: Spark input partitions per micro-batch.
+        fields: Extra columns as Spark SQL expressions over ``id`` (and the other generated
+            columns), e.g. ``{amount_cents: "cast(amount * 100 as bigint)"}``.
+        seed: Changes the generated values (same seed, same rows).
+    """
+
+    type: Literal["generator"]
+    rows_per_second: float = Field(default=1000.0, gt=0)
+    total_rows: int | None = Field(default=None, ge=0)
+    rows_per_batch: int | None = Field(default=None, ge=1)
+    partitions: int = Field(default=2, ge=1, le=10_000)
+    fields: dict[str, str] = Field(default_factory=dict)
+    seed: int = Field(default=0, ge=0)
+
+
+SourceSpec = Annotated[
+    FilesSourceSpec | DeltaSourceSpec | KafkaSourceSpec | GeneratorSourceSpec, Field(discriminator="type")
+]
+
+#: Sink options a pipeline sets itself.
+_PIPELINE_OWNED = ("pipeline_id", "checkpoint_location", "txn_version", "kafka_offsets")
+
+
+class SinkSpec(SinkOptions):
+    """A Delta table a pipeline writes: the sink options (Rivven's names) plus routing.
+
+    Attributes:
+        name: The sink's name in logs and metrics (default: ``sink<N>``).
+        connector: ``delta`` (``delta-lake`` is accepted as in Rivven's files).
+        when: A Spark SQL predicate: only rows for which it is true go to this sink.
+    """
+
+    name: str | None = None
+    connector: Literal["delta", "delta-lake"] = "delta"
+    when: str | None = None
+
+    @model_validator(mode="after")
+    def _not_pipeline_owned(self) -> SinkSpec:
+        for key in _PIPELINE_OWNED:
+            if getattr(self, key) not in (None, False):
+                raise ValueError(f"{key} is set by the pipeline, not per sink")
+        return self
+
+    def sink_options(self, pipeline_id: str, checkpoint_location: str) -> SinkOptions:
+        """The :class:`SinkOptions` this sink writes with."""
+        values = self.model_dump(exclude={"name", "connector", "when"}, exclude_defaults=True)
+        values.update(pipeline_id=pipeline_id, checkpoint_location=checkpoint_location)
+        return SinkOptions.build(values)
+
+
+class DeadLetterSpec(SinkOptions):
+    """The table receiving the rows a ``drop`` expectation rejected, and undecodable messages."""
+
+    @model_validator(mode="after")
+    def _not_pipeline_owned(self) -> DeadLetterSpec:
+        for key in _PIPELINE_OWNED:
+            if getattr(self, key) not in (None, False):
+                raise ValueError(f"{key} is set by the pipeline, not for the dead-letter table")
+        if self.write_mode != "append":
+            raise ValueError("the dead-letter table is appended to; write_mode must be append")
+        return self
+
+
+class Expectation(_Model):
+    """A named data-quality rule (as Delta Live Tables has them).
+
+    Attributes:
+        name: Shown in logs, metrics and the dead-letter rows.
+        expr: A Spark SQL predicate a good row satisfies (NULL counts as a violation).
+        action: ``warn`` counts violations and keeps the rows; ``drop`` sends them to the
+            dead-letter table (or drops them without one); ``fail`` stops the pipeline before
+            anything of the batch is committed.
+    """
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$")
+    expr: str = Field(min_length=1)
+    action: Literal["warn", "drop", "fail"] = "warn"
+
+
+class SparkSpec(_Model):
+    """The Spark application all pipelines of the file run in."""
+
+    master: str | None = None
+    conf: dict[str, str] = Field(default_factory=dict)
+
+
+class PipelineSpec(_Model):
+    """One pipeline: a source, its processing, one or more Delta sinks.
+
+    Attributes:
+        id: The pipeline's stable identity (the Delta ``txn`` app id in every sink table, the
+            query name, the default checkpoint folder). Changing it starts over.
+        transforms: kafka-delta-ingest mappings ``target: source`` (a field path,
+            ``substr(...)``, ``epoch_*_to_iso8601(...)``, ``kafka.<field>`` or ``sql: <expr>``).
+        filter: A Spark SQL predicate; rows for which it is not true are left out.
+        select: Spark SQL select expressions (``["*", "upper(name) AS name"]``).
+        query: Instead of ``transforms``/``filter``/``select``: one Spark SQL query over the
+            source, which it names ``source_name`` (``SELECT id, upper(name) AS name FROM source
+            WHERE ...``); it runs on each micro-batch, so aggregations are per batch.
+        source_name: The source's name in ``query`` (default ``source``).
+        trigger_interval: Seconds between micro-batches (``"5 seconds"``; default: as soon as
+            the previous batch is done).
+        checkpoint_location: Spark's checkpoint; default ``<first sink>/_deltaflow/checkpoints/<id>``.
+        enabled: ``false`` keeps a pipeline in the file without running it.
+    """
+
+    id: PipelineId
+    source: SourceSpec
+    transforms: dict[str, str] = Field(default_factory=dict)
+    filter: str | None = None
+    select: list[str] = Field(default_factory=list)
+    expectations: list[Expectation] = Field(default_factory=list)
+    query: str | None = None
+    source_name: str = Field(default="source", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    sinks: list[SinkSpec] = Field(min_length=1)
+    dead_letter: DeadLetterSpec | None = None
+    trigger_interval: float | None = None
+    checkpoint_location: str | None = None
+    enabled: bool = True
+
+    @field_validator("trigger_interval", mode="before")
+    @classmethod
+    def _interval(cls, value: Any) -> Any:
+        return None if value is None else parse_seconds(value)
+
+    @field_validator("transforms")
+    @classmethod
+    def _transforms(cls, value: dict[str, str]) -> dict[str, str]:
+        for target, source in value.items():
+            try:
+                parse_transform(f"{target}: {source}").check()
+            except ConfigError as exc:
+                raise ValueError(f"{target}: {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> PipelineSpec:
+        problems: list[str] = []
+        names: dict[str, int] = {}
+        tables: dict[str, str] = {}
+        for i, sink in enumerate(self.sinks):
+            name = sink.name or f"sink{i}"
+            if name in names:
+                problems.append(f"sinks[{i}] and sinks[{names[name]}] are both named {name!r}")
+            names[name] = i
+            uri = normalize_uri(sink.table_uri)
+            if uri in tables:
+                problems.append(f"sinks {tables[uri]!r} and {name!r} write the same table {uri}")
+            tables[uri] = name
+        for i, sink in enumerate(self.sinks):
+            ordered = self.source.type == "kafka" or sink.cdc_format == "debezium" or sink.sequence_by
+            if sink.write_mode == "merge" and not ordered:
+                problems.append(
+                    f"sinks[{i}]: a merge from a {self.source.type} source needs sequence_by (the rows of "
+                    "one batch have no order of their own: which change of a key is the latest?)"
+                )
+        if self.dead_letter is not None and normalize_uri(self.dead_letter.table_uri) in tables:
+            problems.append("dead_letter.table_uri must be another table than the sinks'")
+        if self.query and (self.transforms or self.filter or self.select):
+            problems.append("query replaces transforms, filter and select: use one or the other")
+        expectation_names = [e.name for e in self.expectations]
+        dupes = sorted({n for n in expectation_names if expectation_names.count(n) > 1})
+        if dupes:
+            problems.append(f"expectation name(s) used twice: {', '.join(dupes)}")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def sink_names(self) -> list[str]:
+        return [s.name or f"sink{i}" for i, s in enumerate(self.sinks)]
+
+
+class PipelineFile(_Model):
+    """A whole pipeline file."""
+
+    pipelines: list[PipelineSpec] = Field(min_length=1)
+    spark: SparkSpec = Field(default_factory=SparkSpec)
+
+    @model_validator(mode="after")
+    def _unique(self) -> PipelineFile:
+        ids = [p.id for p in self.pipelines]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise ValueError(f"pipeline id(s) used twice: {', '.join(dupes)}")
+        return self
+
+    def selected(self, ids: list[str] | tuple[str, ...] = ()) -> list[PipelineSpec]:
+        """The enabled pipelines, or those named in ``ids`` (an unknown id is an error)."""
+        known = {p.id: p for p in self.pipelines}
+        missing = [i for i in ids if i not in known]
+        if missing:
+            raise ConfigError(
+                f"no pipeline {', '.join(map(repr, missing))} in the file; it has {', '.join(known)}",
+                pipelines=list(known),
+            )
+        return [known[i] for i in ids] if ids else [p for p in self.pipelines if p.enabled]
+
+
+def load_pipelines(path: str | Path, env: Mapping[str, str] | None = None) -> PipelineFile:
+    """Read, substitute and validate a pipeline file.
+
+    Raises:
+        PipelineConfigError: the file cannot be read or parsed, a ``${VAR}`` is not set, or the
+            content is not valid; the message lists every problem with its YAML path.
+    """
+    import yaml
+
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise PipelineConfigError(str(path), [f"cannot read the file: {exc.strerror or exc}"]) from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise PipelineConfigError(str(path), [f"not valid YAML: {exc}"]) from None
+    if not isinstance(raw, dict):
+        raise PipelineConfigError(str(path), ["the file must be a mapping with a 'pipelines' list"])
+    problems: list[str] = []
+    data = _substitute(raw, env if env is not None else os.environ, "", problems)
+    if problems:
+        raise PipelineConfigError(str(path), problems)
+    try:
+        return PipelineFile.model_validate(data)
+    except ValidationError as exc:
+        raise PipelineConfigError(str(path), _problems(exc, data)) from None
+
+
+def _substitute(value: Any, env: Mapping[str, str], where: str, problems: list[str]) -> Any:
+    if isinstance(value, dict):
+        return {
+            k: _substitute(v, env, f"{where}.{k}" if where else str(k), problems) for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_substitute(v, env, f"{where}[{i}]", problems) for i, v in enumerate(value)]
+    if not isinstance(value, str) or "$" not in value:
+        return value
+
+    def one(m: re.Match[str]) -> str:
+        if m.group(0) == "$${":
+            return "${"
+        name, default = m.group(1), m.group(2)
+        if name in env:
+            return env[name]
+        if default is not None:
+            return default
+        problems.append(f"{where}: environment variable {name} is not set (use ${{{name}:-default}})")
+        return ""
+
+    return _ENV.sub(one, value)
+
+
+def _problems(exc: ValidationError, data: Any) -> list[str]:
+    out = []
+    for err in exc.errors(include_url=False):
+        loc = [p for p in err["loc"] if not (isinstance(p, str) and p in _SOURCE_TAGS)]
+        where = _yaml_path(loc)
+        received = err.get("input")
+        kind = err["type"]
+        if kind == "missing":
+            out.append(f"{where}: required key is missing")
+            continue
+        if kind == "extra_forbidden":
+            out.append(f"{where}: unknown key{_hint(loc)}")
+            continue
+        if kind == "literal_error":
+            msg = f"must be one of {err.get('ctx', {}).get('expected', '')}"
+        elif kind == "union_tag_invalid":
+            msg = f"unknown source type; use one of {err.get('ctx', {}).get('expected_tags', '')}"
+            received = err.get("ctx", {}).get("tag")
+        else:
+            msg = str(err["msg"]).removeprefix("Value error, ")
+        shown = masked(received, loc[-1]) if loc and isinstance(loc[-1], str) else received
+        if isinstance(shown, dict | list):
+            out.append(f"{where}: {msg}")
+        else:
+            out.append(f"{where}: {msg} (received {shown!r})")
+    return out
+
+
+_SOURCE_TAGS = frozenset({"files", "delta", "kafka", "generator"})
+_MODELS_BY_KEY: dict[str, type[BaseModel]] = {
+    "sinks": SinkSpec,
+    "dead_letter": DeadLetterSpec,
+    "expectations": Expectation,
+    "spark": SparkSpec,
+}
+
+
+def _hint(loc: list[Any]) -> str:
+    """`` (did you mean 'x'?)`` for a misspelt key, from the model the key sits in."""
+    import difflib
+
+    name = loc[-1] if loc else None
+    if not isinstance(name, str):
+        return ""
+    model: type[BaseModel] | None = None
+    for part in reversed(loc[:-1]):
+        if isinstance(part, str):
+            model = _MODELS_BY_KEY.get(part) or (PipelineSpec if part == "pipelines" else None)
+            if part == "source":
+                fields = set().union(
+                    *(
+                        m.model_fields
+                        for m in (FilesSourceSpec, DeltaSourceSpec, KafkaSourceSpec, GeneratorSourceSpec)
+                    )
+                )
+                close = difflib.get_close_matches(name, sorted(fields | {"schema"}), n=1)
+                return f" (did you mean {close[0]!r}?)" if close else ""
+            break
+    if model is None:
+        model = PipelineFile if len(loc) == 1 else None
+    if model is None:
+        return ""
+    close = difflib.get_close_matches(name, sorted(model.model_fields), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _yaml_path(loc: list[Any]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(file)"

@@ -1,0 +1,39 @@
+"""The ``_deltaflow/`` folder inside a table: what deltaflow keeps next to the Delta log.
+
+Readers ignore it (Delta readers skip paths that start with ``_``)::
+
+    <table>/_deltaflow/
+        checkpoints/<pipeline_id>/   Spark's checkpoint of a local table's stream (default)
+        staging/<pipeline_id>/<writer>/b<N>/
+                                     files Spark wrote for ``write_path=spark`` before their
+                                     commit moved them into the table (vacuum removes old ones)
+        locks/<name>/                a lease: a small Delta table of its own (see ``leases``)
+"""
+
+from __future__ import annotations
+
+from deltaflow.config.locations import join
+
+__all__ = ["STAGING_DIR", "STATE_DIR", "checkpoint_dir", "lock_dir", "staging_dir"]
+
+#: The folder itself.
+STATE_DIR = "_deltaflow"
+#: Staging area of ``write_path=spark``, relative to the table root.
+STAGING_DIR = f"{STATE_DIR}/staging"
+_CHECKPOINTS = f"{STATE_DIR}/checkpoints"
+_LOCKS = f"{STATE_DIR}/locks"
+
+
+def checkpoint_dir(table_root: str, pipeline_id: str) -> str:
+    """The default Spark checkpoint of ``pipeline_id`` writing to the table at ``table_root``."""
+    return join(table_root, _CHECKPOINTS, pipeline_id)
+
+
+def staging_dir(table_root: str, pipeline_id: str, writer: str) -> str:
+    """Where one writer process of ``pipeline_id`` stages Spark-written files."""
+    return join(table_root, STAGING_DIR, pipeline_id, writer)
+
+
+def lock_dir(table_root: str, name: str) -> str:
+    """The lease table called ``name``."""
+    return join(table_root, _LOCKS, name)

@@ -1,0 +1,93 @@
+"""Reading the Delta log: loading a table (storage errors classified), txn versions, progress.
+
+Every write goes through :mod:`deltaflow.delta.commit`. Facts from measurements of delta-rs 1.6
+(``DELTA_NOTES.md``) this module serves:
+
+* The log does not order ``txn`` versions, so callers compare before committing.
+* A ``DeltaTable`` object does not advance with its own commits: every commit loads the table
+  afresh (cheap with checkpoints, which are on by default).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
+from deltalake.exceptions import TableNotFoundError as _DeltaTableNotFound
+
+from deltaflow.errors import storage_error
+
+__all__ = [
+    "is_delta_rs_error",
+    "kafka_progress",
+    "kafka_txn_id",
+    "indexed_columns",
+    "load",
+    "transaction_version",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Delta's default number of leading columns that get file statistics.
+DEFAULT_INDEXED_COLUMNS = 32
+
+
+def is_delta_rs_error(error: BaseException) -> bool:
+    """Whether ``error`` is one of delta-rs' own errors (e.g. a commit that lost a race)."""
+    return isinstance(error, DeltaError)
+
+
+def load(table_uri: str, storage_options: Mapping[str, str]) -> DeltaTable | None:
+    """The table at its latest version, or ``None`` when there is no table at ``table_uri``.
+
+    Raises:
+        StorageUnavailableError: the store failed or did not answer (transient).
+        StorageAccessError: the store refused access (terminal: credentials, permissions).
+    """
+    try:
+        return DeltaTable(table_uri, storage_options=dict(storage_options) or None)
+    except _DeltaTableNotFound:
+        return None
+    except (DeltaError, OSError) as exc:
+        raise storage_error(exc, table_uri, "reading the Delta log of") from exc
+
+
+def transaction_version(table: DeltaTable | None, app_id: str) -> int | None:
+    """The last ``txn`` version committed for ``app_id`` (``None`` if never)."""
+    if table is None:
+        return None
+    return table.transaction_version(app_id)
+
+
+def kafka_txn_id(app_id: str, topic: str, partition: int | str) -> str:
+    """The txn app id that records a Kafka partition's progress (kafka-delta-ingest's scheme)."""
+    return f"{app_id}-{topic}-{partition}"
+
+
+def kafka_progress(
+    table: DeltaTable | None, app_id: str, layout: Mapping[str, Sequence[int | str]]
+) -> dict[str, dict[str, int]]:
+    """Last committed offset per Kafka partition of ``layout`` (absent when never committed)."""
+    out: dict[str, dict[str, int]] = {}
+    if table is None:
+        return out
+    for topic, partitions in layout.items():
+        for p in partitions:
+            version = table.transaction_version(kafka_txn_id(app_id, topic, p))
+            if version is not None:
+                out.setdefault(topic, {})[str(p)] = int(version)
+    return out
+
+
+def indexed_columns(table: DeltaTable | None, properties: Mapping[str, str] | None = None) -> int:
+    """``delta.dataSkippingNumIndexedCols`` of the table (or of properties about to be set)."""
+    config: Mapping[str, str | None] = (
+        table.metadata().configuration if table is not None else (properties or {})
+    )
+    raw = config.get("delta.dataSkippingNumIndexedCols")
+    try:
+        return int(raw) if raw is not None else DEFAULT_INDEXED_COLUMNS
+    except ValueError:
+        return DEFAULT_INDEXED_COLUMNS

@@ -1,0 +1,307 @@
+"""Auto-compaction: small files of the partitions a stream writes are bin-packed in the
+background, without blocking or conflicting with the stream's commits.
+
+After each streaming commit the sink hands the partitions it touched to the table's
+:class:`AutoCompactor` (a dict update; nothing else on the commit path). Its thread loads the
+table, counts the small files (below half the target file size) of each of those partitions,
+and compacts a partition once it holds ``min_files`` of them. delta-rs commits a compaction
+with ``dataChange=false`` and keeps the table's ``txn`` progress; it does not conflict with
+blind appends (DELTA_NOTES). A compaction that conflicts with something else (an overwrite,
+a schema change, another compaction) is retried with backoff, then left for the next commit:
+it never fails the stream.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from deltaflow.metrics import metrics
+
+__all__ = ["AutoCompactor", "CompactionPolicy", "close_all", "compactor_for", "compactors"]
+
+logger = logging.getLogger(__name__)
+
+#: Retries of one compaction (waits 0.5, 1, 2 s); then it waits for the next commit.
+RETRIES = 3
+RETRY_BACKOFF_S = 0.5
+
+PartitionKey = tuple[tuple[str, str | None], ...]
+
+
+@dataclass(frozen=True)
+class CompactionPolicy:
+    """When and how to compact: ``min_files`` small files in a partition trigger it; files
+    below ``small_file_bytes`` are small; compaction writes files of ``target_bytes``.
+    ``compact=False`` leaves only the scheduled vacuum (every ``vacuum_interval_s``, 0 = never),
+    which keeps the table's own retention (``delta.deletedFileRetentionDuration``)."""
+
+    min_files: int
+    target_bytes: int
+    compact: bool = True
+    vacuum_interval_s: float = 0.0
+
+    @property
+    def small_file_bytes(self) -> int:
+        return self.target_bytes // 2
+
+
+class AutoCompactor:
+    """One table's background compaction thread (started on first use)."""
+
+    def __init__(
+        self,
+        table_uri: str,
+        storage_options: Mapping[str, str],
+        policy: CompactionPolicy,
+        *,
+        pipeline: str = "",
+    ) -> None:
+        self.table_uri = table_uri
+        self._storage_options = dict(storage_options)
+        self.policy = policy
+        self._pipeline = pipeline
+        self._pending: set[PartitionKey] = set()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._busy = False
+        self._thread: threading.Thread | None = None
+        self.compactions = 0
+        self.failures = 0
+        self.vacuums = 0
+        self._next_vacuum = (
+            time.monotonic() + policy.vacuum_interval_s if policy.vacuum_interval_s > 0 else None
+        )
+
+    def after_commit(self, partitions: Iterable[Mapping[str, str | None]]) -> None:
+        """Note the partitions a commit added files to (never blocks on compaction)."""
+        keys = {tuple(sorted(p.items())) for p in partitions} if self.policy.compact else set()
+        if not keys and self._next_vacuum is None:
+            return
+        with self._cond:
+            if self._closed:
+                return
+            self._pending |= keys
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name=f"deltaflow-compact-{self.table_uri}", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until no compaction is pending or running (tests, clean shutdown)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._pending or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Stop taking work; let a running compaction finish (up to ``timeout``)."""
+        with self._cond:
+            self._closed = True
+            self._pending.clear()
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive() and self._busy:
+                logger.warning(
+                    "compaction of %s still running after %.0f s; abandoned (its files stay "
+                    "uncommitted and vacuum --full removes them)",
+                    self.table_uri,
+                    timeout,
+                )
+
+    def _vacuum_wait(self) -> float | None:
+        """Seconds until the next scheduled vacuum (``None``: none scheduled)."""
+        return None if self._next_vacuum is None else max(0.0, self._next_vacuum - time.monotonic())
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closed and self._vacuum_wait() != 0.0:
+                    self._cond.wait(self._vacuum_wait())
+                if self._closed:
+                    return
+                keys, self._pending = self._pending, set()
+                self._busy = True
+            try:
+                if keys:
+                    self._compact_due(keys)
+                if self._vacuum_wait() == 0.0:
+                    self._vacuum()
+            except Exception:  # a maintenance problem must never stop the stream
+                logger.exception("auto-maintenance of %s failed", self.table_uri)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _vacuum(self) -> None:
+        """Delete the files the table's retention no longer protects (never below it)."""
+        from deltaflow.ops import maintenance
+
+        self._next_vacuum = time.monotonic() + self.policy.vacuum_interval_s
+        started = time.monotonic()
+        try:
+            result = maintenance.vacuum(self.table_uri, dry_run=False, storage_options=self._storage_options)
+        except Exception as exc:  # noqa: BLE001 - retried at the next interval
+            metrics.vacuum(pipeline=self._pipeline, table=self.table_uri, outcome="failed")
+            logger.warning("scheduled vacuum of %s failed, retried next interval: %s", self.table_uri, exc)
+            return
+        self.vacuums += 1
+        metrics.vacuum(
+            pipeline=self._pipeline, table=self.table_uri, outcome="success", files_deleted=len(result.files)
+        )
+        logger.info(
+            "scheduled vacuum of %s: %d file(s) deleted (retention %d h) in %.2f s",
+            self.table_uri,
+            len(result.files),
+            result.retention_hours,
+            time.monotonic() - started,
+        )
+
+    def _compact_due(self, keys: set[PartitionKey]) -> None:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from deltaflow.delta import log as delta_log
+
+        table = delta_log.load(self.table_uri, self._storage_options)
+        if table is None:
+            return
+        adds = pa.table(table.get_add_actions(flatten=True))
+        metrics.table_files(pipeline=self._pipeline, table=self.table_uri, count=adds.num_rows)
+        partition_columns = list(table.metadata().partition_columns)
+        # Counted in Arrow (no Python object per file): this thread shares the driver's GIL.
+        small = adds.filter(pc.less(adds["size_bytes"], self.policy.small_file_bytes))
+        values = {c: pc.cast(small[f"partition.{c}"], pa.string()) for c in partition_columns}
+        for key in sorted(keys, key=str):
+            ordered = tuple((c, dict(key).get(c)) for c in partition_columns)
+            mask = pa.repeat(pa.scalar(True), small.num_rows)
+            for column, value in ordered:
+                text = _partition_text(value)
+                match = pc.is_null(values[column]) if text is None else pc.equal(values[column], text)
+                mask = pc.and_(mask, pc.fill_null(match, False))
+            count = int(pc.sum(mask).as_py() or 0)
+            if count >= self.policy.min_files:
+                self._compact(ordered, count)
+
+    def _compact(self, key: PartitionKey, small_files: int) -> None:
+        from deltaflow.delta import commit
+        from deltaflow.delta.leases import compaction_lease
+
+        if any(value is None for _, value in key):
+            logger.debug("auto-compaction skips the null partition %s of %s", key, self.table_uri)
+            return
+        filters = [(c, "=", _partition_text(v)) for c, v in key] or None
+        where = " AND ".join(f"{c}={v}" for c, v in key) or "(whole table)"
+        started = time.monotonic()
+        try:
+            # One compaction of a table at a time, across processes (deltaflow.delta.leases): two
+            # concurrent ones would both commit and duplicate the rows they rewrote.
+            with compaction_lease(self.table_uri, self._storage_options) as taken:
+                if not taken:
+                    metrics.compaction(pipeline=self._pipeline, table=self.table_uri, outcome="skipped")
+                    logger.debug("auto-compaction of %s skipped: another compaction runs", self.table_uri)
+                    return
+                result = commit.commit(
+                    self.table_uri,
+                    self._storage_options,
+                    lambda table, props: (
+                        table.optimize.compact(
+                            partition_filters=filters,
+                            target_size=self.policy.target_bytes,
+                            commit_properties=props,
+                        )
+                        if table is not None
+                        else {}
+                    ),
+                    what=f"auto-compaction of [{where}]",
+                    metadata={
+                        "deltaflow.operation": "auto-compaction",
+                        "deltaflow.compacted_for": self._pipeline,
+                    },
+                    policy=commit.RetryPolicy(max_retries=RETRIES, backoff_s=RETRY_BACKOFF_S),
+                )
+        except Exception as exc:  # noqa: BLE001 - never raised into the stream
+            self.failures += 1
+            metrics.compaction(pipeline=self._pipeline, table=self.table_uri, outcome="failed")
+            logger.warning(
+                "auto-compaction of %s [%s] failed, retried after the next commit: %s",
+                self.table_uri,
+                where,
+                exc,
+            )
+            return
+        done = dict(result.value or result.info.get("operationMetrics") or {})
+        self.compactions += 1
+        metrics.compaction(
+            pipeline=self._pipeline,
+            table=self.table_uri,
+            outcome="success",
+            files_removed=int(done.get("numFilesRemoved", 0)),
+            files_added=int(done.get("numFilesAdded", 0)),
+        )
+        logger.info(
+            "auto-compacted %s [%s]: %s small file(s) -> %s file(s) in %.2f s",
+            self.table_uri,
+            where,
+            done.get("numFilesRemoved", small_files),
+            done.get("numFilesAdded", "?"),
+            time.monotonic() - started,
+        )
+
+
+def _partition_text(value: object) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+_compactors: dict[tuple[str, str], AutoCompactor] = {}
+_lock = threading.Lock()
+
+
+def compactor_for(
+    table_uri: str, storage_options: Mapping[str, str], policy: CompactionPolicy, *, pipeline: str
+) -> AutoCompactor:
+    """The process's compactor of ``table_uri`` (one per table and pipeline)."""
+    with _lock:
+        key = (table_uri, pipeline)
+        compactor = _compactors.get(key)
+        if compactor is None or compactor.policy != policy:
+            if compactor is not None:
+                compactor.close(timeout=0)
+            compactor = _compactors[key] = AutoCompactor(
+                table_uri, storage_options, policy, pipeline=pipeline
+            )
+        return compactor
+
+
+def compactors() -> list[AutoCompactor]:
+    """The compactors of this process (one per table and pipeline written to)."""
+    with _lock:
+        return list(_compactors.values())
+
+
+def close_all(timeout: float = 60.0) -> None:
+    """Stop every compactor of this process, letting running compactions finish."""
+    with _lock:
+        compactors = list(_compactors.values())
+        _compactors.clear()
+    for compactor in compactors:
+        compactor.close(timeout)
+
+
+atexit.register(close_all, 30.0)

@@ -1,0 +1,223 @@
+"""The Python entry points: :func:`write`, :func:`write_stream` and :func:`register`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from deltaflow.config.locations import normalize_uri
+from deltaflow.config.sink import SinkOptions
+from deltaflow.delta.layout import checkpoint_dir
+from deltaflow.errors import ConfigError, TableNotFoundError
+from deltaflow.sinks.datasource import FORMAT_NAME, DeltaflowDataSource
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
+__all__ = ["default_checkpoint_location", "register", "write", "write_stream"]
+
+logger = logging.getLogger(__name__)
+
+#: Folder inside a local table that holds deltaflow's own state. Delta readers and vacuum
+#: ignore folders whose name starts with ``_``.
+
+
+def register(spark: SparkSession) -> None:
+    """Register deltaflow's data sources with ``spark``, once per session.
+
+    ``deltaflow`` (the Delta sink), ``deltaflow-kafka`` (the Kafka source), ``deltaflow-delta``
+    (a Delta table as a stream) and ``deltaflow-generator`` (synthetic events).
+    """
+    if getattr(spark, "_deltaflow_registered", False):
+        return
+    from deltaflow.sources.delta import DeltaTableDataSource
+    from deltaflow.sources.generator import GeneratorDataSource
+    from deltaflow.sources.kafka import KafkaDataSource
+
+    spark.dataSource.register(DeltaflowDataSource)
+    spark.dataSource.register(KafkaDataSource)
+    spark.dataSource.register(DeltaTableDataSource)
+    spark.dataSource.register(GeneratorDataSource)
+    spark._deltaflow_registered = True  # type: ignore[attr-defined]
+
+
+def default_checkpoint_location(options: SinkOptions) -> str:
+    """``<table>/_deltaflow/checkpoints/<pipeline_id>`` for local tables.
+
+    Spark writes checkpoints through Hadoop, which has no object-store connector here, so a
+    table on an object store needs an explicit (local or HDFS) ``checkpoint_location``.
+    """
+    if not options.pipeline_id:
+        raise ConfigError("pipeline_id is required for a streaming write")
+    if not options.is_local:
+        raise ConfigError(
+            f"table {options.table_uri!r} is not on the local filesystem: pass "
+            "checkpoint_location= (a local or HDFS path that survives restarts)",
+            table_uri=options.table_uri,
+        )
+    return checkpoint_dir(normalize_uri(options.table_uri), options.pipeline_id)
+
+
+def _prepare_table(df: DataFrame, options: SinkOptions) -> None:
+    """Validate the DataFrame against the sink options and the table; create the table.
+
+    Runs on the driver before anything is written, so bad input fails with nothing on disk.
+    """
+    from deltaflow.delta import commit
+    from deltaflow.delta import log as delta_log
+    from deltaflow.delta.schema import check_against_table, check_partition_columns, spark_to_arrow
+
+    uri = normalize_uri(options.table_uri)
+    schema = spark_to_arrow(df.schema)
+    check_partition_columns(schema, options.partition_columns, uri)
+    table = delta_log.load(uri, options.storage_options)
+    if table is None:
+        if not options.auto_create_table:
+            raise TableNotFoundError(
+                f"no Delta table at {uri!r} and auto_create_table is off; create the table "
+                "or set auto_create_table=true",
+                table_uri=uri,
+            )
+        commit.create_table(
+            uri,
+            schema,
+            partition_by=options.partition_columns,
+            properties=options.table_properties,
+            storage_options=options.storage_options,
+        )
+        return
+    check_against_table(
+        table,
+        schema,
+        partition_columns=options.partition_columns,
+        schema_mode=options.schema_mode,
+        table_uri=uri,
+    )
+
+
+def _claim(options: SinkOptions) -> SinkOptions:
+    """Become the pipeline's only writer of the table (see :func:`deltaflow.delta.commit.claim_writer`):
+    the options with the writer epoch every commit of this stream carries."""
+    from deltaflow.delta import commit
+
+    assert options.pipeline_id  # streams always have one
+    fence = commit.claim_writer(
+        normalize_uri(options.table_uri),
+        options.storage_options,
+        options.pipeline_id,
+        policy=commit.RetryPolicy(max_retries=options.max_commit_retries),
+    )
+    return options.model_copy(update={"writer_epoch": fence.epoch})
+
+
+def write_stream(
+    df: DataFrame,
+    table_uri: str,
+    *,
+    pipeline_id: str,
+    checkpoint_location: str | None = None,
+    trigger: Mapping[str, Any] | None = None,
+    output_mode: str = "append",
+    query_name: str | None = None,
+    **options: Any,
+) -> StreamingQuery:
+    """Start a streaming query that writes ``df`` to the Delta table at ``table_uri``.
+
+    Every micro-batch becomes one Delta commit carrying ``txn(pipeline_id, batch_id)``: a
+    batch replayed after a crash is recognised and skipped, so each row lands exactly once.
+
+    Args:
+        df: A streaming DataFrame.
+        table_uri: The table's location (see :class:`~deltaflow.config.sink.SinkOptions`).
+        pipeline_id: Stable identity of this pipeline; changing it is a deliberate reset.
+        checkpoint_location: Spark's checkpoint folder; defaults to
+            ``<table>/_deltaflow/checkpoints/<pipeline_id>`` for local tables.
+        trigger: Keyword arguments of ``DataStreamWriter.trigger``, e.g.
+            ``{"processingTime": "10 seconds"}`` or ``{"availableNow": True}``.
+        output_mode: ``append``, or ``complete`` to replace the table with every batch.
+        query_name: Name of the streaming query (defaults to ``pipeline_id``).
+        **options: Further sink options (``partition_columns``, ``compression``, ...).
+
+    Returns:
+        The running ``StreamingQuery``.
+
+    Raises:
+        ConfigError: for unknown options or values that are not allowed.
+        SchemaMismatchError: when the DataFrame does not fit the existing table.
+    """
+    if not df.isStreaming:
+        raise ConfigError("write_stream() needs a streaming DataFrame; use deltaflow.write()")
+    opts = SinkOptions.build({"table_uri": table_uri, "pipeline_id": pipeline_id, **options})
+    location = checkpoint_location or default_checkpoint_location(opts)
+    opts = opts.model_copy(update={"checkpoint_location": location})
+    register(df.sparkSession)
+    if opts.write_mode == "merge":
+        from deltaflow.sinks.merge import MergeWriter, target_rows
+
+        _prepare_table(target_rows(df, opts), opts)
+        writer = df.writeStream.foreachBatch(MergeWriter(_claim(opts)))
+    elif opts.uses_spark_writer:
+        _prepare_table(df, opts)
+        from deltaflow.sinks.batch_writer import SparkBatchWriter
+
+        batch_writer = SparkBatchWriter(_claim(opts), overwrite=output_mode == "complete")
+        writer = df.writeStream.foreachBatch(batch_writer)
+    else:
+        _prepare_table(df, opts)
+        writer = df.writeStream.format(FORMAT_NAME).options(**_claim(opts).to_spark_options())
+    writer = (
+        writer.option("checkpointLocation", location)
+        .outputMode(output_mode)
+        .queryName(query_name or pipeline_id)
+    )
+    if trigger:
+        writer = writer.trigger(**trigger)
+    logger.info(
+        "starting pipeline %r into %s (checkpoint %s, files written by %s)",
+        pipeline_id,
+        normalize_uri(table_uri),
+        location,
+        "Spark" if opts.uses_spark_writer else "Python workers (Arrow)",
+    )
+    return writer.start()
+
+
+def write(
+    df: DataFrame,
+    table_uri: str,
+    *,
+    pipeline_id: str | None = None,
+    mode: str = "append",
+    **options: Any,
+) -> int:
+    """Write a batch DataFrame to the Delta table at ``table_uri`` in one commit.
+
+    Args:
+        df: A batch DataFrame.
+        table_uri: The table's location.
+        pipeline_id: Optional writer identity recorded in the commit; with ``txn_version`` the
+            write is idempotent (skipped when that version is already committed).
+        mode: ``append`` or ``overwrite``.
+        **options: Further sink options.
+
+    Returns:
+        The table's version after the write.
+    """
+    if df.isStreaming:
+        raise ConfigError("write() needs a batch DataFrame; use deltaflow.write_stream()")
+    values: dict[str, Any] = {"table_uri": table_uri, "write_mode": mode, **options}
+    if pipeline_id is not None:
+        values["pipeline_id"] = pipeline_id
+    opts = SinkOptions.build(values)
+    if opts.write_mode == "merge":
+        raise ConfigError("write() appends or overwrites; merge changes with write_stream() or a pipeline")
+    _prepare_table(df, opts)
+    register(df.sparkSession)
+    df.write.format(FORMAT_NAME).options(**opts.to_spark_options()).mode(opts.write_mode).save()
+    from deltaflow.delta import log as delta_log
+
+    table = delta_log.load(normalize_uri(table_uri), opts.storage_options)
+    assert table is not None  # created by _prepare_table
+    return table.version()

@@ -1,0 +1,606 @@
+"""Kafka topic -> Delta table, exactly once, with kafka-delta-ingest's knobs (``deltaflow ingest``).
+
+The pipeline: the ``deltaflow-kafka`` source (resuming from the table's per-partition txns,
+decoding JSON or Avro values to Arrow in its tasks) -> transforms -> :class:`IngestWriter`,
+which per micro-batch commits the messages that failed (decoding or a transform) to the
+dead-letter table, then the good rows with each partition's last offset to the main table.
+
+Two Delta tables cannot share one transaction, so each carries its own progress: the
+dead-letter table commits txns ``<app_id>-dlq-<topic>-<partition>`` and only ever takes
+messages beyond them; the main table commits ``<app_id>-<topic>-<partition>``. A crash
+between the two commits replays the batch: the dead-letter rows are recognised as
+committed, the main rows land. See docs/DESIGN.md (invariant 9).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from deltaflow.config.locations import normalize_uri
+from deltaflow.config.sink import SinkOptions
+from deltaflow.config.transforms import Transform, parse_transform
+from deltaflow.errors import ConfigError
+from deltaflow.metrics import metrics
+from deltaflow.pipeline.transforms import apply_transforms, failure
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+    from pyspark.sql.types import StructType
+
+__all__ = ["DLQ_COLUMNS", "IngestConfig", "IngestWriter", "build_ingest_frame", "ingest"]
+
+logger = logging.getLogger(__name__)
+
+#: Messages sampled per partition to infer the JSON schema of a table that does not exist yet.
+SCHEMA_SAMPLE_PER_PARTITION = 1000
+#: The column carrying each row's decoding/transform outcome until the rows are split.
+META = "_deltaflow"
+#: Columns of the dead-letter table (before ``--dlq_transform``s).
+DLQ_COLUMNS = (
+    "topic",
+    "partition",
+    "offset",
+    "kafka_timestamp",
+    "key_base64",
+    "value_base64",
+    "error",
+    "dead_lettered_at",
+)
+
+
+@dataclass(frozen=True)
+class IngestConfig:
+    """What ``deltaflow ingest`` runs (the CLI flags, validated)."""
+
+    topic: str
+    table_uri: str
+    brokers: str
+    app_id: str
+    allowed_latency: float | None = None
+    max_messages_per_batch: int = 0
+    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    seek_offsets: Mapping[str, int] | None = None
+    transforms: Sequence[str] = ()
+    value_format: Literal["json", "raw", "avro"] = "json"
+    schema: str | None = None
+    avro: str | None = None
+    decompress_gzip: bool = False
+    dlq_table_location: str | None = None
+    dlq_transforms: Sequence[str] = ()
+    min_bytes_per_file: int | None = None
+    schema_evolution: bool = False
+    ends_at_latest_offsets: bool = False
+    checkpoint_location: str | None = None
+    partition_by: Sequence[str] = ()
+    kafka_settings: Mapping[str, str] = field(default_factory=dict)
+    consumer_group: str | None = None
+    commit_to_group: bool = False
+    write_path: Literal["auto", "spark", "arrow"] = "auto"
+    auto_compact: bool = True
+    auto_compact_min_files: int = 50
+    vacuum_interval_hours: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.value_format == "avro" and not self.avro:
+            raise ConfigError("Avro values need --avro <schema registry URL or .avsc file>")
+        if self.decompress_gzip and self.value_format == "raw":
+            raise ConfigError("--decompress_gzip applies to decoded values (--json or --avro), not --raw")
+        if self.dlq_table_location and normalize_uri(self.dlq_table_location) == normalize_uri(
+            self.table_uri
+        ):
+            raise ConfigError("--dlq_table_location must be another table than the main one")
+        if self.dlq_transforms and not self.dlq_table_location:
+            raise ConfigError("--dlq_transform needs --dlq_table_location")
+        if self.schema_evolution and self.value_format != "json":
+            raise ConfigError("--schema_evolution applies to JSON values (Avro columns follow the registry)")
+        if self.commit_to_group and not self.consumer_group:
+            raise ConfigError("committing offsets to the consumer group needs --consumer_group")
+        if self.min_bytes_per_file is not None and self.min_bytes_per_file < 1:
+            raise ConfigError("--min_bytes_per_file must be positive")
+        self.parsed_transforms()
+        self.parsed_dlq_transforms()
+
+    def parsed_transforms(self) -> list[Transform]:
+        return [parse_transform(t) for t in self.transforms]
+
+    def parsed_dlq_transforms(self) -> list[Transform]:
+        return [parse_transform(t) for t in self.dlq_transforms]
+
+    def sink_options(self, checkpoint_location: str | None) -> SinkOptions:
+        """The main table's sink options."""
+        values: dict[str, Any] = {
+            "table_uri": self.table_uri,
+            "pipeline_id": self.app_id,
+            "kafka_offsets": True,
+            "partition_columns": list(self.partition_by),
+            "schema_mode": "merge",
+            "write_path": self.write_path,
+            "checkpoint_location": checkpoint_location,
+            "auto_compact": self.auto_compact,
+            "auto_compact_min_files": self.auto_compact_min_files,
+            "vacuum_interval_hours": self.vacuum_interval_hours,
+        }
+        if self.min_bytes_per_file:
+            values["target_file_size_mb"] = max(1, self.min_bytes_per_file // (1024 * 1024))
+        return SinkOptions.build(values)
+
+    def dlq_options(self, checkpoint_location: str) -> SinkOptions | None:
+        """The dead-letter table's sink options (its own txn app id)."""
+        if not self.dlq_table_location:
+            return None
+        return SinkOptions.build(
+            {
+                "table_uri": self.dlq_table_location,
+                "pipeline_id": f"{self.app_id}-dlq",
+                "kafka_offsets": True,
+                "schema_mode": "merge",
+                "write_path": self.write_path,
+                "checkpoint_location": checkpoint_location,
+                "auto_compact": self.auto_compact,
+                "auto_compact_min_files": self.auto_compact_min_files,
+                "vacuum_interval_hours": self.vacuum_interval_hours,
+            }
+        )
+
+
+def _starting_offsets(config: IngestConfig) -> str:
+    if config.seek_offsets:
+        return json.dumps({config.topic: {str(p): int(o) for p, o in config.seek_offsets.items()}})
+    return config.auto_offset_reset
+
+
+def _value_schema(spark: SparkSession, config: IngestConfig) -> StructType:
+    """The JSON value's schema: given, the existing table's, or inferred from a sample."""
+    from pyspark.sql.types import StructType
+
+    from deltaflow.delta import log as delta_log
+
+    table = delta_log.load(normalize_uri(config.table_uri), {})
+    table_fields: list[Any] = []
+    if table is not None:
+        import pyarrow as pa
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        # Columns a transform makes whole are not in the message; nested targets only add
+        # fields to a struct the message carries (they stay in the decoded schema as nulls).
+        produced = {t.target[0] for t in config.parsed_transforms() if len(t.target) == 1}
+        table_schema = from_arrow_schema(pa.schema(table.schema().to_arrow()))
+        table_fields = [f for f in table_schema.fields if f.name not in produced]
+    if config.schema:
+        parsed = StructType.fromDDL(config.schema)
+        if not isinstance(parsed, StructType):
+            raise ConfigError(f"--schema must list columns, got {config.schema!r}")
+        # The table's other columns (added by schema evolution, or by hand) decode too.
+        given = set(parsed.fieldNames())
+        return StructType([*parsed.fields, *(f for f in table_fields if f.name not in given)])
+    if table is not None:
+        return StructType(table_fields)
+    samples = _sample_values(config)
+    if not samples:
+        raise ConfigError(
+            f"cannot infer the JSON schema: topic {config.topic!r} has no messages and table "
+            f"{config.table_uri!r} does not exist; pass a schema (--schema 'id LONG, ...')",
+            topic=config.topic,
+        )
+    inferred = spark.read.json(spark.sparkContext.parallelize(samples)).schema
+    # Spark keeps unparsable samples in a column of its own: those messages are dead letters.
+    inferred = StructType([f for f in inferred.fields if f.name != "_corrupt_record"])
+    logger.info("inferred the JSON schema from %d message(s): %s", len(samples), inferred.simpleString())
+    return inferred
+
+
+def _sample_values(config: IngestConfig) -> list[str]:
+    from confluent_kafka import Consumer
+
+    from deltaflow.sources.kafka import kafka_errors
+
+    conf = {
+        "bootstrap.servers": config.brokers,
+        "group.id": "deltaflow-schema-sample",
+        **config.kafka_settings,
+    }
+    with kafka_errors(f"sampling {config.topic!r} for its schema", topic=config.topic):
+        return _sample(config, Consumer({**conf, "enable.auto.commit": False}))
+
+
+def _sample(config: IngestConfig, consumer: Any) -> list[str]:
+    from confluent_kafka import TopicPartition
+
+    try:
+        meta = consumer.list_topics(config.topic, timeout=15)
+        parts = sorted(meta.topics[config.topic].partitions)
+        values: list[str] = []
+        for p in parts:
+            low, high = consumer.get_watermark_offsets(TopicPartition(config.topic, p), timeout=15)
+            stop = min(high, low + SCHEMA_SAMPLE_PER_PARTITION)
+            if stop <= low:
+                continue
+            consumer.assign([TopicPartition(config.topic, p, low)])
+            got = 0
+            while got < stop - low:
+                batch = consumer.consume(num_messages=stop - low - got, timeout=5)
+                if not batch:
+                    break
+                got += len(batch)
+                values += [
+                    text
+                    for m in batch
+                    if m.error() is None and (text := _sample_text(m.value(), config.decompress_gzip))
+                ]
+        return values
+    finally:
+        consumer.close()
+
+
+def _sample_text(value: bytes | None, gzipped: bool) -> str | None:
+    if not value:
+        return None
+    if gzipped:
+        from deltaflow.sources.decode import decompress
+
+        (value,), _errors = decompress([value], "gzip")
+        if value is None:
+            return None  # a dead letter, not a sample
+    return value.decode("utf-8", "replace")
+
+
+def build_ingest_frame(spark: SparkSession, config: IngestConfig) -> DataFrame:
+    """The streaming DataFrame ``ingest`` writes: decoded, transformed rows with the ``kafka``
+    struct and the ``_deltaflow`` struct (error, unknown_fields, raw key and value)."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    from deltaflow.pipeline.api import register
+    from deltaflow.sources.kafka import METADATA_COLUMNS
+
+    register(spark)
+    reader = (
+        spark.readStream.format("deltaflow-kafka")
+        .option("bootstrap_servers", config.brokers)
+        .option("topic", config.topic)
+        .option("starting_offsets", _starting_offsets(config))
+        .option("max_messages_per_batch", config.max_messages_per_batch)
+        .option("batch_interval", config.allowed_latency or 0)
+        .option("delta_table_uri", normalize_uri(config.table_uri))
+        .option("delta_app_id", config.app_id)
+    )
+    settings = dict(config.kafka_settings)
+    if config.consumer_group:
+        settings["group.id"] = config.consumer_group
+    if settings:
+        reader = reader.option("kafka_settings", json.dumps(settings))
+    if config.decompress_gzip:
+        reader = reader.option("value_compression", "gzip")
+    transforms = config.parsed_transforms()
+    failing = config.dlq_table_location and any(failure(t) is not None for t in transforms)
+    if failing or config.schema_evolution:
+        # A transform may still reject a message; evolution samples the new fields' values.
+        reader = reader.option("keep_value", "true")
+    # Kafka metadata no transform reads is built for failed messages only (the dead letters').
+    used = set().union(*(t.kafka_fields() for t in [*transforms, *config.parsed_dlq_transforms()]))
+    if failing:
+        used |= {"key", "timestamp"}  # a transform's dead letters carry them
+    reader = reader.option("metadata", ",".join(c for c in METADATA_COLUMNS if c in used))
+    if config.value_format == "json":
+        reader = reader.option("value_format", "json").option(
+            "value_schema", _value_schema(spark, config).json()
+        )
+    elif config.value_format == "avro":
+        reader = reader.option("value_format", "avro")
+        assert config.avro is not None
+        if config.avro.startswith(("http://", "https://")):
+            from deltaflow.sources.decode import SchemaRegistry
+
+            # The reader schema, fixed once for the query (the source and its tasks share it).
+            _id, latest = SchemaRegistry(config.avro).latest(f"{config.topic}-value")
+            reader = reader.option("schema_registry_url", config.avro).option("avro_schema", latest)
+        else:
+            try:
+                reader = reader.option("avro_schema", Path(config.avro).read_text())
+            except OSError as exc:
+                raise ConfigError(f"cannot read the Avro schema file {config.avro!r}: {exc}") from None
+    raw = reader.load()
+    kafka = F.struct(
+        "partition", "offset", "topic", "timestamp", F.col("key").cast("string").alias("key"), "headers"
+    ).alias("kafka")
+    if config.value_format == "raw":
+        meta = F.struct(
+            F.lit(None).cast("string").alias("error"),
+            F.lit(None).cast("array<string>").alias("unknown_fields"),
+            F.col("key"),
+            F.col("value"),
+        )
+        decoded = raw.select(F.col("value"), kafka, meta.alias(META))
+    else:
+        meta = F.struct("error", "unknown_fields", "key", "value")
+        decoded = raw.select("data.*", kafka, meta.alias(META))
+        produced = sorted({t.target[0].lower() for t in transforms})
+        if produced:
+            # A field a transform produces is not "unknown" when the message carries it too.
+            kept = F.filter(
+                F.col(f"{META}.unknown_fields"),
+                lambda name: ~F.lower(F.split(name, r"\.").getItem(0)).isin(produced),
+            )
+            decoded = decoded.withColumn(
+                META, F.col(META).withField("unknown_fields", F.when(F.size(kept) > 0, kept))
+            )
+    out = apply_transforms(decoded, transforms)
+    failures = [c for t in transforms if (c := failure(t)) is not None]
+    if failures:
+        error = F.coalesce(F.col(f"{META}.error"), *failures)
+        out = out.withColumn(META, F.col(META).withField("error", error))
+    return out
+
+
+def main_rows(frame: DataFrame) -> DataFrame:
+    """The rows for the main table: decoded and transformed without an error."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    return frame.filter(F.col(f"{META}.error").isNull()).drop(META, "kafka")
+
+
+def dead_letters(frame: DataFrame, transforms: Sequence[Transform] = ()) -> DataFrame:
+    """The rows for the dead-letter table: the failed messages, raw bytes in base64."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    out = frame.filter(F.col(f"{META}.error").isNotNull()).select(
+        F.col("kafka.topic").alias("topic"),
+        F.col("kafka.partition").alias("partition"),
+        F.col("kafka.offset").alias("offset"),
+        F.col("kafka.timestamp").alias("kafka_timestamp"),
+        F.base64(F.col(f"{META}.key")).alias("key_base64"),
+        F.base64(F.col(f"{META}.value")).alias("value_base64"),
+        F.col(f"{META}.error").alias("error"),
+        F.current_timestamp().alias("dead_lettered_at"),
+        F.col("kafka"),
+    )
+    return apply_transforms(out, transforms).drop("kafka")
+
+
+class IngestWriter:
+    """``foreachBatch`` function of ``ingest``: dead letters first, then the main table.
+
+    Both commits are idempotent on their own txns, so the order only decides what a crash
+    between them leaves: dead letters committed, main rows not yet, and a replay that skips
+    the former and lands the latter (never a main row whose failed neighbours are lost).
+    With ``group_config`` the batch's end offsets are then committed to that consumer group.
+    """
+
+    def __init__(
+        self,
+        main: SinkOptions,
+        dlq: SinkOptions | None,
+        dlq_transforms: Sequence[Transform],
+        *,
+        group_config: Mapping[str, str] | None = None,
+        schema_evolution: bool = False,
+        gzipped: bool = False,
+    ) -> None:
+        from deltaflow.sinks.batch_writer import SparkBatchWriter
+
+        self._main = SparkBatchWriter(main)
+        self._main_options = main
+        self._group_config = dict(group_config) if group_config else None
+        self._evolve = schema_evolution
+        self._gzipped = gzipped
+        self._dlq = SparkBatchWriter(dlq) if dlq else None
+        self._dlq_options = dlq
+        self._dlq_transforms = list(dlq_transforms)
+        self.failed_total = 0
+        self.unknown_total = 0
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F  # noqa: N812
+
+        # One pass over the batch: the main files are written while the statistics are
+        # observed; the batch is read again only when it holds failed messages (dead letters)
+        # or new fields to evolve the schema with. Nothing is committed before both are known.
+        seen = Observation(f"deltaflow-ingest-{self._main_options.pipeline_id}-{batch_id}")
+        observed = batch.observe(
+            seen,
+            F.count(F.col(f"{META}.error")).alias("failed"),
+            F.first(F.col(f"{META}.error"), ignorenulls=True).alias("first_error"),
+            F.count(F.col(f"{META}.unknown_fields")).alias("unknown"),
+            F.array_distinct(F.flatten(F.collect_set(F.col(f"{META}.unknown_fields")))).alias("names"),
+        )
+        pending = self._main.write_files(main_rows(observed), batch_id)
+        if pending is None:
+            return  # a replay of a committed batch: nothing was read
+        try:
+            stats = seen.get
+            pipeline, table = (
+                self._main_options.pipeline_id or "",
+                normalize_uri(self._main_options.table_uri),
+            )
+            if stats["unknown"]:
+                self.unknown_total += stats["unknown"]
+                metrics.unknown_fields_seen(pipeline=pipeline, table=table, count=stats["unknown"])
+                if self._evolve:
+                    self._evolve_schema(batch, batch_id, sorted(stats["names"]))
+                logger.warning(
+                    "batch %s: %d message(s) carry fields the table lacks, not stored: %s (enable "
+                    "them by adding the columns to the table or to --schema)",
+                    batch_id,
+                    stats["unknown"],
+                    ", ".join(sorted(stats["names"])[:20]),
+                )
+            if stats["failed"]:
+                self.failed_total += stats["failed"]
+                metrics.records_failed(pipeline=pipeline, table=table, count=stats["failed"])
+                self._dead_letter(batch, batch_id, stats["failed"], stats["first_error"])
+        except BaseException:
+            self._main.discard(pending)
+            raise
+        self._main.commit(pending)
+        if self._group_config is not None:
+            # After the Delta commit, for lag monitoring only: progress is read from the table.
+            from deltaflow.sinks.datasource import read_batch_offsets
+            from deltaflow.sources.kafka import commit_to_group
+
+            commit_to_group(self._group_config, read_batch_offsets(self._main_options, batch_id))
+
+    def _evolve_schema(self, batch: DataFrame, batch_id: int, names: list[str]) -> None:
+        """Add the new top-level fields as columns, typed from the messages, then restart.
+
+        Raises:
+            SchemaEvolvedError: columns were added; nothing of this batch is committed, and the
+                restarted query decodes the batch again with the new columns.
+        """
+        from pyspark.sql import functions as F  # noqa: N812
+        from pyspark.sql.pandas.types import to_arrow_type
+
+        from deltaflow.delta import commit
+        from deltaflow.delta import log as delta_log
+        from deltaflow.errors import SchemaEvolvedError
+
+        uri = normalize_uri(self._main_options.table_uri)
+        table = delta_log.load(uri, self._main_options.storage_options)
+        if table is None:
+            return
+        have = {name.lower() for name in table.schema().to_arrow().names}
+        # Nested new fields are reported only (Delta cannot add them to a struct in place); a
+        # name the table has in another case would clash (Delta names are case-insensitive).
+        top = {n for n in names if "." not in n and n.lower() not in have}
+        if not top:
+            return
+        gzipped = self._gzipped
+        sample = (
+            batch.filter(F.size(F.col(f"{META}.unknown_fields")) > 0)
+            .select(F.col(f"{META}.value").alias("v"))
+            .limit(SCHEMA_SAMPLE_PER_PARTITION)
+        )
+        texts = sample.rdd.map(lambda r: _sample_text(r.v, gzipped) or "")
+        inferred = batch.sparkSession.read.json(texts).schema
+        new = [f for f in inferred.fields if f.name in top]
+        if not new:
+            return
+        import pyarrow as pa
+
+        commit.add_columns(
+            uri,
+            self._main_options.storage_options,
+            [pa.field(f.name, to_arrow_type(f.dataType), True) for f in new],
+            policy=commit.RetryPolicy(max_retries=self._main_options.max_commit_retries),
+        )
+        added = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in new)
+        raise SchemaEvolvedError(
+            f"batch {batch_id}: added column(s) {added} "
+            f"to {uri} for new message fields; restarting the query to decode them (nothing of the "
+            "batch was committed)",
+            batch_id=batch_id,
+            table_uri=uri,
+        )
+
+    def _dead_letter(self, batch: DataFrame, batch_id: int, failed: int, first_error: str) -> None:
+        if self._dlq is None or self._dlq_options is None:
+            logger.warning(
+                "batch %s: %d message(s) could not be decoded or transformed and are skipped (no "
+                "dead-letter table; set --dlq_table_location to keep them). First error: %s",
+                batch_id,
+                failed,
+                first_error,
+            )
+            return
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F  # noqa: N812
+
+        from deltaflow.errors import TransientError
+
+        # This pass reads the batch again: it must see the same failed messages as the first.
+        again = Observation(f"deltaflow-dlq-{self._dlq_options.pipeline_id}-{batch_id}")
+        source = batch.observe(again, F.count(F.col(f"{META}.error")).alias("failed"))
+        seen = _already_dead_lettered(self._dlq_options, batch_id)
+        rows = dead_letters(source if seen is None else source.filter(~seen), self._dlq_transforms)
+        logger.info(
+            "batch %s: %d message(s) to the dead-letter table; first error: %s", batch_id, failed, first_error
+        )
+        pending = self._dlq.write_files(rows, batch_id)
+        if pending is None:
+            return
+        if again.get["failed"] != failed:
+            self._dlq.discard(pending)
+            raise TransientError(
+                f"batch {batch_id} held {failed} failed message(s) when read for the main table and "
+                f"{again.get['failed']} when read again for the dead-letter table (did compaction or "
+                "retention change the topic?); nothing of the batch was committed, retrying it",
+                batch_id=batch_id,
+            )
+        self._dlq.commit(pending)
+
+
+def _already_dead_lettered(options: SinkOptions, batch_id: int) -> Column | None:
+    """Rows of this batch the dead-letter table holds already (its per-partition txns).
+
+    A batch planned from a lost checkpoint can start before the dead-letter table's progress
+    (the source only knows the main table's); those rows must not land twice.
+    """
+    from pyspark.sql import functions as F  # noqa: N812
+
+    from deltaflow.delta import log as delta_log
+    from deltaflow.sinks.datasource import read_batch_offsets
+
+    table = delta_log.load(normalize_uri(options.table_uri), options.storage_options)
+    layout = {t: list(parts) for t, parts in read_batch_offsets(options, batch_id).items()}
+    done = delta_log.kafka_progress(table, options.pipeline_id or "", layout)
+    last = {f"{topic}:{p}": v for topic, parts in done.items() for p, v in parts.items()}
+    if not last:
+        return None
+    # One map lookup per row (not an OR per partition), on the message's own coordinates.
+    lookup = F.create_map(*(F.lit(x) for kv in sorted(last.items()) for x in kv))
+    key = F.concat_ws(":", F.col("kafka.topic"), F.col("kafka.partition").cast("string"))
+    return F.col("kafka.offset") <= F.coalesce(lookup[key], F.lit(-1))
+
+
+def ingest(spark: SparkSession, config: IngestConfig) -> StreamingQuery:
+    """Start ingesting ``config.topic`` into ``config.table_uri``; returns the running query."""
+    from deltaflow.pipeline.api import _claim, _prepare_table, default_checkpoint_location
+
+    frame = build_ingest_frame(spark, config)
+    location = config.checkpoint_location or default_checkpoint_location(config.sink_options(None))
+    main = config.sink_options(location)
+    _prepare_table(main_rows(frame), main)
+    dlq = config.dlq_options(location)
+    dlq_transforms = config.parsed_dlq_transforms()
+    if dlq is not None:
+        _prepare_table(dead_letters(frame, dlq_transforms), dlq)
+        dlq = _claim(dlq)
+    # Claimed before the query plans its first batch from the table's progress: from here on a
+    # process that started earlier on this pipeline can no longer commit (zombie writers).
+    main = _claim(main)
+    group = None
+    if config.commit_to_group:
+        group = {"bootstrap.servers": config.brokers, **config.kafka_settings}
+        group["group.id"] = config.consumer_group or ""
+    writer = IngestWriter(
+        main,
+        dlq,
+        dlq_transforms,
+        group_config=group,
+        schema_evolution=config.schema_evolution,
+        gzipped=config.decompress_gzip,
+    )
+    stream = (
+        frame.writeStream.foreachBatch(writer).option("checkpointLocation", location).queryName(config.app_id)
+    )
+    if config.ends_at_latest_offsets:
+        stream = stream.trigger(availableNow=True)
+    # Otherwise Spark's default trigger, paced by the source (``batch_interval``): a batch every
+    # allowed_latency seconds, or at once while a backlog drains (a processingTime trigger would
+    # idle until the next interval after every capped batch).
+    logger.info(
+        "ingesting %s from %s into %s%s (checkpoint %s)",
+        config.topic,
+        config.brokers,
+        normalize_uri(config.table_uri),
+        f", dead letters into {normalize_uri(config.dlq_table_location)}"
+        if config.dlq_table_location
+        else "",
+        location,
+    )
+    return stream.start()

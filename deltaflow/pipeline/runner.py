@@ -1,0 +1,630 @@
+"""Run declarative pipelines (:mod:`deltaflow.config.pipeline`) as Spark streaming queries.
+
+Per pipeline, one streaming query reads the source; each micro-batch goes to
+:class:`PipelineWriter` (``foreachBatch``), which
+
+1. splits off the messages the source could not decode (Kafka),
+2. applies ``transforms`` -> ``filter`` -> ``select`` (:func:`process`),
+3. evaluates the ``expectations`` in one aggregation: any ``fail`` violation raises
+   :class:`~deltaflow.errors.ExpectationFailedError` before anything is committed,
+4. commits the dead letters (``drop`` violations, undecodable messages) to the dead-letter table,
+5. commits each sink's rows (those its ``when`` accepts) to its table.
+
+Every table's commit carries ``txn(<pipeline id>, <batch id>)``, so a batch replayed after a
+crash between two commits skips the tables that hold it and lands in the others: each row
+exactly once per table (docs/DESIGN.md, invariant 11).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from deltaflow.config.locations import normalize_uri
+from deltaflow.config.pipeline import (
+    DeltaSourceSpec,
+    FilesSourceSpec,
+    GeneratorSourceSpec,
+    KafkaSourceSpec,
+    PipelineSpec,
+)
+from deltaflow.config.sink import SinkOptions
+from deltaflow.config.transforms import parse_transform
+from deltaflow.errors import ConfigError, ExpectationFailedError
+from deltaflow.metrics import metrics
+from deltaflow.pipeline.transforms import apply_transforms
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+    from pyspark.sql.types import StructType
+
+
+__all__ = ["DEAD_LETTER_SCHEMA", "PipelineWriter", "describe_source", "process", "start_pipeline"]
+
+logger = logging.getLogger(__name__)
+
+#: Columns of a pipeline's dead-letter table.
+DEAD_LETTER_SCHEMA = (
+    "pipeline_id STRING, batch_id BIGINT, reason STRING, record STRING, dead_lettered_at TIMESTAMP"
+)
+#: Where a file source's inferred schema is kept (inside the pipeline's checkpoint).
+SOURCE_SCHEMA_FILE = "deltaflow-source-schema.json"
+#: Reader options about finding files, not parsing them (not given to ``from_json``).
+_FILE_ONLY_OPTIONS = frozenset(
+    {
+        "pathGlobFilter",
+        "recursiveFileLookup",
+        "modifiedBefore",
+        "modifiedAfter",
+        "latestFirst",
+        "cleanSource",
+        "sourceArchiveDir",
+        "maxFileAge",
+        "fileNameOnly",
+    }
+)
+#: The rows of Spark's ``binaryFile`` source (Avro files are read through it).
+BINARY_FILE_SCHEMA = "path STRING, modificationTime TIMESTAMP, length BIGINT, content BINARY"
+#: Kafka sources: why a message could not be decoded (null for good ones) and its raw bytes.
+_ERROR = "_deltaflow_error"
+_RAW = "_deltaflow_raw"
+
+
+def checkpoint_location(spec: PipelineSpec) -> str:
+    """``checkpoint_location``, or ``<first sink>/_deltaflow/checkpoints/<id>`` for local tables."""
+    if spec.checkpoint_location:
+        return normalize_uri(spec.checkpoint_location)
+    from deltaflow.pipeline.api import default_checkpoint_location
+
+    first = SinkOptions.build({"table_uri": spec.sinks[0].table_uri, "pipeline_id": spec.id})
+    try:
+        return default_checkpoint_location(first)
+    except ConfigError:
+        raise ConfigError(
+            f"pipeline {spec.id!r}: its first sink {first.table_uri!r} is not on the local filesystem; "
+            "set checkpoint_location (a local or HDFS path that survives restarts)",
+            pipeline_id=spec.id,
+        ) from None
+
+
+# -- sources -----------------------------------------------------------------------------------
+
+
+def read_source(spark: SparkSession, spec: PipelineSpec, checkpoint: str) -> DataFrame:
+    """The pipeline's source as a streaming DataFrame (Kafka: plus the error/raw columns)."""
+    from deltaflow.pipeline.api import register
+
+    register(spark)
+    src = spec.source
+    if isinstance(src, FilesSourceSpec):
+        return _files(spark, src, checkpoint)
+    if isinstance(src, DeltaSourceSpec):
+        return _delta(spark, src)
+    if isinstance(src, GeneratorSourceSpec):
+        return _generator(spark, src)
+    return _kafka(spark, src)
+
+
+def _files(spark: SparkSession, src: FilesSourceSpec, checkpoint: str) -> DataFrame:
+    from pyspark.sql import functions as F  # noqa: N812
+
+    options = dict(src.options)
+    if src.format == "csv":
+        options.setdefault("header", "true")
+        # Columns by their header names, not by position (files with reordered columns).
+        options.setdefault("enforceSchema", "false")
+    reader = spark.readStream.options(**options)
+    if src.max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", src.max_files_per_trigger)
+    if src.max_bytes_per_trigger:
+        reader = reader.option("maxBytesPerTrigger", src.max_bytes_per_trigger)
+    if src.format == "text":
+        df = reader.format("text").load(src.path)
+    elif src.format == "avro":
+        if "pathGlobFilter" not in options:
+            reader = reader.option("pathGlobFilter", "*.avro")
+        files = reader.schema(BINARY_FILE_SCHEMA).format("binaryFile").load(src.path)
+        return _avro_files(files, source_schema(spark, src, checkpoint), src)
+    else:
+        schema = source_schema(spark, src, checkpoint)
+        if src.format == "json":
+            df = _json_lines(reader.format("text").load(src.path), schema, src.rescued_data_column, options)
+        elif src.format == "csv" and src.rescued_data_column:
+            from pyspark.sql.types import StringType, StructField, StructType
+
+            full = StructType([*schema.fields, StructField(src.rescued_data_column, StringType())])
+            df = (
+                reader.schema(full)
+                .option("mode", "PERMISSIVE")
+                .option("columnNameOfCorruptRecord", src.rescued_data_column)
+                .format("csv")
+                .load(src.path)
+            )
+        else:
+            df = reader.schema(schema).format(src.format).load(src.path)
+    if src.source_file_column:
+        df = df.withColumn(src.source_file_column, F.col("_metadata.file_path"))
+    return df
+
+
+def source_schema(spark: SparkSession, src: FilesSourceSpec, checkpoint: str) -> StructType:
+    """The given schema, else the one inferred at the first start and kept in the checkpoint."""
+    from pyspark.sql.types import StructType, _parse_datatype_string
+
+    if src.schema_:
+        parsed = _parse_datatype_string(src.schema_)
+        if not isinstance(parsed, StructType):
+            raise ConfigError(f"files source schema {src.schema_!r} is not a list of columns")
+        return parsed
+    stored = Path(checkpoint) / SOURCE_SCHEMA_FILE
+    if stored.exists():
+        loaded = StructType.fromJson(json.loads(stored.read_text()))
+        logger.info("files source %s: schema from %s", src.path, stored)
+        return loaded
+    if src.format == "avro":
+        schema = _avro_file_schema(spark, src)
+        stored.parent.mkdir(parents=True, exist_ok=True)
+        stored.write_text(json.dumps(schema.jsonValue()))
+        logger.info("files source %s: schema %s from the first Avro file", src.path, schema.simpleString())
+        return schema
+    options = dict(src.options)
+    if src.format == "csv":
+        options.setdefault("header", "true")
+        options.setdefault("inferSchema", "true")
+    try:
+        inferred = spark.read.options(**options).format(src.format).load(src.path).schema
+    except Exception as exc:  # noqa: BLE001 - Spark's AnalysisException for an empty folder
+        raise ConfigError(
+            f"cannot infer the schema of the {src.format} files in {src.path!r} ({_first_line(exc)}); "
+            "add files first or give the source a schema",
+            path=src.path,
+        ) from None
+    fields = [f for f in inferred.fields if f.name != "_corrupt_record"]
+    if not fields:
+        raise ConfigError(f"no columns could be inferred from the files in {src.path!r}; give a schema")
+    schema = StructType(fields)
+    stored.parent.mkdir(parents=True, exist_ok=True)
+    stored.write_text(json.dumps(schema.jsonValue()))
+    logger.info("files source %s: inferred schema %s (kept in %s)", src.path, schema.simpleString(), stored)
+    return schema
+
+
+def _avro_file_schema(spark: SparkSession, src: FilesSourceSpec) -> StructType:
+    """The Spark schema of the writer schema of the first Avro file in the folder."""
+    import io
+
+    import fastavro
+    from pyspark.sql.types import StructType, _parse_datatype_string
+
+    from deltaflow.sources.decode import avro_to_spark_ddl
+
+    try:
+        files = spark.read.options(**{"pathGlobFilter": "*.avro", **src.options}).format("binaryFile")
+        path = files.load(src.path).select("path").orderBy("path").first()
+        first = files.load(path["path"]).select("content").first() if path else None
+    except Exception as exc:  # noqa: BLE001 - Spark's AnalysisException for a missing folder
+        raise ConfigError(f"cannot list the Avro files in {src.path!r}: {_first_line(exc)}") from None
+    if first is None:
+        raise ConfigError(f"no Avro file in {src.path!r} to take the schema from; add one or give a schema")
+    writer = fastavro.reader(io.BytesIO(first["content"])).writer_schema
+    parsed = _parse_datatype_string(avro_to_spark_ddl(json.dumps(writer)))
+    assert isinstance(parsed, StructType)
+    return parsed
+
+
+def _avro_files(files: DataFrame, schema: StructType, src: FilesSourceSpec) -> DataFrame:
+    """Avro object container files (rows of Spark's ``binaryFile`` source) decoded in the tasks."""
+    import pyarrow as pa
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from deltaflow.delta.schema import spark_to_arrow
+
+    fields = list(schema.fields)
+    if src.rescued_data_column:
+        fields.append(StructField(src.rescued_data_column, StringType()))
+    if src.source_file_column:
+        fields.append(StructField(src.source_file_column, StringType()))
+    out_type = StructType(fields)
+    arrow_schema = spark_to_arrow(out_type)
+    names = [f.name for f in schema.fields]
+    rescued, source_file = src.rescued_data_column, src.source_file_column
+
+    def decode(batches: Any) -> Any:
+        import io
+
+        import fastavro
+
+        for batch in batches:
+            for path, content in zip(
+                batch.column("path").to_pylist(), batch.column("content").to_pylist(), strict=True
+            ):
+                try:
+                    records: list[dict[str, Any]] = list(fastavro.reader(io.BytesIO(content)))  # type: ignore[arg-type]
+                except Exception as exc:  # noqa: BLE001 - fastavro raises many types; name the file
+                    raise ConfigError(f"Avro file {path} cannot be read: {exc}", path=path) from None
+                columns: dict[str, list[Any]] = {n: [r.get(n) for r in records] for n in names}
+                if rescued:
+                    columns[rescued] = [
+                        json.dumps({k: v for k, v in r.items() if k not in names}, default=str)
+                        if set(r) - set(names)
+                        else None
+                        for r in records
+                    ]
+                if source_file:
+                    columns[source_file] = [path] * len(records)
+                yield pa.RecordBatch.from_pydict(columns, schema=arrow_schema)
+
+    return files.select("path", "content").mapInArrow(decode, out_type)
+
+
+def _json_lines(
+    lines: DataFrame, schema: StructType, rescued: str | None, options: Mapping[str, str]
+) -> DataFrame:
+    """JSON objects (one per line) parsed to ``schema`` with the reader ``options``
+    (``timestampFormat``, ``allowComments``, ...); ``rescued`` holds what did not fit."""
+    from pyspark.sql import functions as F  # noqa: N812
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    corrupt = "_deltaflow_corrupt"
+    full = StructType([*schema.fields, StructField(corrupt, StringType())])
+    parse_options = {k: v for k, v in options.items() if k not in _FILE_ONLY_OPTIONS}
+    parse_options.update(mode="PERMISSIVE", columnNameOfCorruptRecord=corrupt)
+    parsed = F.from_json(F.col("value"), full, parse_options).alias("r")
+    df = lines.filter(F.trim(F.col("value")) != "").select(F.col("value"), parsed)
+    columns: list[Column] = [F.col(f"r.`{f.name}`").alias(f.name) for f in schema.fields]
+    if rescued:
+        names = F.array(*(F.lit(f.name) for f in schema.fields))
+        as_map = F.from_json(F.col("value"), "map<string,string>")
+        unknown = F.map_filter(as_map, lambda k, _v: ~F.array_contains(names, k))
+        columns.append(
+            F.when(F.col(f"r.{corrupt}").isNotNull(), F.col("value"))
+            .when(F.size(unknown) > 0, F.to_json(unknown))
+            .alias(rescued)
+        )
+    return df.select(*columns)
+
+
+def _delta(spark: SparkSession, src: DeltaSourceSpec) -> DataFrame:
+    from deltaflow.sources.delta import FORMAT_NAME
+
+    options: dict[str, str] = {"table_uri": src.table_uri}
+    for key in ("starting_version", "starting_timestamp", "max_versions_per_trigger"):
+        value = getattr(src, key)
+        if value is not None:
+            options[key] = str(value)
+    for key in ("ignore_deletes", "ignore_changes", "read_change_feed"):
+        options[key] = "true" if getattr(src, key) else "false"
+    if src.storage_options:
+        options["storage_options"] = json.dumps(src.storage_options)
+    return spark.readStream.format(FORMAT_NAME).options(**options).load()
+
+
+def _generator(spark: SparkSession, src: GeneratorSourceSpec) -> DataFrame:
+    from pyspark.sql import functions as F  # noqa: N812
+
+    from deltaflow.sources.generator import FORMAT_NAME
+
+    options = {
+        "rows_per_second": str(src.rows_per_second),
+        "partitions": str(src.partitions),
+        "seed": str(src.seed),
+    }
+    if src.total_rows is not None:
+        options["total_rows"] = str(src.total_rows)
+    if src.rows_per_batch is not None:
+        options["rows_per_batch"] = str(src.rows_per_batch)
+    df = spark.readStream.format(FORMAT_NAME).options(**options).load()
+    for name, expr in src.fields.items():
+        df = df.withColumn(name, F.expr(expr))
+    return df
+
+
+def _kafka(spark: SparkSession, src: KafkaSourceSpec) -> DataFrame:
+    from pyspark.sql import functions as F  # noqa: N812
+
+    from deltaflow.sources.kafka import FORMAT_NAME
+
+    options: dict[str, str] = {
+        "bootstrap_servers": src.bootstrap_servers,
+        "value_format": src.format,
+        "max_messages_per_batch": str(src.max_messages_per_batch),
+        "starting_offsets": src.starting_offsets
+        if isinstance(src.starting_offsets, str)
+        else json.dumps(src.starting_offsets),
+        "keep_value": "false",
+    }
+    if src.topic_pattern:
+        options["topic_pattern"] = src.topic_pattern
+    else:
+        options["topic"] = ",".join(src.topics)
+    if src.schema_:
+        options["value_schema"] = src.schema_
+    if src.avro_schema:
+        options["avro_schema"] = src.avro_schema
+    if src.schema_registry_url:
+        options["schema_registry_url"] = src.schema_registry_url
+    if src.decompress_gzip:
+        options["value_compression"] = "gzip"
+    if src.kafka_settings:
+        options["kafka_settings"] = json.dumps(
+            {k: v.get_secret_value() for k, v in src.kafka_settings.items()}
+        )
+    raw = spark.readStream.format(FORMAT_NAME).options(**options).load()
+    meta = F.struct(*(F.col(c) for c in ("topic", "partition", "offset", "timestamp", "key", "headers")))
+    return raw.select("data.*", meta.alias("kafka"), F.col("error").alias(_ERROR), F.col("value").alias(_RAW))
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+
+
+# -- processing --------------------------------------------------------------------------------
+
+
+def process(df: DataFrame, spec: PipelineSpec) -> DataFrame:
+    """``transforms`` -> ``filter`` -> ``select``, or ``query`` (a Kafka source's ``kafka``
+    struct is dropped unless ``select`` or ``query`` keeps it: map the fields you want)."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    if spec.query:
+        # Each streaming query runs its batches in its own session: the view is private to it.
+        df.createOrReplaceTempView(spec.source_name)
+        return df.sparkSession.sql(spec.query)
+    if spec.transforms:
+        df = apply_transforms(df, [parse_transform(f"{k}: {v}") for k, v in spec.transforms.items()])
+    if spec.filter:
+        df = df.filter(F.expr(spec.filter))
+    if spec.select:
+        df = df.selectExpr(*spec.select)
+    elif isinstance(spec.source, KafkaSourceSpec) and "kafka" in df.columns:
+        df = df.drop("kafka")
+    return df
+
+
+@dataclass(frozen=True)
+class _Sink:
+    name: str
+    options: SinkOptions
+    when: str | None
+
+
+class PipelineWriter:
+    """``foreachBatch`` function of one pipeline (the steps in the module docstring)."""
+
+    def __init__(self, spec: PipelineSpec, sinks: Sequence[_Sink], dead_letter: SinkOptions | None) -> None:
+        from deltaflow.sinks.batch_writer import SparkBatchWriter
+        from deltaflow.sinks.merge import MergeWriter
+
+        self._spec = spec
+        self._sinks = list(sinks)
+        self._writers: dict[str, Callable[[DataFrame, int], None]] = {
+            s.name: MergeWriter(s.options) if s.options.write_mode == "merge" else SparkBatchWriter(s.options)
+            for s in sinks
+        }
+        self._dlq = SparkBatchWriter(dead_letter) if dead_letter else None
+        self._kafka = isinstance(spec.source, KafkaSourceSpec)
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        reused = len(self._sinks) > 1 or bool(self._spec.expectations) or self._kafka
+        if reused:
+            batch = batch.persist()
+        try:
+            self._run(batch, batch_id)
+        finally:
+            if reused:
+                batch.unpersist()
+
+    def _run(self, batch: DataFrame, batch_id: int) -> None:
+        from pyspark.sql import functions as F  # noqa: N812
+
+        spec = self._spec
+        letters: list[DataFrame] = []
+        if self._kafka:
+            # Messages without a value (tombstones: Debezium follows each delete with one) are no
+            # rows and no errors.
+            tombstone = F.col(_ERROR).isNotNull() & F.col(_RAW).isNull()
+            batch = batch.filter(~tombstone)
+            failed = batch.filter(F.col(_ERROR).isNotNull())
+            undecodable = failed.count()
+            if undecodable:
+                metrics.records_failed(
+                    pipeline=spec.id, table=self._sinks[0].options.table_uri, count=undecodable
+                )
+                letters.append(_kafka_letters(failed, spec.id, batch_id))
+                logger.warning(
+                    "pipeline %r batch %s: %d message(s) could not be decoded", spec.id, batch_id, undecodable
+                )
+            batch = batch.filter(F.col(_ERROR).isNull()).drop(_ERROR, _RAW)
+        rows = process(batch, spec)
+        rows = self._check_expectations(rows, batch_id, letters)
+        if letters:
+            self._dead_letter(letters, batch_id)
+        for sink in self._sinks:
+            routed = rows.filter(F.expr(sink.when)) if sink.when else rows
+            self._writers[sink.name](routed, batch_id)
+
+    def _check_expectations(self, rows: DataFrame, batch_id: int, letters: list[DataFrame]) -> DataFrame:
+        """Count every expectation's violations in one pass; raise on ``fail``; split off ``drop``."""
+        from pyspark.sql import functions as F  # noqa: N812
+
+        spec = self._spec
+        if not spec.expectations:
+            return rows
+        ok = {e.name: F.coalesce(F.expr(e.expr).cast("boolean"), F.lit(False)) for e in spec.expectations}
+        counts = rows.agg(
+            *(
+                F.sum(F.when(~ok[e.name], 1).otherwise(0)).alias(f"v{i}")
+                for i, e in enumerate(spec.expectations)
+            )
+        ).first()
+        violations = {
+            e.name: int((counts[f"v{i}"] if counts else 0) or 0) for i, e in enumerate(spec.expectations)
+        }
+        for e in spec.expectations:
+            if violations[e.name]:
+                metrics.expectation_violated(
+                    pipeline=spec.id, expectation=e.name, action=e.action, count=violations[e.name]
+                )
+        failing = [e for e in spec.expectations if e.action == "fail" and violations[e.name]]
+        if failing:
+            detail = ", ".join(f"{e.name!r} ({violations[e.name]} row(s) violate {e.expr})" for e in failing)
+            raise ExpectationFailedError(
+                f"pipeline {spec.id!r}, batch {batch_id}: expectation {detail}; nothing of the batch "
+                "was committed. Fix the data or the expectation, then start the pipeline again",
+                pipeline_id=spec.id,
+                batch_id=batch_id,
+                expectations=[e.name for e in failing],
+            )
+        for e in spec.expectations:
+            if e.action == "warn" and violations[e.name]:
+                logger.warning(
+                    "pipeline %r batch %s: %d row(s) violate expectation %r (%s); kept",
+                    spec.id,
+                    batch_id,
+                    violations[e.name],
+                    e.name,
+                    e.expr,
+                )
+        drops = [e for e in spec.expectations if e.action == "drop"]
+        if not any(violations[e.name] for e in drops):
+            return rows
+        keep = F.lit(True)
+        for e in drops:
+            keep = keep & ok[e.name]
+        names = F.array_compact(F.array(*(F.when(~ok[e.name], F.lit(e.name)) for e in drops)))
+        letters.append(
+            rows.filter(~keep).select(
+                F.lit(spec.id).alias("pipeline_id"),
+                F.lit(batch_id).cast("bigint").alias("batch_id"),
+                F.concat(F.lit("expectation failed: "), F.array_join(names, ", ")).alias("reason"),
+                F.to_json(F.struct(*(F.col(f"`{c}`") for c in rows.columns))).alias("record"),
+                F.current_timestamp().alias("dead_lettered_at"),
+            )
+        )
+        dropped = sum(violations[e.name] for e in drops)
+        logger.warning(
+            "pipeline %r batch %s: rows violating %s dropped%s (%d violation(s))",
+            spec.id,
+            batch_id,
+            ", ".join(repr(e.name) for e in drops if violations[e.name]),
+            " to the dead-letter table" if self._dlq else "",
+            dropped,
+        )
+        return rows.filter(keep)
+
+    def _dead_letter(self, letters: list[DataFrame], batch_id: int) -> None:
+        if self._dlq is None:
+            return  # counted and logged above
+        frame = letters[0]
+        for more in letters[1:]:
+            frame = frame.unionByName(more)
+        self._dlq(frame, batch_id)
+
+
+def _kafka_letters(failed: DataFrame, pipeline_id: str, batch_id: int) -> DataFrame:
+    from pyspark.sql import functions as F  # noqa: N812
+
+    record = F.to_json(
+        F.struct(
+            F.col("kafka.topic").alias("topic"),
+            F.col("kafka.partition").alias("partition"),
+            F.col("kafka.offset").alias("offset"),
+            F.base64(F.col("kafka.key")).alias("key_base64"),
+            F.base64(F.col(_RAW)).alias("value_base64"),
+        )
+    )
+    return failed.select(
+        F.lit(pipeline_id).alias("pipeline_id"),
+        F.lit(batch_id).cast("bigint").alias("batch_id"),
+        F.col(_ERROR).alias("reason"),
+        record.alias("record"),
+        F.current_timestamp().alias("dead_lettered_at"),
+    )
+
+
+# -- starting and running ----------------------------------------------------------------------
+
+
+def start_pipeline(spark: SparkSession, spec: PipelineSpec, *, available_now: bool = False) -> StreamingQuery:
+    """Start one pipeline's streaming query (tables are created or checked first)."""
+    from deltaflow.pipeline.api import _claim, _prepare_table
+
+    location = checkpoint_location(spec)
+    source = read_source(spark, spec, location)
+    good = source.drop(_ERROR, _RAW) if isinstance(spec.source, KafkaSourceSpec) else source
+    if spec.query:
+        # The columns the query makes, from an empty frame in a session of its own (a temp
+        # view in the shared session would race with other pipelines starting).
+        good = spark.newSession().createDataFrame([], good.schema)
+    shape = process(good, spec)
+    sinks = [
+        _Sink(name, sink.sink_options(spec.id, location), sink.when)
+        for name, sink in zip(spec.sink_names(), spec.sinks, strict=True)
+    ]
+    _check_expressions(spec, shape)
+    for sink in sinks:
+        if sink.options.write_mode == "merge":
+            from deltaflow.sinks.merge import target_rows
+
+            _prepare_table(target_rows(shape, sink.options), sink.options)
+        else:
+            _prepare_table(shape, sink.options)
+    dead_letter = None
+    if spec.dead_letter is not None:
+        values = spec.dead_letter.model_dump(exclude_defaults=True)
+        values.update(pipeline_id=spec.id, checkpoint_location=location)
+        dead_letter = SinkOptions.build(values)
+        _prepare_table(spark.createDataFrame([], DEAD_LETTER_SCHEMA), dead_letter)
+        dead_letter = _claim(dead_letter)
+    # Every table this pipeline writes: an earlier process running it can no longer commit.
+    sinks = [_Sink(s.name, _claim(s.options), s.when) for s in sinks]
+    writer = PipelineWriter(spec, sinks, dead_letter)
+    stream = source.writeStream.foreachBatch(writer).option("checkpointLocation", location).queryName(spec.id)
+    if available_now:
+        stream = stream.trigger(availableNow=True)
+    elif spec.trigger_interval:
+        stream = stream.trigger(processingTime=f"{spec.trigger_interval} seconds")
+    logger.info(
+        "starting pipeline %r: %s -> %s (checkpoint %s)",
+        spec.id,
+        describe_source(spec),
+        ", ".join(f"{s.name}: {normalize_uri(s.options.table_uri)}" for s in sinks),
+        location,
+    )
+    return stream.start()
+
+
+def _check_expressions(spec: PipelineSpec, shape: DataFrame) -> None:
+    """Analyse every ``when`` and expectation against the rows' columns before anything runs (a
+    typo would otherwise surface in the first batch, after other tables committed it)."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    checks = [
+        (f"sinks.{n}.when", s.when) for n, s in zip(spec.sink_names(), spec.sinks, strict=True) if s.when
+    ]
+    checks += [(f"expectations.{e.name}", e.expr) for e in spec.expectations]
+    for where, expr in checks:
+        try:
+            shape.select(F.expr(expr).alias("x")).schema  # noqa: B018 - analysis only, no job
+        except Exception as exc:  # noqa: BLE001 - Spark's AnalysisException/ParseException
+            raise ConfigError(
+                f"pipeline {spec.id!r}, {where}: {expr!r} is not a valid predicate over the columns "
+                f"{', '.join(shape.columns)}: {_first_line(exc)}",
+                pipeline_id=spec.id,
+            ) from None
+
+
+def describe_source(spec: PipelineSpec) -> str:
+    src = spec.source
+    if isinstance(src, FilesSourceSpec):
+        return f"{src.format} files in {src.path}"
+    if isinstance(src, DeltaSourceSpec):
+        return f"delta table {src.table_uri}" + (" (change feed)" if src.read_change_feed else "")
+    if isinstance(src, GeneratorSourceSpec):
+        return f"generator at {src.rows_per_second:g} rows/s"
+    return f"kafka {','.join(src.topics) or src.topic_pattern} @ {src.bootstrap_servers}"

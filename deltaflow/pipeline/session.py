@@ -1,0 +1,155 @@
+"""A SparkSession with defaults that suit streaming into Delta tables."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from deltaflow.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["DEFAULT_MASTER", "default_conf", "spark_session", "worker_python"]
+
+logger = logging.getLogger(__name__)
+
+#: The embedded default: every core of this machine, in one JVM.
+DEFAULT_MASTER = "local[*]"
+
+
+def default_conf(master: str) -> dict[str, str]:
+    """The configuration deltaflow applies unless the caller sets a key itself."""
+    cores = os.cpu_count() or 2
+    return {
+        # Stats and partition values are in UTC; Spark must agree.
+        "spark.sql.session.timeZone": "UTC",
+        # INT96 timestamps carry no min/max statistics: no data skipping (DELTA_NOTES).
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+        # 200 shuffle partitions make 200 tiny files per batch on a laptop.
+        "spark.sql.shuffle.partitions": str(cores if master.startswith("local") else cores * 2),
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        # Python workers are costly to start (~2 s cold): keep them between tasks.
+        "spark.python.worker.reuse": "true",
+        # Workers must run the interpreter that has deltaflow installed.
+        "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
+        "spark.pyspark.driver.python": sys.executable,
+        "spark.driver.memory": "2g",
+        "spark.sql.streaming.stopGracefullyOnShutdown": "true",
+    }
+
+
+def spark_session(master: str | None = None, **conf: Any) -> SparkSession:
+    """Get or create a SparkSession for deltaflow, with the ``deltaflow`` format registered.
+
+    Args:
+        master: Any Spark master URL; defaults to ``$DELTAFLOW_SPARK_MASTER`` or ``local[*]``.
+        **conf: Spark settings (``**{"spark.executor.memory": "4g"}``); they win over the
+            defaults of :func:`default_conf`.
+
+    Raises:
+        ConfigError: when no Java runtime can be found.
+    """
+    if not os.environ.get("JAVA_HOME") and shutil.which("java") is None:
+        raise ConfigError(
+            "Spark needs a Java 17+ runtime and none was found: install one "
+            "(Debian: apt-get install openjdk-17-jre-headless) or set JAVA_HOME"
+        )
+    from pyspark.sql import SparkSession
+
+    master = master or os.environ.get("DELTAFLOW_SPARK_MASTER")
+    # Under spark-submit (or a pyspark shell) the JVM exists already, started with its --master
+    # and --conf: those win unless a master is named here.
+    submitted = bool(os.environ.get("PYSPARK_GATEWAY_PORT"))
+    if master is None and not submitted:
+        master = DEFAULT_MASTER
+    # Some Python workers (data source planning and commits) read the interpreter from the
+    # JVM's environment rather than from spark.pyspark.python.
+    local = (master or "").startswith("local")
+    if "PYSPARK_PYTHON" not in os.environ and local and not submitted and "spark.pyspark.python" not in conf:
+        os.environ["PYSPARK_PYTHON"] = worker_python(sys.executable)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    settings = default_conf(master or "")
+    if submitted:  # spark-submit's own settings (executor Python, memory) are the user's
+        for key in ("spark.pyspark.python", "spark.pyspark.driver.python", "spark.driver.memory"):
+            settings.pop(key)
+    settings.update({k: str(v) for k, v in conf.items()})
+    builder = SparkSession.builder.appName(settings.pop("spark.app.name", "deltaflow"))
+    if master is not None:
+        builder = builder.master(master)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(os.environ.get("DELTAFLOW_SPARK_LOG_LEVEL", "WARN"))
+    from deltaflow.pipeline.api import register
+
+    register(spark)
+    logger.info("Spark %s session on %s", spark.version, spark.sparkContext.master)
+    return spark
+
+
+_WORKER_SCRIPT = """#!/bin/sh
+# Written by deltaflow (deltaflow/session.py: worker_python). Spark starts Python workers
+# with its pyspark.zip first on PYTHONPATH; this installation's pyspark holds the same code,
+# compiled once. Dropping the archive saves compiling pyspark again in every worker process.
+case "$PYTHONPATH" in
+"{prefix}"|"{prefix}":*)
+    PYTHONPATH="${{PYTHONPATH#"{prefix}"}}"
+    PYTHONPATH="${{PYTHONPATH#:}}"
+    export PYTHONPATH ;;
+esac
+exec "{python}" "$@"
+"""
+
+
+def worker_python(executable: str) -> str:
+    """The interpreter to give Spark's local Python workers: ``executable`` behind a wrapper.
+
+    Spark puts ``$SPARK_HOME/python/lib/pyspark.zip`` (and py4j's) first on every Python
+    worker's ``PYTHONPATH``. With pyspark installed from PyPI that archive is this very
+    installation's code, but Python compiles modules imported from a zip each time a process
+    starts (no ``.pyc`` cache): about 0.5 s more for every process Spark starts (each streaming
+    query's source planner, the worker daemon, data source lookups), measured in BENCHMARKS.md.
+    The wrapper, a two-line shell script in the user's cache directory, removes exactly those
+    two archives from the front of ``PYTHONPATH`` and runs ``executable``.
+
+    Returns ``executable`` itself whenever that is not known to be safe: ``SPARK_HOME`` names
+    another Spark than the installed pyspark, py4j is not installed beside it, a path needs
+    shell quoting, or the script cannot be written or run.
+    """
+    try:
+        import py4j
+        import pyspark
+        from pyspark.find_spark_home import _find_spark_home
+
+        package = Path(pyspark.__file__).parent
+        home = Path(_find_spark_home())
+        lib = home / "python" / "lib"
+        archives = sorted(lib.glob("py4j-*-src.zip"))
+        if home.resolve() != package.resolve() or len(archives) != 1 or ".zip" in str(py4j.__file__):
+            return executable
+        prefix = f"{lib / 'pyspark.zip'}:{archives[0]}"
+        if any(c in prefix + executable for c in '"$`\\\n'):
+            return executable
+        text = _WORKER_SCRIPT.format(prefix=prefix, python=executable)
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "deltaflow"
+        script = cache / f"python-worker-{hashlib.sha256(text.encode()).hexdigest()[:16]}.sh"
+        if not script.exists():
+            cache.mkdir(parents=True, exist_ok=True)
+            partial = script.with_suffix(f".{os.getpid()}.tmp")
+            partial.write_text(text)
+            partial.chmod(0o755)
+            partial.replace(script)
+        subprocess.run([str(script), "-c", "pass"], check=True, timeout=30, capture_output=True)
+    except (OSError, ImportError, subprocess.SubprocessError, ValueError) as exc:
+        logger.info("Python workers run %s directly (no import wrapper: %s)", executable, exc)
+        return executable
+    return str(script)

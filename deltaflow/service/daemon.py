@@ -1,0 +1,484 @@
+"""Keep a streaming query running: restart it after transient failures, stop on SIGTERM/SIGINT.
+
+:func:`run_until_stopped` is the loop behind ``deltaflow ingest``:
+
+1. Start the query (``start_query()``).
+2. Poll ``query.awaitTermination(POLL_S)`` in the main thread and count progress.
+3. On SIGTERM or SIGINT stop the query and return. The handlers only record the signal: a
+   py4j call made from inside a handler would break the call the main thread is in.
+4. When the query fails, :func:`classify_failure` decides. Transient (the broker is gone, a
+   Kafka error, a Delta commit conflict that outlived its retries, any deltaflow
+   :class:`~deltaflow.errors.TransientError`): log a warning, wait (1 s, doubling up to
+   ``max_backoff_s``; back to 1 s once a restarted query has ingested something) and go to
+   step 1. Terminal (anything else): raise it as a :class:`~deltaflow.errors.TerminalError`.
+5. When the query ends on its own (``availableNow``), return.
+
+Restarting is safe: the query resumes from its Spark checkpoint, and the Kafka source never
+reads an offset the Delta table already holds, so no message is lost or written twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from deltaflow import errors
+from deltaflow.errors import (
+    ConfigError,
+    DeltaflowError,
+    QueryFailedError,
+    TerminalError,
+    TransientError,
+    brief,
+)
+from deltaflow.metrics import metrics, source_lags
+from deltaflow.service.status import board
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
+    from deltaflow.config.pipeline import PipelineSpec
+
+__all__ = ["RunSummary", "classify_failure", "run_all", "run_pipelines", "run_until_stopped"]
+
+logger = logging.getLogger(__name__)
+
+#: Seconds per awaitTermination() call: the longest a stop signal waits to be acted on.
+POLL_S = 1
+#: The first wait before a restart; it doubles after each failed restart.
+INITIAL_BACKOFF_S = 1.0
+#: How long a clean stop waits for a running auto-compaction to commit.
+COMPACTION_STOP_TIMEOUT_S = 60.0
+#: Default cap of the wait between restarts: long enough not to hammer a broker that is down,
+#: short enough that ingestion resumes soon after it returns.
+DEFAULT_MAX_BACKOFF_S = 30.0
+#: The backoff wait sleeps in slices this long, checking for a stop signal after each.
+BACKOFF_SLICE_S = 0.2
+#: Characters of a failure quoted in log lines and error messages.
+REASON_CHARS = 500
+
+_TRACEBACK = "Traceback (most recent call last):"
+#: The line of a Python traceback that names the exception: ``module.Class: message``.
+_EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*: ")
+#: A deltaflow error raised in a Python worker (or in a driver callback Spark called) reaches
+#: the daemon as traceback text only: its qualified class name is what survives the JVM.
+_DELTAFLOW_ERROR = re.compile(r"deltaflow\.errors\.(\w+): ")
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What :func:`run_until_stopped` did, summed over every incarnation of the query.
+
+    Attributes:
+        messages: Input rows of the micro-batches that completed.
+        batches: Micro-batches that completed with at least one input row.
+        restarts: Times the query was started again after a transient failure.
+        signal: The signal that stopped the loop, or ``None`` when the query ended on its own.
+    """
+
+    messages: int
+    batches: int
+    restarts: int
+    signal: int | None
+
+
+def classify_failure(error: BaseException) -> DeltaflowError:
+    """The deltaflow error a failed query stands for: a transient or a terminal one.
+
+    Decided by type alone. ``error`` is a deltaflow error raised in this process, or Spark's
+    ``StreamingQueryException`` whose text holds the traceback of a Python worker or callback:
+    then the class is the one of :mod:`deltaflow.errors` the traceback names (every error
+    deltaflow raises lives there; connectors turn their clients' exceptions into them where
+    they are raised, e.g. Kafka's into :class:`~deltaflow.errors.KafkaUnavailableError`).
+
+    Returns:
+        That error (or a rebuilt instance of its class): a :class:`TransientError` restarts the
+        query, a :class:`TerminalError` stops it. Anything else is a
+        :class:`QueryFailedError` (terminal): deltaflow does not know it to be transient.
+    """
+    for exc in _python_chain(error):
+        if isinstance(exc, (TransientError, TerminalError)):
+            return exc
+        if type(exc).__name__ == "KafkaException" and type(exc).__module__.startswith(("cimpl", "confluent")):
+            from deltaflow.sources.kafka import kafka_failure
+
+            return kafka_failure(exc, brief(error) if exc is not error else "a Kafka request")
+    text = _failure_text(error)
+    named = _DELTAFLOW_ERROR.findall(text)
+    if named:
+        # The last one named is the outermost (Python prints chained causes first).
+        cls = getattr(errors, named[-1], None)
+        if isinstance(cls, type) and issubclass(cls, (TransientError, TerminalError)):
+            return _rebuilt(cls, _reason(text, f"deltaflow.errors.{named[-1]}: "))
+    return QueryFailedError(
+        f"the streaming query failed and retrying cannot help: {_reason(text)}",
+        error_type=type(error).__name__,
+    )
+
+
+def run_until_stopped(
+    start_query: Callable[[], StreamingQuery],
+    *,
+    name: str,
+    max_backoff_s: float = DEFAULT_MAX_BACKOFF_S,
+    poll_s: int = POLL_S,
+    on_progress: Callable[[int, int, float], None] | None = None,
+) -> RunSummary:
+    """Run the query ``start_query()`` starts until it ends, a signal stops it, or it fails for good.
+
+    Call it from the main thread: it handles SIGTERM and SIGINT while it runs (elsewhere a
+    signal cannot be caught and only the query's own end or failure stops the loop).
+
+    Args:
+        start_query: Starts the query; called again for every restart (it must resume from
+            the same checkpoint).
+        name: The query's name in log lines (the pipeline id).
+        max_backoff_s: The longest wait between two restarts.
+        poll_s: Seconds per ``awaitTermination`` call (and the longest a signal waits).
+        on_progress: Called after each new progress report with the messages ingested so far,
+            the messages behind the newest offsets, and the processing rate (rows/s).
+
+    Returns:
+        Messages and batches ingested over all restarts, restarts, and the stopping signal.
+
+    Raises:
+        TerminalError: the query failed in a way retrying cannot fix (a configuration error,
+            a schema mismatch, a checkpoint mismatch, a failure deltaflow does not know).
+    """
+    if max_backoff_s < INITIAL_BACKOFF_S:
+        raise ConfigError(
+            f"max_backoff_s must be at least {INITIAL_BACKOFF_S} s, got {max_backoff_s}",
+            max_backoff_s=max_backoff_s,
+        )
+    tally = _Tally(name, on_progress)
+    try:
+        with _stop_signals() as received:
+            return _loop(start_query, received, tally, name, poll_s, max_backoff_s)
+    except Exception as exc:
+        board.set_state(name, "failed", error=f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        # A compaction in progress may finish (its commit never conflicts with the stream's).
+        from deltaflow.ops.compaction import close_all
+
+        close_all(COMPACTION_STOP_TIMEOUT_S)
+
+
+#: Recorded instead of a signal number when another pipeline failed for good.
+OTHER_FAILED = 0
+
+
+def run_all(
+    starters: Mapping[str, Callable[[], StreamingQuery]],
+    *,
+    max_backoff_s: float = DEFAULT_MAX_BACKOFF_S,
+    poll_s: int = POLL_S,
+) -> dict[str, RunSummary]:
+    """Run several queries in one application, each as :func:`run_until_stopped` runs one.
+
+    Each query is watched (and restarted after transient failures) by its own thread; the
+    calling (main) thread handles SIGTERM/SIGINT, which stop them all. When one query fails for
+    good, the others are stopped cleanly (their current batch committed whole or not at all)
+    and its error is raised.
+
+    Returns:
+        Each query's summary by name.
+
+    Raises:
+        TerminalError: the first query that failed for good.
+    """
+    results: dict[str, RunSummary] = {}
+    errors: dict[str, BaseException] = {}
+    try:
+        with _stop_signals() as received:
+
+            def watch(name: str, start: Callable[[], StreamingQuery]) -> None:
+                try:
+                    results[name] = _loop(start, received, _Tally(name), name, poll_s, max_backoff_s)
+                except BaseException as exc:  # noqa: BLE001 - re-raised by the main thread
+                    board.set_state(name, "failed", error=f"{type(exc).__name__}: {exc}")
+                    errors[name] = exc
+                    received.append(OTHER_FAILED)
+
+            threads = [
+                threading.Thread(target=watch, args=(name, start), name=f"deltaflow-{name}", daemon=True)
+                for name, start in starters.items()
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                while thread.is_alive():
+                    thread.join(BACKOFF_SLICE_S)  # short joins: signal handlers run in between
+    finally:
+        from deltaflow.ops.compaction import close_all
+
+        close_all(COMPACTION_STOP_TIMEOUT_S)
+    if errors:
+        name = next(iter(errors))  # the first to fail (dicts keep insertion order)
+        others = [n for n in starters if n != name]
+        if others:
+            logger.error("pipeline %r failed; stopped the others: %s", name, ", ".join(others))
+        raise errors[name]
+    return results
+
+
+def _loop(
+    start_query: Callable[[], StreamingQuery],
+    received: list[int],
+    tally: _Tally,
+    name: str,
+    poll_s: int,
+    max_backoff_s: float,
+) -> RunSummary:
+    restarts = 0
+    backoff = INITIAL_BACKOFF_S
+    while True:
+        failure: TransientError | None
+        board.set_state(name, "restarting" if restarts else "starting")
+        try:
+            query = start_query()
+        except Exception as exc:  # noqa: BLE001 - classified: transient ones are retried
+            failure = _transient_or_raise(exc, name)
+        else:
+            if restarts:
+                logger.info("query %r restarted (restart %d)", name, restarts)
+            board.set_state(name, "running")
+            before = tally.messages
+            failure = _watch(query, received, tally, poll_s, name)
+            if failure is None:
+                board.set_state(name, "stopped")
+                return tally.summary(restarts, received[0] if received else None)
+            if tally.messages > before:
+                backoff = INITIAL_BACKOFF_S  # it recovered once: a new outage starts over
+        board.set_state(name, "restarting", error=f"{type(failure).__name__}: {failure}")
+        logger.warning(
+            "query %r failed, restarting in %.0f s (transient: retrying may help): %s",
+            name,
+            backoff,
+            failure,
+        )
+        if not _wait(backoff, received):
+            logger.info("received signal %d while waiting to restart %r: stopping", received[0], name)
+            board.set_state(name, "stopped")
+            return tally.summary(restarts, received[0])
+        restarts += 1
+        backoff = min(backoff * 2, max_backoff_s)
+
+
+def _watch(
+    query: StreamingQuery, received: list[int], tally: _Tally, poll_s: int, name: str
+) -> TransientError | None:
+    """Poll ``query`` until it stops (``None``) or fails transiently (the error)."""
+    from pyspark.errors import StreamingQueryException
+
+    while True:
+        if received:
+            if received[0] == OTHER_FAILED:
+                logger.info("another query failed: stopping query %r", name)
+            else:
+                logger.info("received signal %d: stopping query %r", received[0], name)
+            query.stop()  # the current batch is abandoned uncommitted or was committed whole
+            tally.update(query)
+            return None
+        error: BaseException | None = None
+        try:
+            done = query.awaitTermination(poll_s)
+        except StreamingQueryException as exc:
+            done, error = True, exc
+        tally.update(query)
+        if done:
+            error = error or query.exception()
+            if error is None:
+                logger.info("query %r ended", name)
+                return None
+            return _transient_or_raise(error, name)
+
+
+def _transient_or_raise(error: BaseException, name: str) -> TransientError:
+    failure = classify_failure(error)
+    if isinstance(failure, TransientError):
+        return failure
+    logger.error("query %r failed and will not be restarted: %s", name, failure)
+    board.set_state(name, "failed", error=f"{type(failure).__name__}: {failure}")
+    raise failure from error
+
+
+def _wait(seconds: float, received: list[int]) -> bool:
+    """Sleep ``seconds`` unless a signal arrives (then ``False``), in short slices."""
+    deadline = time.monotonic() + seconds
+    while not received:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return True
+        time.sleep(min(BACKOFF_SLICE_S, left))
+    return False
+
+
+@contextmanager
+def _stop_signals() -> Iterator[list[int]]:
+    """Record SIGTERM/SIGINT in the yielded list (main thread only); restore the handlers after."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def _record(signum: int, _frame: FrameType | None) -> None:
+        received.append(signum)  # nothing else: see the module docstring, step 3
+
+    previous = {sig: signal.signal(sig, _record) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class _Tally:
+    """Counts completed micro-batches over every run of a query, each batch once."""
+
+    def __init__(self, name: str, on_progress: Callable[[int, int, float], None] | None = None) -> None:
+        self.name = name
+        self._on_progress = on_progress
+        self._reported = ""  # timestamp of the newest progress report given to the board
+        self.messages = 0
+        self.batches = 0
+        self._counted: dict[str, int] = {}  # runId -> last batchId counted
+        self._last_seen: tuple[Any, Any] | None = None
+
+    def update(self, query: StreamingQuery) -> None:
+        last = query.lastProgress
+        if last is None or (last["runId"], last["batchId"]) == self._last_seen:
+            return  # nothing new: skip fetching (and parsing) the whole recent history
+        metrics.progress_reported(self.name, last)
+        self._last_seen = (last["runId"], last["batchId"])
+        new_batches = new_messages = 0
+        for progress in query.recentProgress:
+            stamp = str(progress.get("timestamp", ""))
+            if stamp > self._reported:  # every report once, even those between two polls
+                self._reported = stamp
+                board.progress(self.name, progress)
+            rows = int(progress.get("numInputRows") or 0)
+            run, batch = str(progress["runId"]), int(progress["batchId"])
+            # Idle triggers report the next batch id with no rows: count only batches with rows.
+            if rows and batch > self._counted.get(run, -1):
+                self._counted[run] = batch
+                new_batches += 1
+                new_messages += rows
+        lag = sum(sum(source_lags(source).values()) for source in last.get("sources") or [])
+        rate = float(last.get("processedRowsPerSecond") or 0.0)
+        if new_batches:
+            self.batches += new_batches
+            self.messages += new_messages
+            logger.info(
+                "query %r: %d message(s) in %d batch(es); %d message(s) in %d batch(es) in all; "
+                "%d behind the newest offsets%s",
+                self.name,
+                new_messages,
+                new_batches,
+                self.messages,
+                self.batches,
+                lag,
+                f" (~{lag / rate:.0f} s at {rate:,.0f} msgs/s)" if lag and rate else "",
+            )
+        if self._on_progress is not None:
+            self._on_progress(self.messages, lag, rate)
+
+    def summary(self, restarts: int, signum: int | None) -> RunSummary:
+        return RunSummary(self.messages, self.batches, restarts, signum)
+
+
+def _python_chain(error: BaseException) -> Iterator[BaseException]:
+    """``error`` and its Python causes, outermost first."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _failure_text(error: BaseException) -> str:
+    """Everything a failure says about itself: message, Python causes, JVM causes."""
+    parts: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        parts.append(f"{type(current).__module__}.{type(current).__qualname__}: {current}")
+        cause = getattr(current, "_cause", None)  # pyspark's captured JVM exception
+        for _ in range(20):  # a JVM cause chain, bounded
+            if cause is None:
+                break
+            try:
+                parts.append(str(cause.toString()))
+                cause = cause.getCause()
+            except Exception:  # noqa: BLE001 - the JVM may be gone; the text so far suffices
+                break
+        current = current.__cause__ or current.__context__
+    return "\n".join(parts)
+
+
+def _reason(text: str, after: str = "") -> str:
+    """A short reason: the message after ``after`` or the exception line of a Python traceback."""
+    if after:
+        text = text[text.rfind(after) + len(after) :]
+    elif (tb := text.rfind(_TRACEBACK)) >= 0:
+        # The worker's own exception, e.g. "cimpl.KafkaException: KafkaError{code=_TRANSPORT,...}".
+        for line in text[tb:].splitlines()[1:]:
+            if _EXCEPTION_LINE.match(line):
+                text = line
+                break
+    lines: list[str] = []
+    for line in text.strip().splitlines():
+        if line.lstrip().startswith(("at ", "JVM stacktrace", "SQLSTATE", _TRACEBACK)) or (
+            lines and not line.strip()
+        ):
+            break
+        lines.append(line)
+    reason = "\n".join(lines).strip()
+    return reason if len(reason) <= REASON_CHARS else reason[:REASON_CHARS] + " …"
+
+
+def _rebuilt(cls: type[DeltaflowError], message: str) -> DeltaflowError:
+    """An instance of ``cls`` from its message alone (its own ``__init__`` may want more)."""
+    err = cls.__new__(cls)
+    DeltaflowError.__init__(err, message)
+    return err
+
+
+def run_pipelines(
+    spark: SparkSession,
+    pipelines: Sequence[PipelineSpec],
+    *,
+    available_now: bool = False,
+    on_start: Callable[[str], None] | None = None,
+) -> Mapping[str, RunSummary]:
+    """Run ``pipelines`` in this Spark application until stopped, or until all available input
+    is committed (``available_now``). Transient failures restart a pipeline with backoff.
+
+    Raises:
+        TerminalError: a pipeline failed for good (the others were stopped cleanly first).
+    """
+    from deltaflow.pipeline.runner import describe_source, start_pipeline
+
+    for spec in pipelines:
+        board.register(spec.id, table_uri=spec.sinks[0].table_uri, source=describe_source(spec))
+
+    def starter(spec: PipelineSpec) -> Callable[[], StreamingQuery]:
+        def start() -> StreamingQuery:
+            if on_start is not None:
+                on_start(spec.id)
+            return start_pipeline(spark, spec, available_now=available_now)
+
+        return start
+
+    return run_all({spec.id: starter(spec) for spec in pipelines})

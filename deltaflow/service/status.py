@@ -1,0 +1,252 @@
+"""Pipeline status: what the daemon knows (state, progress, throughput and lag over the last
+minutes) and what a table's Delta log tells (commits per pipeline, file health).
+
+* :data:`board` is the process's :class:`StatusBoard`. The daemon loop records states and
+  Spark's progress reports on it; :meth:`StatusBoard.serve` serves a read-only page (``/``)
+  and its data (``/status.json``) for ``--status_port``.
+* :func:`table_status` needs no daemon: it reads any deltaflow table's log
+  (``deltaflow status TABLE``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from typing import Any
+
+__all__ = ["StatusBoard", "board", "table_health", "table_status"]
+
+logger = logging.getLogger(__name__)
+
+#: Minutes of throughput and lag the board keeps per pipeline.
+WINDOW_MINUTES = 15
+#: Table health is recomputed at most this often (it reads the table's file list).
+HEALTH_TTL_S = 30.0
+#: Commits of the log scanned for the last compaction and per-pipeline commits.
+HISTORY_SCAN = 1000
+
+
+@dataclass
+class _Pipeline:
+    name: str
+    table_uri: str | None
+    source: str | None
+    state: str = "starting"
+    since: float = field(default_factory=time.time)
+    started_at: float = field(default_factory=time.time)
+    restarts: int = 0
+    error: str | None = None
+    last_batch: dict[str, Any] | None = None
+    points: deque[dict[str, Any]] = field(default_factory=deque)
+    health: dict[str, Any] | None = None
+    health_at: float = 0.0
+
+
+class StatusBoard:
+    """States and recent progress of the pipelines of this process (thread-safe)."""
+
+    def __init__(self, window_minutes: int = WINDOW_MINUTES) -> None:
+        self._lock = threading.Lock()
+        self._pipelines: dict[str, _Pipeline] = {}
+        self._window_s = window_minutes * 60
+
+    def register(self, name: str, *, table_uri: str | None = None, source: str | None = None) -> None:
+        with self._lock:
+            if name not in self._pipelines:
+                self._pipelines[name] = _Pipeline(name, table_uri, source)
+
+    def set_state(self, name: str, state: str, error: str | None = None) -> None:
+        """``starting``, ``running``, ``restarting``, ``stopped`` or ``failed``."""
+        with self._lock:
+            p = self._pipelines.setdefault(name, _Pipeline(name, None, None))
+            if state == "restarting" and p.state != "restarting":
+                p.restarts += 1
+            if p.state != state:
+                p.state, p.since = state, time.time()
+            if error is not None or state in ("running", "stopped"):
+                p.error = error
+
+    def progress(self, name: str, progress: Mapping[str, Any]) -> None:
+        """Record one of Spark's ``StreamingQueryProgress`` reports (never raises)."""
+        from deltaflow.metrics import source_lags
+
+        try:
+            stamp = _epoch(str(progress["timestamp"]))
+            sources = progress.get("sources") or []
+            lag = sum(sum(source_lags(s).values()) for s in sources)
+            point = {
+                "t": stamp,
+                "rows": int(progress.get("numInputRows") or 0),
+                "input_rps": float(progress.get("inputRowsPerSecond") or 0.0),
+                "processed_rps": float(progress.get("processedRowsPerSecond") or 0.0),
+                "lag": lag,
+            }
+            durations = progress.get("durationMs") or {}
+        except (KeyError, TypeError, ValueError) as exc:
+            logger.debug("progress of %r not recorded: %s", name, exc)
+            return
+        with self._lock:
+            p = self._pipelines.setdefault(name, _Pipeline(name, None, None))
+            if p.points and p.points[-1]["t"] == stamp:
+                return
+            p.points.append(point)
+            while p.points and p.points[0]["t"] < stamp - self._window_s:
+                p.points.popleft()
+            if point["rows"]:
+                p.last_batch = {
+                    "batch_id": progress.get("batchId"),
+                    "rows": point["rows"],
+                    "at": _iso(stamp),
+                    "duration_ms": durations.get("triggerExecution"),
+                }
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything the page shows, JSON-ready."""
+        with self._lock:
+            pipelines = list(self._pipelines.values())
+        now = time.time()
+        out = []
+        for p in pipelines:
+            if p.table_uri and now - p.health_at > HEALTH_TTL_S:
+                p.health, p.health_at = _safe_health(p.table_uri), now
+                if p.health is not None:
+                    p.health["checked_at"] = _iso(now)
+            points = list(p.points)
+            recent = [x for x in points if x["t"] >= now - 60]
+            out.append(
+                {
+                    "name": p.name,
+                    "state": p.state,
+                    "since": _iso(p.since),
+                    "started_at": _iso(p.started_at),
+                    "restarts": p.restarts,
+                    "error": p.error,
+                    "table_uri": p.table_uri,
+                    "source": p.source,
+                    "last_batch": p.last_batch,
+                    "rows_last_minute": sum(x["rows"] for x in recent),
+                    "lag": points[-1]["lag"] if points else None,
+                    "series": [{**x, "t": _iso(x["t"])} for x in points],
+                    "table": p.health,
+                }
+            )
+        return {"generated_at": _iso(now), "window_minutes": self._window_s // 60, "pipelines": out}
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> int:
+        """Serve ``/`` (the page) and ``/status.json`` in a daemon thread; the bound port."""
+        board = self
+        page = resources.files("deltaflow.service").joinpath("status.html").read_bytes()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                if path == "/status.json":
+                    body, kind = json.dumps(board.snapshot(), default=str).encode(), "application/json"
+                elif path in ("/", "/index.html"):
+                    body, kind = page, "text/html; charset=utf-8"
+                else:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Cache-Control", "no-store")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                logger.debug("status page: " + format, *args)
+
+        server = ThreadingHTTPServer((addr, port), Handler)
+        threading.Thread(target=server.serve_forever, name="deltaflow-status", daemon=True).start()
+        bound = int(server.server_address[1])
+        logger.info("status page on http://%s:%d/", addr, bound)
+        return bound
+
+
+def _epoch(iso: str) -> float:
+    return dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def _iso(epoch: float) -> str:
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat(timespec="seconds")
+
+
+def _safe_health(table_uri: str) -> dict[str, Any] | None:
+    try:
+        return table_health(table_uri)
+    except Exception as exc:  # noqa: BLE001 - a table not created yet, a storage hiccup
+        logger.debug("health of %s not available: %s", table_uri, exc)
+        return None
+
+
+def table_health(table_uri: str, storage_options: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Files, bytes, small-file ratio, version and the last compaction of a table."""
+    from deltaflow.ops import maintenance
+
+    info = maintenance.describe(table_uri, storage_options=storage_options)
+    entries = maintenance.history(table_uri, limit=HISTORY_SCAN, storage_options=storage_options)
+    compaction = next((e for e in entries if e.get("operation") == "OPTIMIZE"), None)
+    files = info["files"]
+    return {
+        "version": info["version"],
+        "files": files["count"],
+        "bytes": files["bytes"],
+        "rows": files["rows"],
+        "small_files": files["small_files"],
+        "small_file_ratio": files["small_file_ratio"],
+        "last_compaction": (
+            {"version": compaction.get("version"), "at": compaction.get("timestamp")} if compaction else None
+        ),
+    }
+
+
+def table_status(
+    table_uri: str, *, minutes: int = WINDOW_MINUTES, storage_options: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Per-pipeline commits of a table (from its log) and its health; no daemon needed."""
+    from deltaflow.ops import maintenance
+
+    entries = maintenance.history(table_uri, limit=HISTORY_SCAN, storage_options=storage_options)
+    since = time.time() - minutes * 60
+    pipelines: dict[str, dict[str, Any]] = {}
+    for e in entries:  # newest first
+        name = e.get("deltaflow.pipeline_id")
+        if not name:
+            continue
+        p = pipelines.get(name)
+        if p is None:
+            p = pipelines[name] = {
+                "name": name,
+                "last_commit": {
+                    "version": e.get("version"),
+                    "at": e.get("timestamp"),
+                    "batch_id": e.get("deltaflow.epoch"),
+                    "rows": e.get("deltaflow.rows"),
+                },
+                "commits_in_window": 0,
+                "rows_in_window": 0,
+            }
+        if e.get("timestamp") and _epoch(str(e["timestamp"])) >= since:
+            p["commits_in_window"] += 1
+            p["rows_in_window"] += int(e.get("deltaflow.rows") or 0)
+    for p in pipelines.values():
+        p["rows_per_second"] = round(p["rows_in_window"] / (minutes * 60), 2)
+    return {
+        "table_uri": table_uri,
+        "window_minutes": minutes,
+        "pipelines": sorted(pipelines.values(), key=lambda p: p["name"]),
+        "table": table_health(table_uri, storage_options),
+    }
+
+
+#: The process's status board.
+board = StatusBoard()

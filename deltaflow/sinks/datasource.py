@@ -1,0 +1,660 @@
+"""The deltaflow Delta sink: a Spark Python data source named ``deltaflow``.
+
+Executors write Parquet files in parallel (:meth:`_DeltaSink.write_task`); the driver commits
+every file of a micro-batch in ONE Delta transaction that also records ``txn(pipeline_id,
+batch_id)`` (:meth:`_DeltaSink.commit_batch`). See ``docs/DESIGN.md`` for the invariants.
+
+Spark builds a fresh writer for the executors and again for the driver-side commit, in
+separate Python workers, so the writer carries nothing but the validated options and the
+schema, and :meth:`DeltaflowDataSource.streamWriter` does no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+
+from deltaflow._version import __version__
+from deltaflow.config.locations import normalize_uri
+from deltaflow.config.sink import SinkOptions
+from deltaflow.errors import (
+    CheckpointMismatchError,
+    ConfigError,
+    DeltaflowError,
+    WriteValidationError,
+    storage_error,
+)
+from deltaflow.io.faults import maybe_crash
+from deltaflow.io.parquet import PartitionedFileWriter, WrittenFile, delete_files
+from deltaflow.io.storage import filesystem
+from deltaflow.metrics import metrics
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
+    from deltaflow.ops.compaction import AutoCompactor
+
+
+__all__ = ["DeltaCommitMessage", "DeltaflowDataSource", "FORMAT_NAME"]
+
+logger = logging.getLogger(__name__)
+
+#: The name to use with ``df.writeStream.format(...)`` after :func:`deltaflow.register`.
+FORMAT_NAME = "deltaflow"
+
+#: Executors compute statistics for every column; the driver trims them to the table's
+#: ``delta.dataSkippingNumIndexedCols`` (only the driver reads the log).
+_ALL_COLUMNS = -1
+
+
+@dataclass
+class DeltaCommitMessage(WriterCommitMessage):
+    """What one task wrote. Never ``None``: an empty task returns an empty file list."""
+
+    files: list[WrittenFile] = field(default_factory=list)
+    partition_id: int = -1
+    attempt: int = 0
+    query_id: str | None = None
+    #: ``<host>:<pid of the executor's Python daemon>``: which executor process wrote the files.
+    writer: str = ""
+
+
+class DeltaflowDataSource(DataSource):
+    """Spark data source ``deltaflow``: batch and streaming writes to a Delta table."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def writer(self, schema: StructType, overwrite: bool) -> DeltaBatchWriter:
+        sink = _DeltaSink(_arrow_options(self.options), schema, overwrite)
+        return DeltaBatchWriter(sink)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DeltaStreamWriter:  # noqa: N802
+        options = _arrow_options(self.options)
+        if not options.pipeline_id:
+            raise ConfigError(
+                "pipeline_id is required for a streaming write: it is the Delta txn app id "
+                "that makes replays idempotent; set .option('pipeline_id', '<stable-name>')",
+                table_uri=options.table_uri,
+            )
+        return DeltaStreamWriter(_DeltaSink(options, schema, overwrite))
+
+
+class DeltaStreamWriter(DataSourceStreamArrowWriter):
+    """Streaming writer: one Delta commit per micro-batch, ``txn`` version = batch id."""
+
+    def __init__(self, sink: _DeltaSink) -> None:
+        self._sink = sink
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> DeltaCommitMessage:
+        return self._sink.write_task(iterator)
+
+    def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        self._sink.commit_batch(messages, batchId)
+
+    def abort(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        self._sink.abort_batch(messages, batchId)
+
+
+class DeltaBatchWriter(DataSourceArrowWriter):
+    """Batch writer: one Delta commit per ``save()``; ``txn`` only when ``txn_version`` is set."""
+
+    def __init__(self, sink: _DeltaSink) -> None:
+        self._sink = sink
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> DeltaCommitMessage:
+        return self._sink.write_task(iterator)
+
+    def commit(self, messages: Sequence[WriterCommitMessage | None]) -> None:
+        self._sink.commit_batch(messages, None)
+
+    def abort(self, messages: Sequence[WriterCommitMessage | None]) -> None:
+        self._sink.abort_batch(messages, None)
+
+
+class _DeltaSink:
+    """State shared by the batch and streaming writers (options and schema, nothing else)."""
+
+    def __init__(self, options: SinkOptions, schema: StructType, overwrite: bool) -> None:
+        from deltaflow.delta.schema import spark_to_arrow
+
+        self.options = options
+        self.table_uri = normalize_uri(options.table_uri)
+        self.schema = spark_to_arrow(schema)
+        self.overwrite = overwrite or options.write_mode == "overwrite"
+        if self.options.partition_columns:
+            from deltaflow.delta.schema import check_partition_columns
+
+            check_partition_columns(self.schema, options.partition_columns, self.table_uri)
+        # A token shared by the files of one batch write (streams use the batch id instead).
+        self._job_token = uuid.uuid4().hex[:8]
+
+    # -- executors ---------------------------------------------------------------------------
+
+    def write_task(
+        self, iterator: Iterator[pa.RecordBatch], batch_id: int | None = None
+    ) -> DeltaCommitMessage:
+        """Write one task's data into Parquet files under the table root (no log access).
+
+        ``batch_id`` defaults to the micro-batch Spark runs the task for (streaming writes).
+        """
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        if batch_id is None:
+            batch_id = _local_int(ctx, "streaming.sql.batchId")
+        partition_id = ctx.partitionId() if ctx else 0
+        attempt = ctx.attemptNumber() if ctx else 0
+        query_id = ctx.getLocalProperty("sql.streaming.queryId") if ctx else None
+        batch_tag = f"b{batch_id:06d}" if batch_id is not None else f"w{self._job_token}"
+        fs, root = filesystem(self.table_uri, self.options.storage_options)
+        writer = PartitionedFileWriter(
+            fs=fs,
+            root=root,
+            schema=self.schema,
+            partition_columns=self.options.partition_columns,
+            compression=self.options.compression,
+            target_file_size=self.options.target_file_size_bytes,
+            max_records_per_file=self.options.max_records_per_file,
+            file_prefix=f"part-{batch_tag}-p{partition_id:05d}-a{attempt}",
+            indexed_columns=_ALL_COLUMNS,
+        )
+        try:
+            files = writer.write_batches(iterator)
+        except OSError as exc:  # the store failed: a classified error the daemon can act on
+            raise storage_error(exc, self.table_uri, "writing data files of") from exc
+        maybe_crash("write", batch_id)
+        return DeltaCommitMessage(files, partition_id, attempt, query_id, _writer_id())
+
+    # -- driver ------------------------------------------------------------------------------
+
+    def commit_batch(self, messages: Sequence[WriterCommitMessage | None], batch_id: int | None) -> None:
+        """Commit one batch. The numbered steps match ``docs/DESIGN.md``.
+
+        Step 1. Collect the files every task reported.
+        Step 2. Load the table afresh; if it already holds this batch (``txn(pipeline_id)`` at
+                this batch's version, or every Kafka partition's progress at its end offsets),
+                the batch is a replay: delete its new files and stop. A txn version beyond this
+                batch means a foreign checkpoint: fail, never skip. Nothing is changed before
+                this check, not even the schema.
+        Step 3. Check the inputs the commit itself would not: schema against the table (strict
+                or merge: new columns are added now, in a commit of their own), partitioning,
+                and that every file exists with its size.
+        Step 4. Commit all files and the txns in ONE transaction under the commit rule
+                (:func:`deltaflow.delta.commit.commit`): an error is resolved by reading the log, a
+                commit that landed is never repeated, files are deleted only when another commit
+                holds the batch.
+        Step 5. Report. Spark records the batch as done only after this returns.
+        """
+        from deltaflow.delta import commit
+        from deltaflow.delta import log as delta_log
+        from deltaflow.delta.schema import file_schema
+
+        opts = self.options
+        app_id, version = self._txn(batch_id)
+        streaming = batch_id is not None
+        end = read_batch_offsets(opts, batch_id) if opts.kafka_offsets and batch_id is not None else None
+
+        def kafka_txns(table: Any) -> dict[str, int]:
+            return self._kafka_txns(table, end) if end is not None else {}
+
+        def already_done(table: Any) -> bool:
+            if end is not None:
+                # Kafka progress: the batch is in the log when no partition it read advances it.
+                return not kafka_txns(table)
+            return is_committed(table, self.table_uri, app_id, version, streaming=streaming)
+
+        # Step 1. Collect the files every task reported.
+        files = _collect(messages)
+        maybe_crash("before_commit", batch_id)
+
+        # Step 2. Replay check, before anything is changed.
+        table = delta_log.load(self.table_uri, opts.storage_options)
+        try:
+            # (Kafka progress: a batch without rows that advances nothing is not a replay, just empty.)
+            replay = already_done(table) and (end is None or bool(files))
+        except CheckpointMismatchError:
+            self.delete_uncommitted(files)
+            raise
+        if replay:
+            self._skip(files, batch_id, "it is in the log already (a replay)")
+            return
+
+        # Step 3. Check the inputs.
+        try:
+            self._check(table, files)
+        except DeltaflowError:
+            self.delete_uncommitted(files)
+            raise
+        if not files and not self.overwrite and table is not None and not kafka_txns(table):
+            logger.debug("batch %s of %r wrote no rows: nothing to commit", batch_id, app_id)
+            return
+        indexed = delta_log.indexed_columns(table, opts.table_properties)
+        if indexed >= 0:
+            names = file_schema(self.schema, opts.partition_columns).names
+            files = [_trim_stats(f, frozenset(names[:indexed])) for f in files]
+
+        # Step 4. One transaction: files + txns + commit metadata, under the commit rule.
+        rows = sum(f.num_records for f in files)
+        started = time.monotonic()
+        txn = {app_id: version} if app_id is not None and version is not None else {}
+        what = f"batch {batch_id if streaming else version} of {opts.pipeline_id or 'a batch write'!r}"
+        try:
+            result = commit.commit_files(
+                self.table_uri,
+                files,
+                what=what,
+                schema=self.schema,
+                partition_by=opts.partition_columns,
+                mode="overwrite" if self.overwrite else "append",
+                metadata=self._commit_metadata(messages, batch_id, rows),
+                storage_options=opts.storage_options,
+                policy=commit.RetryPolicy(max_retries=opts.max_commit_retries),
+                create_if_missing=opts.auto_create_table,
+                properties=opts.table_properties,
+                txns=lambda table: {**kafka_txns(table), **txn},
+                already_done=already_done if (txn or end is not None) else None,
+                fence=sink_fence(opts),
+            )
+        except CheckpointMismatchError:
+            self.delete_uncommitted(files)  # a later checkpoint's batches are in the log, not ours
+            raise
+        except DeltaflowError:
+            # The log does not hold the batch, but an attempt may still be in flight: the files
+            # stay (orphans for vacuum --full if it never lands).
+            metrics.commit_failed(pipeline=opts.pipeline_id or "", table=self.table_uri)
+            raise
+        if not result.committed:
+            # Another commit holds this batch (an earlier process, a zombie): ours is in no log
+            # entry, so its files are referenced by none, unless an attempt is still in flight.
+            self._skip(
+                files,
+                batch_id,
+                f"another commit holds it (version {result.version})",
+                delete=result.may_delete_files,
+            )
+            return
+        maybe_crash("after_commit", batch_id)
+
+        # Step 5. Report.
+        metrics.batch_committed(
+            pipeline=opts.pipeline_id or "",
+            table=self.table_uri,
+            rows=rows,
+            files=len(files),
+            bytes_=sum(f.size for f in files),
+            seconds=time.monotonic() - started,
+            retries=result.retries,
+        )
+        logger.info(
+            "committed batch %s of %r to %s: version %s, %d file(s), %d row(s), %d retr%s%s",
+            batch_id,
+            opts.pipeline_id,
+            self.table_uri,
+            result.version,
+            len(files),
+            rows,
+            result.retries,
+            "y" if result.retries == 1 else "ies",
+            " (an attempt that reported an error had landed)" if result.recovered else "",
+        )
+        if (opts.auto_compact or opts.vacuum_interval_hours) and batch_id is not None and not self.overwrite:
+            try:
+                self._compactor().after_commit(f.partition_values for f in files)
+            except Exception:  # the batch is committed: maintenance must not fail it
+                logger.exception("auto-maintenance of %s not scheduled", self.table_uri)
+
+    def _skip(
+        self, files: Sequence[WrittenFile], batch_id: int | None, why: str, *, delete: bool = True
+    ) -> None:
+        metrics.batch_skipped(pipeline=self.options.pipeline_id or "", table=self.table_uri)
+        if not delete:
+            logger.warning(
+                "batch %s of %r skipped on %s: %s; its %d new file(s) are kept, since an attempt "
+                "to commit them may still be in flight (orphans for vacuum --full)",
+                batch_id,
+                self.options.pipeline_id,
+                self.table_uri,
+                why,
+                len(files),
+            )
+            return
+        removed = self.delete_uncommitted(files)
+        logger.info(
+            "batch %s of %r skipped on %s: %s; deleted its %d new file(s)",
+            batch_id,
+            self.options.pipeline_id,
+            self.table_uri,
+            why,
+            removed,
+        )
+
+    def _compactor(self) -> AutoCompactor:
+        from deltaflow.ops.compaction import CompactionPolicy, compactor_for
+
+        opts = self.options
+        policy = CompactionPolicy(
+            min_files=opts.auto_compact_min_files,
+            target_bytes=opts.target_file_size_bytes,
+            compact=opts.auto_compact,
+            vacuum_interval_s=opts.vacuum_interval_hours * 3600,
+        )
+        return compactor_for(self.table_uri, opts.storage_options, policy, pipeline=opts.pipeline_id or "")
+
+    def abort_batch(self, messages: Sequence[WriterCommitMessage | None], batch_id: int | None) -> None:
+        """Spark gave up on a batch: delete its files only if no commit can reference them.
+
+        Spark calls ``abort`` after a task failed (some messages missing: the batch never
+        reached :meth:`commit_batch`, so no commit holds its files) and after ``commit`` raised
+        (every message present: :meth:`commit_batch` already kept or deleted the files by the
+        commit rule; an attempt may still be in flight, so nothing is deleted here).
+        """
+        if all(isinstance(m, DeltaCommitMessage) for m in messages):
+            logger.warning(
+                "aborted batch %s of %r on %s after its commit step: files left as the commit step "
+                "decided (unreferenced ones are orphans for vacuum --full)",
+                batch_id,
+                self.options.pipeline_id,
+                self.table_uri,
+            )
+            return
+        files = [f for m in messages if isinstance(m, DeltaCommitMessage) for f in m.files]
+        removed = self.delete_uncommitted(files)
+        logger.warning(
+            "aborted batch %s of %r on %s (a task failed, nothing was committed): deleted %d file(s)",
+            batch_id,
+            self.options.pipeline_id,
+            self.table_uri,
+            removed,
+        )
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _txn(self, batch_id: int | None) -> tuple[str | None, int | None]:
+        if batch_id is not None:
+            # With kafka_offsets the partitions' txns carry the progress; a batch-id txn would
+            # tie the table to one checkpoint, which is what they free it from.
+            return (None, None) if self.options.kafka_offsets else (self.options.pipeline_id, batch_id)
+        if self.options.pipeline_id and self.options.txn_version is not None:
+            return self.options.pipeline_id, self.options.txn_version
+        return None, None
+
+    def _kafka_txns(self, table: Any, end: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
+        """Txns ``<pipeline_id>-<topic>-<partition>`` = last offset of the batch ending at ``end``,
+        for the partitions it advances beyond what the log holds (versions never move back)."""
+        from deltaflow.delta import log as delta_log
+
+        app = self.options.pipeline_id or ""
+        done = delta_log.kafka_progress(table, app, {t: list(parts) for t, parts in end.items()})
+        return {
+            delta_log.kafka_txn_id(app, topic, p): stop - 1
+            for topic, parts in end.items()
+            for p, stop in parts.items()
+            if stop > 0 and stop - 1 > done.get(topic, {}).get(p, -1)
+        }
+
+    def _check(self, table: Any, files: Sequence[WrittenFile]) -> None:
+        from deltaflow.delta import commit
+        from deltaflow.delta.schema import check_against_table
+
+        opts = self.options
+        if table is not None:
+            # An overwrite replaces the content, never the schema: the same rules as append.
+            diff = check_against_table(
+                table,
+                self.schema,
+                partition_columns=opts.partition_columns,
+                schema_mode=opts.schema_mode,
+                table_uri=self.table_uri,
+            )
+            if diff.new_in_data:
+                new = {n for n, _, _ in diff.new_in_data}
+                commit.add_columns(
+                    self.table_uri,
+                    opts.storage_options,
+                    [f for f in self.schema if f.name in new],
+                    policy=commit.RetryPolicy(max_retries=opts.max_commit_retries),
+                )
+        elif not opts.auto_create_table:
+            from deltaflow.errors import TableNotFoundError
+
+            raise TableNotFoundError(
+                f"no Delta table at {self.table_uri!r} and auto_create_table is off",
+                table_uri=self.table_uri,
+            )
+        fs, root = filesystem(self.table_uri, opts.storage_options)
+        try:
+            infos = fs.get_file_info([f"{root}/{f.path}" for f in files])
+        except OSError as exc:
+            raise storage_error(exc, self.table_uri, "checking the data files of") from exc
+        for f, info in zip(files, infos, strict=True):
+            if info.size != f.size:
+                raise WriteValidationError(
+                    f"data file {f.path!r} of table {self.table_uri!r} is "
+                    f"{'missing' if info.size is None else f'{info.size} bytes'}, its task "
+                    f"reported {f.size} bytes; nothing was committed",
+                    table_uri=self.table_uri,
+                    path=f.path,
+                )
+            if set(f.partition_values) != set(opts.partition_columns):
+                raise WriteValidationError(
+                    f"data file {f.path!r} carries partition values for "
+                    f"{sorted(f.partition_values)}, expected {list(opts.partition_columns)}",
+                    table_uri=self.table_uri,
+                    path=f.path,
+                )
+
+    def delete_uncommitted(self, files: Sequence[WrittenFile]) -> int:
+        """Delete files no commit references; a storage failure leaves them as orphans."""
+        if not files:
+            return 0
+        fs, root = filesystem(self.table_uri, self.options.storage_options)
+        try:
+            return delete_files(fs, root, (f.path for f in files))
+        except OSError as exc:
+            logger.warning(
+                "could not delete %d unreferenced file(s) of %s (%s); they are orphans for vacuum --full",
+                len(files),
+                self.table_uri,
+                exc,
+            )
+            return 0
+
+    def _commit_metadata(
+        self, messages: Sequence[WriterCommitMessage | None], batch_id: int | None, rows: int
+    ) -> dict[str, Any]:
+        query_id = next(
+            (m.query_id for m in messages if isinstance(m, DeltaCommitMessage) and m.query_id), None
+        )
+        meta: dict[str, Any] = {
+            "deltaflow.version": __version__,
+            "deltaflow.rows": rows,
+        }
+        if self.options.pipeline_id:
+            meta["deltaflow.pipeline_id"] = self.options.pipeline_id
+        if batch_id is not None:
+            meta["deltaflow.epoch"] = batch_id
+        if query_id:
+            meta["deltaflow.query_id"] = query_id
+        writers = {m.writer for m in messages if isinstance(m, DeltaCommitMessage) and m.files and m.writer}
+        if writers:
+            meta["deltaflow.writers"] = len(writers)  # executor processes that wrote this commit's files
+        return meta
+
+
+def sink_fence(options: SinkOptions) -> Any:
+    """The writer epoch a stream's commits carry (``writer_epoch``), or ``None``."""
+    from deltaflow.delta import commit
+
+    if options.writer_epoch is None or not options.pipeline_id:
+        return None
+    return commit.Fence(commit.fence_app_id(options.pipeline_id), options.writer_epoch)
+
+
+def read_batch_offsets(options: SinkOptions, batch_id: int) -> dict[str, dict[str, int]]:
+    """The end offsets of the query's single source for ``batch_id``, from Spark's offset log.
+
+    Spark writes ``<checkpoint>/offsets/<batch_id>`` (a write-ahead log) before it runs the
+    batch: ``v1``, a metadata line, then one line of offsets per source.
+    """
+    if not options.checkpoint_location:
+        raise ConfigError("kafka_offsets needs the query's checkpoint location", table_uri=options.table_uri)
+    path = f"{options.checkpoint_location.rstrip('/')}/offsets/{batch_id}"
+    lines = read_checkpoint_file(options.checkpoint_location, f"offsets/{batch_id}", options).splitlines()
+    sources = [line for line in lines[2:] if line.strip()]
+    if len(sources) != 1 or not sources[0].startswith("{"):
+        raise ConfigError(
+            f"kafka_offsets needs a query with exactly one deltaflow-kafka source; {path} lists "
+            f"{len(sources)} source offset(s)",
+            table_uri=options.table_uri,
+        )
+    parsed = json.loads(sources[0])
+    return {str(t): {str(p): int(o) for p, o in parts.items()} for t, parts in parsed.items()}
+
+
+def read_checkpoint_file(location: str, relative: str, options: SinkOptions) -> str:
+    """The text of a file in Spark's checkpoint at ``location``, wherever Spark keeps it.
+
+    Local paths are read directly. In the driver's own Python process (``foreachBatch``) the
+    file is read through Spark's Hadoop filesystems, so any checkpoint Spark can write (HDFS,
+    ``s3a://`` with its jars) can be read. Elsewhere (the data source's commit runs in a Python
+    worker Spark starts, with no JVM at hand) pyarrow's filesystems read it, with the sink's
+    storage options: object stores, and HDFS where libhdfs is installed.
+    """
+    uri = normalize_uri(location)
+    target = f"{uri.rstrip('/')}/{relative}"
+    if not urlparse(uri).scheme:
+        return Path(target).read_text()
+    text = _read_with_hadoop(f"{location.rstrip('/')}/{relative}")
+    if text is not None:
+        return text
+    try:
+        fs, path = filesystem(target, options.storage_options)
+        with fs.open_input_stream(path) as stream:
+            return bytes(stream.read()).decode("utf-8")
+    except (OSError, pa.ArrowException) as exc:
+        raise storage_error(exc, location, f"reading {relative} of Spark's checkpoint") from exc
+
+
+def _read_with_hadoop(location: str) -> str | None:
+    """The file at ``location`` read through the JVM of this process's SparkContext, if any."""
+    try:
+        from pyspark import SparkContext
+    except ImportError:  # pragma: no cover - pyspark is a dependency
+        return None
+    sc = SparkContext._active_spark_context
+    if sc is None or sc._jvm is None or sc._jsc is None:
+        return None
+    from py4j.protocol import Py4JError
+
+    jvm = sc._jvm
+    try:
+        path = jvm.org.apache.hadoop.fs.Path(location)
+        stream = path.getFileSystem(sc._jsc.hadoopConfiguration()).open(path)
+        try:
+            return str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+        finally:
+            stream.close()
+    except Py4JError as exc:  # e.g. no Hadoop filesystem for the scheme: pyarrow may have one
+        logger.debug("Spark's filesystems cannot read %s: %s", location, exc)
+        return None
+
+
+def is_committed(
+    table: Any, table_uri: str, app_id: str | None, version: int | None, *, streaming: bool
+) -> bool:
+    """Whether ``txn(app_id)`` in ``table`` already holds ``version`` (the batch is a replay).
+
+    Raises:
+        CheckpointMismatchError: for a stream whose batch is OLDER than the txn version. Spark
+            only ever replays its last batch, so an older id means the checkpoint was lost or
+            swapped; skipping would drop rows, so the stream must stop instead.
+    """
+    from deltaflow.delta import log as delta_log
+
+    if app_id is None or version is None:
+        return False
+    done = delta_log.transaction_version(table, app_id)
+    if done is None:
+        return False
+    if streaming and done > version:
+        raise CheckpointMismatchError(
+            f"pipeline {app_id!r} has committed batches up to {done} to {table_uri!r}, but the "
+            f"stream now runs batch {version}: its Spark checkpoint is not the one those commits "
+            "came from (deleted, moved or shared). Restore the checkpoint, or start over "
+            "deliberately with a new pipeline_id and a new checkpoint location; nothing was "
+            "committed",
+            pipeline_id=app_id,
+            batch_id=version,
+            table_uri=table_uri,
+            committed_version=done,
+        )
+    return bool(done >= version)
+
+
+def _arrow_options(spark_options: Any) -> SinkOptions:
+    options = SinkOptions.from_spark_options(spark_options)
+    if options.write_mode == "merge":
+        raise ConfigError(
+            "write_mode='merge' is applied by deltaflow.write_stream() and pipelines (delta-rs MERGE "
+            "on the driver), not by the deltaflow format",
+            table_uri=options.table_uri,
+        )
+    if options.write_path == "spark":
+        raise ConfigError(
+            "write_path='spark' is only available through deltaflow.write_stream(); "
+            "the deltaflow format writes through Python workers (write_path='arrow' or 'auto')",
+            table_uri=options.table_uri,
+        )
+    return options
+
+
+def _collect(messages: Sequence[WriterCommitMessage | None]) -> list[WrittenFile]:
+    files: list[WrittenFile] = []
+    for m in messages:
+        if not isinstance(m, DeltaCommitMessage):
+            raise WriteValidationError(
+                f"a write task returned {type(m).__name__} instead of a deltaflow commit "
+                "message; nothing was committed"
+            )
+        files.extend(m.files)
+    return files
+
+
+def _trim_stats(f: WrittenFile, keep: frozenset[str]) -> WrittenFile:
+    """Keep statistics for the columns in ``keep`` only (the table's indexed columns)."""
+    stats = json.loads(f.stats)
+    for key in ("minValues", "maxValues", "nullCount"):
+        stats[key] = {k: v for k, v in stats.get(key, {}).items() if k in keep}
+    return replace(f, stats=json.dumps(stats, separators=(",", ":")))
+
+
+def _writer_id() -> str:
+    """The executor process a task runs in: its host and its Python daemon (one per executor)."""
+    import os
+    import socket
+
+    return f"{socket.gethostname()}:{os.getppid()}"
+
+
+def _local_int(ctx: Any, key: str) -> int | None:
+    if ctx is None:
+        return None
+    value = ctx.getLocalProperty(key)
+    return int(value) if value not in (None, "") else None
