@@ -2,7 +2,7 @@
 
 delta-rs 1.6 lets two concurrent OPTIMIZE commits remove the same files (its conflict checker
 accepts concurrent removes with ``dataChange=false``): both commit, both rewritten copies stay,
-and every row of those files is in the table twice (measured, see ``tests/test_storage.py``).
+and every row of those files is in the table twice (measured, see ``tests/integration/test_storage.py``).
 So every compaction deltaflow runs (auto-compaction, ``deltaflow optimize``) first takes the
 table's compaction lease.
 

@@ -19,7 +19,7 @@ from deltalake import DeltaTable
 from deltaflow.pipeline.ingest import DLQ_COLUMNS, IngestConfig, ingest
 from tests.fixtures.registry import AVRO_V1, AVRO_V2
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = "id LONG, user STRING, at STRING"
 TRANSFORMS = ("at_iso: epoch_millis_to_iso8601(at)", "src_offset: kafka.offset")
 BASE_MS = 1_795_000_000_000

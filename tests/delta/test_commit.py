@@ -1,7 +1,7 @@
 """The commit rule (deltaflow.delta.commit) on local tables: every outcome decided from the log.
 
 A "lost response" here is an attempt that commits through delta-rs and then raises, as a
-timeout or a reset after the store took the request does; ``tests/test_faults.py`` does the
+timeout or a reset after the store took the request does; ``tests/integration/test_faults.py`` does the
 same through a real S3 server behind a proxy that forwards the request and loses the answer.
 """
 

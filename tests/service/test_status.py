@@ -21,7 +21,7 @@ from deltalake import DeltaTable
 from deltaflow.cli.commands import cli
 from deltaflow.service.status import StatusBoard
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: Where the rendered page's screenshot is kept for a human to look at.
 SCREENSHOT = ROOT / "tests" / ".artifacts" / "status-page.png"
 

@@ -28,7 +28,7 @@ from deltaflow.ops import maintenance
 from deltaflow.service.daemon import run_pipelines
 from deltaflow.sources.generator import generate
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _specs(tmp_path: Path, text: str, **env: str):

@@ -34,7 +34,7 @@ from deltaflow.service.daemon import run_pipelines
 from deltaflow.testing import FaultyHttpProxy
 from tests.fixtures.readers import duckdb_delta
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: The PUT that writes a Delta log entry: the commit itself.
 LOG_ENTRY = r"_delta_log/\d{20}\.json$"
 

@@ -6,7 +6,7 @@ from click.testing import CliRunner
 
 from deltaflow.cli.commands import cli
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_help_lists_commands_and_env_vars_without_starting_spark():

@@ -21,10 +21,11 @@ from deltaflow.config.pipeline import load_pipelines
 from deltaflow.delta import commit
 from deltaflow.errors import ConfigError, DeltaSourceError, ExpectationFailedError
 from deltaflow.metrics import metrics
-from deltaflow.pipeline.runner import SOURCE_SCHEMA_FILE, run_pipelines
+from deltaflow.pipeline.runner import SOURCE_SCHEMA_FILE
+from deltaflow.service.daemon import run_pipelines
 from deltaflow.sources.generator import generate
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _pipelines(tmp_path: Path, text: str, **env: str):

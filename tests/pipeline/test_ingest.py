@@ -13,7 +13,7 @@ from deltalake import DeltaTable
 from deltaflow.cli.commands import cli
 from deltaflow.pipeline.ingest import IngestConfig, ingest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _events(start, count):

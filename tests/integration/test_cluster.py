@@ -12,7 +12,7 @@ from pathlib import Path
 
 from deltalake import DeltaTable
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ROWS = 40_000
 
 
