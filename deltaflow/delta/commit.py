@@ -13,22 +13,23 @@ there does the work's own check (``already_done``: "does the log hold this batch
 decide whether someone else did the work (then, and only then, a writer may delete its own
 files: no entry references them) or whether to try again.
 
-The sequence of :func:`commit`, once per attempt (DESIGN.md, "The commit rule"):
+The sequence of :func:`commit`, once per attempt (DESIGN.md, "The commit rule"). For a
+micro-batch it is step 4 of the batch's sequence (``sinks/datasource.py``), hence the numbers:
 
-Step 1. Load the table afresh (its version is the base of the attempt).
-Step 2. Resolve earlier attempts: a log entry after the first attempt's base that carries this
+Step 4.1. Load the table afresh (its version is the base of the attempt).
+Step 4.2. Resolve earlier attempts: a log entry after the first attempt's base that carries this
         commit's token means an attempt landed although it reported an error: COMMITTED.
-Step 3. Fence: with a writer epoch (:func:`claim_writer`), the table's epoch for the pipeline
+Step 4.3. Fence: with a writer epoch (:func:`claim_writer`), the table's epoch for the pipeline
         must still be ours; a newer one means another process took the pipeline over, and this
         one stops (:class:`~deltaflow.errors.WriterFencedError`).
-Step 4. Done check: ``already_done(table)`` (a replay, or another writer's commit of the same
+Step 4.4. Done check: ``already_done(table)`` (a replay, or another writer's commit of the same
         work, e.g. the winner of a race to create the table): ALREADY_DONE, nothing committed.
         Otherwise a terminal error of the previous attempt is raised now.
-Step 5. Attempt: ``attempt(table, properties)`` with the token, the txns and the fence's txn in
+Step 4.5. Attempt: ``attempt(table, properties)`` with the token, the txns and the fence's txn in
         the properties. Success: COMMITTED.
-Step 6. On error: terminal errors go back to step 1 at once (they are raised in step 4 once
+Step 4.6. On error: terminal errors go back to step 4.1 at once (they are raised in step 4.4 once
         the log shows the attempt did not land and the work is not done); transient ones
-        wait (:class:`RetryPolicy`) and go back to step 1. After the last retry
+        wait (:class:`RetryPolicy`) and go back to step 4.1. After the last retry
         :class:`~deltaflow.errors.CommitError`: the log does not hold the commit, but a
         request still in flight may land it, so callers keep the files it references.
 """
@@ -57,6 +58,7 @@ from deltalake.transaction import AddAction, RemoveAction, create_table_with_add
 
 from deltaflow.config.locations import join
 from deltaflow.delta import log as delta_log
+from deltaflow.delta.progress import transaction_version
 from deltaflow.delta.schema import delta_schema
 from deltaflow.errors import (
     ACCESS_DENIED,
@@ -297,7 +299,7 @@ def _load(table_uri: str, storage_options: Mapping[str, str]) -> DeltaTable | No
 
 
 def _check_fence(table: DeltaTable | None, table_uri: str, fence: Fence) -> None:
-    held = delta_log.transaction_version(table, fence.app_id)
+    held = transaction_version(table, fence.app_id)
     if held == fence.epoch:
         return
     claim = _claim_info(table, fence.app_id, held) if table is not None else {}
@@ -382,7 +384,7 @@ def commit(
     last_error: BaseException | None = None
     in_doubt = False  # an attempt's request may still be in flight
     while True:
-        # Step 1. Load the table afresh.
+        # Step 4.1. Load the table afresh.
         try:
             table = _load(table_uri, storage_options)
         except DeltaflowError as exc:
@@ -394,7 +396,7 @@ def commit(
             continue
         base = table.version() if table is not None else -1
 
-        # Step 2. Resolve earlier attempts from the log.
+        # Step 4.2. Resolve earlier attempts from the log.
         if first_base is not None and table is not None:
             entry = _find_token(table_uri, storage_options, token, first_base, table)
             if entry is not None:
@@ -407,17 +409,17 @@ def commit(
                 return CommitResult(
                     Outcome.COMMITTED, entry.version, attempts, token, recovered=True, info=entry.info
                 )
-        # Step 3. Fence.
+        # Step 4.3. Fence.
         if fence is not None:
             _check_fence(table, table_uri, fence)
 
-        # Step 4. Done check.
+        # Step 4.4. Done check.
         if already_done is not None and already_done(table):
             return CommitResult(Outcome.ALREADY_DONE, base, attempts, token, in_doubt=in_doubt)
         if last_error is not None and terminal(last_error):
             raise _terminal(last_error, what, table_uri)
 
-        # Step 5. Attempt.
+        # Step 4.5. Attempt.
         if first_base is None:
             first_base = base
         attempts += 1
@@ -434,7 +436,7 @@ def commit(
             value = attempt(table, props)
             maybe_lose_response(what)
         except Exception as exc:  # noqa: BLE001 - every error is resolved by reading the log
-            # Step 6. Terminal: raised after step 2 looked at the log; transient: wait, retry.
+            # Step 4.6. Terminal: raised after step 4.2 looked at the log; transient: wait, retry.
             last_error = exc
             # delta-rs' conflicts are decided before its write lands; anything else may be in flight.
             in_doubt = in_doubt or not isinstance(exc, CommitFailedError)
@@ -736,7 +738,7 @@ def claim_writer(
     claimed: dict[str, int] = {}
 
     def next_epoch(table: DeltaTable | None) -> Mapping[str, int]:
-        claimed[app] = (delta_log.transaction_version(table, app) or 0) + 1
+        claimed[app] = (transaction_version(table, app) or 0) + 1
         return dict(claimed)
 
     def attempt(table: DeltaTable | None, props: CommitProperties) -> None:

@@ -1,4 +1,4 @@
-"""Reading the Delta log: loading a table (storage errors classified), txn versions, progress.
+"""Reading the Delta log: loading a table (storage errors classified), table settings.
 
 Every write goes through :mod:`deltaflow.delta.commit`. Facts from measurements of delta-rs 1.6
 (``DELTA_NOTES.md``) this module serves:
@@ -11,7 +11,7 @@ Every write goes through :mod:`deltaflow.delta.commit`. Facts from measurements 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
@@ -21,11 +21,8 @@ from deltaflow.errors import storage_error
 
 __all__ = [
     "is_delta_rs_error",
-    "kafka_progress",
-    "kafka_txn_id",
     "indexed_columns",
     "load",
-    "transaction_version",
 ]
 
 logger = logging.getLogger(__name__)
@@ -52,33 +49,6 @@ def load(table_uri: str, storage_options: Mapping[str, str]) -> DeltaTable | Non
         return None
     except (DeltaError, OSError) as exc:
         raise storage_error(exc, table_uri, "reading the Delta log of") from exc
-
-
-def transaction_version(table: DeltaTable | None, app_id: str) -> int | None:
-    """The last ``txn`` version committed for ``app_id`` (``None`` if never)."""
-    if table is None:
-        return None
-    return table.transaction_version(app_id)
-
-
-def kafka_txn_id(app_id: str, topic: str, partition: int | str) -> str:
-    """The txn app id that records a Kafka partition's progress (kafka-delta-ingest's scheme)."""
-    return f"{app_id}-{topic}-{partition}"
-
-
-def kafka_progress(
-    table: DeltaTable | None, app_id: str, layout: Mapping[str, Sequence[int | str]]
-) -> dict[str, dict[str, int]]:
-    """Last committed offset per Kafka partition of ``layout`` (absent when never committed)."""
-    out: dict[str, dict[str, int]] = {}
-    if table is None:
-        return out
-    for topic, partitions in layout.items():
-        for p in partitions:
-            version = table.transaction_version(kafka_txn_id(app_id, topic, p))
-            if version is not None:
-                out.setdefault(topic, {})[str(p)] = int(version)
-    return out
 
 
 def indexed_columns(table: DeltaTable | None, properties: Mapping[str, str] | None = None) -> int:

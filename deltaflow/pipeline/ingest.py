@@ -440,7 +440,7 @@ class IngestWriter:
         self._main.commit(pending)
         if self._group_config is not None:
             # After the Delta commit, for lag monitoring only: progress is read from the table.
-            from deltaflow.sinks.datasource import read_batch_offsets
+            from deltaflow.sinks.spark_checkpoint import read_batch_offsets
             from deltaflow.sources.kafka import commit_to_group
 
             commit_to_group(self._group_config, read_batch_offsets(self._main_options, batch_id))
@@ -543,11 +543,12 @@ def _already_dead_lettered(options: SinkOptions, batch_id: int) -> Column | None
     from pyspark.sql import functions as F  # noqa: N812
 
     from deltaflow.delta import log as delta_log
-    from deltaflow.sinks.datasource import read_batch_offsets
+    from deltaflow.delta.progress import kafka_progress
+    from deltaflow.sinks.spark_checkpoint import read_batch_offsets
 
     table = delta_log.load(normalize_uri(options.table_uri), options.storage_options)
     layout = {t: list(parts) for t, parts in read_batch_offsets(options, batch_id).items()}
-    done = delta_log.kafka_progress(table, options.pipeline_id or "", layout)
+    done = kafka_progress(table, options.pipeline_id or "", layout)
     last = {f"{topic}:{p}": v for topic, parts in done.items() for p, v in parts.items()}
     if not last:
         return None

@@ -9,15 +9,16 @@ tables (``deltaflow ingest`` with a dead-letter table). Files are written one of
   pyarrow, exactly as the ``deltaflow`` data source's executors do, and return what they wrote.
 
 Either way the driver commits them with the sink's commit sequence
-(:meth:`deltaflow.sinks.datasource._DeltaSink.commit_batch`). Sequence for micro-batch N (the sink's
-steps 1-5 follow):
+(:meth:`deltaflow.sinks.datasource._DeltaSink.commit_batch`, steps 1-5 of DESIGN.md's commit
+sequence). Before them, for micro-batch N:
 
-a. Replay check BEFORE writing: if ``txn(pipeline_id)`` ≥ N nothing is written at all.
-b. ``spark``: Spark writes the batch under ``<table>/_deltaflow/staging/<pipeline_id>/<writer>/b<N>``
-   (cleared first: a crashed attempt may have left files there; Delta readers and vacuum
-   ignore it); each file is renamed into its Hive partition folder of the table as
-   ``part-b<N>-<spark's name>`` and described (size, partition values, footer statistics).
-   ``arrow``: each task writes ``part-b<N>-p<task>-a<attempt>-*.parquet`` into the table.
+Step 0. Replay check BEFORE writing: if ``txn(pipeline_id)`` ≥ N nothing is written at all.
+        Then the files are written.
+        ``spark``: Spark writes the batch under ``<table>/_deltaflow/staging/<pipeline_id>/<writer>/b<N>``
+        (cleared first: a crashed attempt may have left files there; Delta readers and vacuum
+        ignore it); each file is renamed into its Hive partition folder of the table as
+        ``part-b<N>-<spark's name>`` and described (size, partition values, footer statistics).
+        ``arrow``: each task writes ``part-b<N>-p<task>-a<attempt>-*.parquet`` into the table.
 """
 
 from __future__ import annotations
@@ -39,12 +40,13 @@ import pyarrow.parquet as pq
 from deltaflow.config.locations import normalize_uri
 from deltaflow.config.sink import SinkOptions
 from deltaflow.delta.layout import staging_dir
+from deltaflow.delta.progress import is_committed
 from deltaflow.delta.schema import file_schema
 from deltaflow.errors import ConfigError
 from deltaflow.io.faults import maybe_crash
 from deltaflow.io.parquet import HIVE_NULL, WrittenFile, stats_json
 from deltaflow.metrics import metrics
-from deltaflow.sinks.datasource import DeltaCommitMessage, _DeltaSink, is_committed
+from deltaflow.sinks.datasource import DeltaCommitMessage, _DeltaSink
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -90,7 +92,7 @@ class SparkBatchWriter:
             self.commit(pending)
 
     def write_files(self, batch: DataFrame, batch_id: int) -> PendingCommit | None:
-        """Steps a and b: write the batch's files, commit nothing; ``None`` for a replay.
+        """Step 0: write the batch's files, commit nothing; ``None`` for a replay.
 
         The caller then commits it (:meth:`commit`) or drops it (:meth:`discard`); files left by
         a crash in between are orphans no reader sees (vacuum full removes them).
@@ -100,7 +102,7 @@ class SparkBatchWriter:
         opts = self._options
         sink = _DeltaSink(opts, batch.schema, self._overwrite)
 
-        # a. Replay check before writing anything (with kafka_offsets the source has already
+        # Step 0. Replay check before writing anything (with kafka_offsets the source has already
         # left out every offset the table holds: a replayed batch is empty).
         if not opts.kafka_offsets and is_committed(
             delta_log.load(sink.table_uri, opts.storage_options),
@@ -112,7 +114,7 @@ class SparkBatchWriter:
             logger.info("batch %s of %r is already committed: replay skipped", batch_id, opts.pipeline_id)
             return None
 
-        # b. Write the files.
+        # Step 0 (cont.). Write the files.
         started = time.monotonic()
         if opts.uses_spark_writer:
             staging = self._staging_root / f"b{batch_id:06d}"

@@ -17,9 +17,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -32,6 +30,8 @@ from pyspark.sql.datasource import (
 from deltaflow._version import __version__
 from deltaflow.config.locations import normalize_uri
 from deltaflow.config.sink import SinkOptions
+from deltaflow.delta import progress
+from deltaflow.delta.progress import is_committed
 from deltaflow.errors import (
     CheckpointMismatchError,
     ConfigError,
@@ -43,6 +43,7 @@ from deltaflow.io.faults import maybe_crash
 from deltaflow.io.parquet import PartitionedFileWriter, WrittenFile, delete_files
 from deltaflow.io.storage import filesystem
 from deltaflow.metrics import metrics
+from deltaflow.sinks.spark_checkpoint import read_batch_offsets
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -398,12 +399,11 @@ class _DeltaSink:
     def _kafka_txns(self, table: Any, end: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
         """Txns ``<pipeline_id>-<topic>-<partition>`` = last offset of the batch ending at ``end``,
         for the partitions it advances beyond what the log holds (versions never move back)."""
-        from deltaflow.delta import log as delta_log
 
         app = self.options.pipeline_id or ""
-        done = delta_log.kafka_progress(table, app, {t: list(parts) for t, parts in end.items()})
+        done = progress.kafka_progress(table, app, {t: list(parts) for t, parts in end.items()})
         return {
-            delta_log.kafka_txn_id(app, topic, p): stop - 1
+            progress.kafka_txn_id(app, topic, p): stop - 1
             for topic, parts in end.items()
             for p, stop in parts.items()
             if stop > 0 and stop - 1 > done.get(topic, {}).get(p, -1)
@@ -505,107 +505,6 @@ def sink_fence(options: SinkOptions) -> Any:
     if options.writer_epoch is None or not options.pipeline_id:
         return None
     return commit.Fence(commit.fence_app_id(options.pipeline_id), options.writer_epoch)
-
-
-def read_batch_offsets(options: SinkOptions, batch_id: int) -> dict[str, dict[str, int]]:
-    """The end offsets of the query's single source for ``batch_id``, from Spark's offset log.
-
-    Spark writes ``<checkpoint>/offsets/<batch_id>`` (a write-ahead log) before it runs the
-    batch: ``v1``, a metadata line, then one line of offsets per source.
-    """
-    if not options.checkpoint_location:
-        raise ConfigError("kafka_offsets needs the query's checkpoint location", table_uri=options.table_uri)
-    path = f"{options.checkpoint_location.rstrip('/')}/offsets/{batch_id}"
-    lines = read_checkpoint_file(options.checkpoint_location, f"offsets/{batch_id}", options).splitlines()
-    sources = [line for line in lines[2:] if line.strip()]
-    if len(sources) != 1 or not sources[0].startswith("{"):
-        raise ConfigError(
-            f"kafka_offsets needs a query with exactly one deltaflow-kafka source; {path} lists "
-            f"{len(sources)} source offset(s)",
-            table_uri=options.table_uri,
-        )
-    parsed = json.loads(sources[0])
-    return {str(t): {str(p): int(o) for p, o in parts.items()} for t, parts in parsed.items()}
-
-
-def read_checkpoint_file(location: str, relative: str, options: SinkOptions) -> str:
-    """The text of a file in Spark's checkpoint at ``location``, wherever Spark keeps it.
-
-    Local paths are read directly. In the driver's own Python process (``foreachBatch``) the
-    file is read through Spark's Hadoop filesystems, so any checkpoint Spark can write (HDFS,
-    ``s3a://`` with its jars) can be read. Elsewhere (the data source's commit runs in a Python
-    worker Spark starts, with no JVM at hand) pyarrow's filesystems read it, with the sink's
-    storage options: object stores, and HDFS where libhdfs is installed.
-    """
-    uri = normalize_uri(location)
-    target = f"{uri.rstrip('/')}/{relative}"
-    if not urlparse(uri).scheme:
-        return Path(target).read_text()
-    text = _read_with_hadoop(f"{location.rstrip('/')}/{relative}")
-    if text is not None:
-        return text
-    try:
-        fs, path = filesystem(target, options.storage_options)
-        with fs.open_input_stream(path) as stream:
-            return bytes(stream.read()).decode("utf-8")
-    except (OSError, pa.ArrowException) as exc:
-        raise storage_error(exc, location, f"reading {relative} of Spark's checkpoint") from exc
-
-
-def _read_with_hadoop(location: str) -> str | None:
-    """The file at ``location`` read through the JVM of this process's SparkContext, if any."""
-    try:
-        from pyspark import SparkContext
-    except ImportError:  # pragma: no cover - pyspark is a dependency
-        return None
-    sc = SparkContext._active_spark_context
-    if sc is None or sc._jvm is None or sc._jsc is None:
-        return None
-    from py4j.protocol import Py4JError
-
-    jvm = sc._jvm
-    try:
-        path = jvm.org.apache.hadoop.fs.Path(location)
-        stream = path.getFileSystem(sc._jsc.hadoopConfiguration()).open(path)
-        try:
-            return str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
-        finally:
-            stream.close()
-    except Py4JError as exc:  # e.g. no Hadoop filesystem for the scheme: pyarrow may have one
-        logger.debug("Spark's filesystems cannot read %s: %s", location, exc)
-        return None
-
-
-def is_committed(
-    table: Any, table_uri: str, app_id: str | None, version: int | None, *, streaming: bool
-) -> bool:
-    """Whether ``txn(app_id)`` in ``table`` already holds ``version`` (the batch is a replay).
-
-    Raises:
-        CheckpointMismatchError: for a stream whose batch is OLDER than the txn version. Spark
-            only ever replays its last batch, so an older id means the checkpoint was lost or
-            swapped; skipping would drop rows, so the stream must stop instead.
-    """
-    from deltaflow.delta import log as delta_log
-
-    if app_id is None or version is None:
-        return False
-    done = delta_log.transaction_version(table, app_id)
-    if done is None:
-        return False
-    if streaming and done > version:
-        raise CheckpointMismatchError(
-            f"pipeline {app_id!r} has committed batches up to {done} to {table_uri!r}, but the "
-            f"stream now runs batch {version}: its Spark checkpoint is not the one those commits "
-            "came from (deleted, moved or shared). Restore the checkpoint, or start over "
-            "deliberately with a new pipeline_id and a new checkpoint location; nothing was "
-            "committed",
-            pipeline_id=app_id,
-            batch_id=version,
-            table_uri=table_uri,
-            committed_version=done,
-        )
-    return bool(done >= version)
 
 
 def _arrow_options(spark_options: Any) -> SinkOptions:

@@ -169,8 +169,8 @@ class MergeWriter:
         from pyspark.sql import functions as F  # noqa: N812
 
         from deltaflow.delta import log as delta_log
+        from deltaflow.delta.progress import is_committed
         from deltaflow.delta.schema import spark_to_arrow
-        from deltaflow.sinks.datasource import is_committed
 
         opts = self._options
         app = opts.pipeline_id or ""
@@ -235,7 +235,8 @@ class MergeWriter:
         from deltalake.exceptions import DeltaError
 
         from deltaflow.delta import commit
-        from deltaflow.sinks.datasource import is_committed, sink_fence
+        from deltaflow.delta.progress import is_committed
+        from deltaflow.sinks.datasource import sink_fence
 
         opts = self._options
         app = opts.pipeline_id or ""

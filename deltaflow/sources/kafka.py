@@ -431,11 +431,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return {}
         from deltaflow.config.locations import normalize_uri
         from deltaflow.delta import log as delta_log
+        from deltaflow.delta.progress import kafka_progress
 
         table = delta_log.load(
             normalize_uri(self._options.delta_table_uri), self._options.delta_storage_options
         )
-        done = delta_log.kafka_progress(table, self._options.delta_app_id, layout)
+        done = kafka_progress(table, self._options.delta_app_id, layout)
         return {t: {p: v + 1 for p, v in parts.items()} for t, parts in done.items()}
 
     def initialOffset(self) -> Offsets:  # noqa: N802

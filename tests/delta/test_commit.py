@@ -12,7 +12,7 @@ import pyarrow.fs as pafs
 import pytest
 from deltalake import DeltaTable
 
-from deltaflow.delta import commit
+from deltaflow.delta import commit, progress
 from deltaflow.delta import log as delta_log
 from deltaflow.errors import CommitError, StorageAccessError, WriterFencedError
 from deltaflow.io.parquet import PartitionedFileWriter
@@ -37,7 +37,7 @@ def _files(root, ids, prefix):
 
 def _replayed(app, version):
     def done(table):
-        held = delta_log.transaction_version(table, app)
+        held = progress.transaction_version(table, app)
         return held is not None and held >= version
 
     return done

@@ -296,7 +296,7 @@ def test_object_store_table_needs_an_explicit_checkpoint(spark, tmp_path):
 
 def test_spark_checkpoint_files_are_read_wherever_spark_keeps_them(spark, s3, tmp_path):
     from deltaflow.config.sink import SinkOptions
-    from deltaflow.sinks.datasource import _read_with_hadoop, read_checkpoint_file
+    from deltaflow.sinks.spark_checkpoint import _read_with_hadoop, read_checkpoint_file
 
     offsets = 'v1\n{"batchWatermarkMs":0}\n{"t":{"0":5}}\n'
     (tmp_path / "ckpt" / "offsets").mkdir(parents=True)

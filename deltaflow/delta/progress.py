@@ -1,0 +1,76 @@
+"""Progress in the Delta log: what a pipeline has committed, read from ``txn`` actions.
+
+A commit records its progress in the same transaction as its files (DESIGN.md "The commit
+sequence"): ``txn(pipeline_id, batch_id)`` for a micro-batch, and for Kafka one
+``txn(<pipeline_id>-<topic>-<partition>, last offset)`` per partition (kafka-delta-ingest's
+scheme), so a replay is recognised and a lost Spark checkpoint resumes from the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from deltaflow.errors import CheckpointMismatchError
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
+
+__all__ = ["is_committed", "kafka_progress", "kafka_txn_id", "transaction_version"]
+
+
+def transaction_version(table: DeltaTable | None, app_id: str) -> int | None:
+    """The last ``txn`` version committed for ``app_id`` (``None`` if never)."""
+    if table is None:
+        return None
+    return table.transaction_version(app_id)
+
+
+def kafka_txn_id(app_id: str, topic: str, partition: int | str) -> str:
+    """The txn app id that records a Kafka partition's progress (kafka-delta-ingest's scheme)."""
+    return f"{app_id}-{topic}-{partition}"
+
+
+def kafka_progress(
+    table: DeltaTable | None, app_id: str, layout: Mapping[str, Sequence[int | str]]
+) -> dict[str, dict[str, int]]:
+    """Last committed offset per Kafka partition of ``layout`` (absent when never committed)."""
+    out: dict[str, dict[str, int]] = {}
+    if table is None:
+        return out
+    for topic, partitions in layout.items():
+        for p in partitions:
+            version = table.transaction_version(kafka_txn_id(app_id, topic, p))
+            if version is not None:
+                out.setdefault(topic, {})[str(p)] = int(version)
+    return out
+
+
+def is_committed(
+    table: Any, table_uri: str, app_id: str | None, version: int | None, *, streaming: bool
+) -> bool:
+    """Whether ``txn(app_id)`` in ``table`` already holds ``version`` (the batch is a replay).
+
+    Raises:
+        CheckpointMismatchError: for a stream whose batch is OLDER than the txn version. Spark
+            only ever replays its last batch, so an older id means the checkpoint was lost or
+            swapped; skipping would drop rows, so the stream must stop instead.
+    """
+    if app_id is None or version is None:
+        return False
+    done = transaction_version(table, app_id)
+    if done is None:
+        return False
+    if streaming and done > version:
+        raise CheckpointMismatchError(
+            f"pipeline {app_id!r} has committed batches up to {done} to {table_uri!r}, but the "
+            f"stream now runs batch {version}: its Spark checkpoint is not the one those commits "
+            "came from (deleted, moved or shared). Restore the checkpoint, or start over "
+            "deliberately with a new pipeline_id and a new checkpoint location; nothing was "
+            "committed",
+            pipeline_id=app_id,
+            batch_id=version,
+            table_uri=table_uri,
+            committed_version=done,
+        )
+    return bool(done >= version)

@@ -1,0 +1,92 @@
+"""Spark's own checkpoint, read from the sink: the source offsets Spark logged for a batch.
+
+Kafka progress goes into the Delta commit of the batch (:mod:`deltaflow.delta.progress`); the
+offsets it records are the ones Spark wrote to its offset log before running the batch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pyarrow as pa
+
+from deltaflow.config.locations import normalize_uri
+from deltaflow.config.sink import SinkOptions
+from deltaflow.errors import ConfigError, storage_error
+from deltaflow.io.storage import filesystem
+
+__all__ = ["read_batch_offsets", "read_checkpoint_file"]
+
+logger = logging.getLogger(__name__)
+
+
+def read_batch_offsets(options: SinkOptions, batch_id: int) -> dict[str, dict[str, int]]:
+    """The end offsets of the query's single source for ``batch_id``, from Spark's offset log.
+
+    Spark writes ``<checkpoint>/offsets/<batch_id>`` (a write-ahead log) before it runs the
+    batch: ``v1``, a metadata line, then one line of offsets per source.
+    """
+    if not options.checkpoint_location:
+        raise ConfigError("kafka_offsets needs the query's checkpoint location", table_uri=options.table_uri)
+    path = f"{options.checkpoint_location.rstrip('/')}/offsets/{batch_id}"
+    lines = read_checkpoint_file(options.checkpoint_location, f"offsets/{batch_id}", options).splitlines()
+    sources = [line for line in lines[2:] if line.strip()]
+    if len(sources) != 1 or not sources[0].startswith("{"):
+        raise ConfigError(
+            f"kafka_offsets needs a query with exactly one deltaflow-kafka source; {path} lists "
+            f"{len(sources)} source offset(s)",
+            table_uri=options.table_uri,
+        )
+    parsed = json.loads(sources[0])
+    return {str(t): {str(p): int(o) for p, o in parts.items()} for t, parts in parsed.items()}
+
+
+def read_checkpoint_file(location: str, relative: str, options: SinkOptions) -> str:
+    """The text of a file in Spark's checkpoint at ``location``, wherever Spark keeps it.
+
+    Local paths are read directly. In the driver's own Python process (``foreachBatch``) the
+    file is read through Spark's Hadoop filesystems, so any checkpoint Spark can write (HDFS,
+    ``s3a://`` with its jars) can be read. Elsewhere (the data source's commit runs in a Python
+    worker Spark starts, with no JVM at hand) pyarrow's filesystems read it, with the sink's
+    storage options: object stores, and HDFS where libhdfs is installed.
+    """
+    uri = normalize_uri(location)
+    target = f"{uri.rstrip('/')}/{relative}"
+    if not urlparse(uri).scheme:
+        return Path(target).read_text()
+    text = _read_with_hadoop(f"{location.rstrip('/')}/{relative}")
+    if text is not None:
+        return text
+    try:
+        fs, path = filesystem(target, options.storage_options)
+        with fs.open_input_stream(path) as stream:
+            return bytes(stream.read()).decode("utf-8")
+    except (OSError, pa.ArrowException) as exc:
+        raise storage_error(exc, location, f"reading {relative} of Spark's checkpoint") from exc
+
+
+def _read_with_hadoop(location: str) -> str | None:
+    """The file at ``location`` read through the JVM of this process's SparkContext, if any."""
+    try:
+        from pyspark import SparkContext
+    except ImportError:  # pragma: no cover - pyspark is a dependency
+        return None
+    sc = SparkContext._active_spark_context
+    if sc is None or sc._jvm is None or sc._jsc is None:
+        return None
+    from py4j.protocol import Py4JError
+
+    jvm = sc._jvm
+    try:
+        path = jvm.org.apache.hadoop.fs.Path(location)
+        stream = path.getFileSystem(sc._jsc.hadoopConfiguration()).open(path)
+        try:
+            return str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+        finally:
+            stream.close()
+    except Py4JError as exc:  # e.g. no Hadoop filesystem for the scheme: pyarrow may have one
+        logger.debug("Spark's filesystems cannot read %s: %s", location, exc)
+        return None
