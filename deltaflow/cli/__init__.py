@@ -1,5 +1,5 @@
-"""The ``deltaflow`` command line."""
+"""The ``deltaflow`` command line (see :mod:`deltaflow.cli.main`)."""
 
-from deltaflow.cli.commands import cli, main
+from deltaflow.cli.main import cli, main
 
 __all__ = ["cli", "main"]

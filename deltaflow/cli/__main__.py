@@ -1,5 +1,5 @@
 """``python -m deltaflow.cli``: the ``deltaflow`` command."""
 
-from deltaflow.cli.commands import main
+from deltaflow.cli.main import main
 
 main()

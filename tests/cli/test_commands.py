@@ -4,7 +4,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from deltaflow.cli.commands import cli
+from deltaflow.cli import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -91,7 +91,7 @@ def test_kafka_demo_ingests_every_message_exactly_once(tmp_path):
 
 
 def test_backfill_progress_line():
-    from deltaflow.cli.commands import ProgressLine
+    from deltaflow.cli.output import ProgressLine
 
     line = ProgressLine.render(350_000, 650_000, 50_000.0)
     assert line == "[" + "#" * 10 + "." * 20 + "]  35% 350,000/1,000,000 messages, 50,000 msgs/s, ~13 s left"

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 from click.testing import CliRunner
 
-from deltaflow.cli.commands import cli
+from deltaflow.cli import cli
 from deltaflow.config.pipeline import (
     DeltaSourceSpec,
     FilesSourceSpec,
@@ -187,7 +187,7 @@ def test_cli_validate_prints_each_pipeline_and_masks_secrets(tmp_path, monkeypat
     assert result.output.rstrip().endswith("2 pipeline(s), valid")
 
     monkeypatch.delenv("LAKE")
-    from deltaflow.cli.commands import main
+    from deltaflow.cli import main
 
     with pytest.raises(SystemExit) as exited:
         main(["validate", str(path)])

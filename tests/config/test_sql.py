@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 from deltalake import DeltaTable
 
-from deltaflow.cli.commands import cli
+from deltaflow.cli import cli
 from deltaflow.config.pipeline import FilesSourceSpec, KafkaSourceSpec
 from deltaflow.config.sql import parse_sql
 from deltaflow.errors import PipelineConfigError

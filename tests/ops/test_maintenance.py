@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from deltaflow.cli.commands import cli
+from deltaflow.cli import cli
 from deltaflow.errors import ConfigError, TableNotFoundError, TerminalError
 from deltaflow.ops import maintenance
 
@@ -314,7 +314,7 @@ def test_cli_commands_print_text_and_json_and_map_errors_to_exit_codes(tmp_path)
     out = runner.invoke(cli, ["checkpoint", str(table)])
     assert out.exit_code == 0 and "checkpoint written at version" in out.stdout
 
-    from deltaflow.cli.commands import main
+    from deltaflow.cli import main
 
     for args in (
         ["vacuum", str(table), "--retention-hours", "1"],

@@ -10,7 +10,7 @@ from pathlib import Path
 from click.testing import CliRunner
 from deltalake import DeltaTable
 
-from deltaflow.cli.commands import cli
+from deltaflow.cli import cli
 from deltaflow.pipeline.ingest import IngestConfig, ingest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,7 +88,7 @@ def test_bad_transform_is_refused_before_spark_starts(tmp_path):
         [
             sys.executable,
             "-m",
-            "deltaflow.cli.commands",
+            "deltaflow.cli",
             "ingest",
             "topic",
             str(tmp_path / "t"),
@@ -113,7 +113,7 @@ def test_cli_ends_at_latest_offsets(kafka, tmp_path):
         [
             sys.executable,
             "-m",
-            "deltaflow.cli.commands",
+            "deltaflow.cli",
             "ingest",
             topic,
             str(tmp_path / "t"),
@@ -158,7 +158,7 @@ def test_sigterm_stops_cleanly_and_the_next_start_resumes_exactly(kafka, tmp_pat
     base = [
         sys.executable,
         "-m",
-        "deltaflow.cli.commands",
+        "deltaflow.cli",
         "ingest",
         topic,
         table,
@@ -220,7 +220,7 @@ def test_daemon_rides_out_a_broker_outage(tmp_path):
         command = [
             sys.executable,
             "-m",
-            "deltaflow.cli.commands",
+            "deltaflow.cli",
             "ingest",
             topic,
             str(table),

@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 from deltalake import DeltaTable
 
-from deltaflow.cli.commands import cli
+from deltaflow.cli import cli
 from deltaflow.service.status import StatusBoard
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,7 +86,7 @@ def test_status_page_of_a_running_ingest_in_chromium(kafka, tmp_path):
     command = [
         sys.executable,
         "-m",
-        "deltaflow.cli.commands",
+        "deltaflow.cli",
         "ingest",
         topic,
         str(table),

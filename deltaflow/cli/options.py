@@ -1,0 +1,89 @@
+"""Options several commands share, and how option values are read (``key=value`` lists)."""
+
+from __future__ import annotations
+
+import click
+
+__all__ = ["JSON", "LINES", "METRICS_PORT", "STATUS_PORT", "STORAGE", "key_values", "serve"]
+
+
+class _Lines(click.types.StringParamType):
+    """A repeatable option whose environment variable holds one value per line (transforms and
+    settings contain spaces, so click's default whitespace split would cut them apart)."""
+
+    name = "text"
+    envvar_list_splitter = "\n"
+
+    def split_envvar_value(self, rv: str) -> list[str]:
+        return [line.strip() for line in (rv or "").splitlines() if line.strip()]
+
+
+LINES = _Lines()
+
+
+METRICS_PORT = click.option(
+    "--metrics-port",
+    "--metrics_port",
+    type=click.IntRange(min=0, max=65535),
+    default=None,
+    envvar="METRICS_PORT",
+    show_envvar=True,
+    help="Serve Prometheus metrics on this port (/metrics): rows, bytes, files, commits, retries, "
+    "latency, dead letters, unknown fields, lag per partition, rates.",
+)
+STATUS_PORT = click.option(
+    "--status-port",
+    "--status_port",
+    type=click.IntRange(min=0, max=65535),
+    default=None,
+    envvar="STATUS_PORT",
+    show_envvar=True,
+    help="Serve a read-only status page on this port (/ and /status.json): state, last batch, "
+    "throughput and lag over the last 15 minutes, table health.",
+)
+
+
+JSON = click.option(
+    "--json", "as_json", is_flag=True, envvar="DELTAFLOW_JSON", help="Print the result as JSON (for scripts)."
+)
+STORAGE = click.option(
+    "--storage-option",
+    "storage_options",
+    multiple=True,
+    type=LINES,
+    envvar="DELTAFLOW_STORAGE_OPTIONS",
+    show_envvar=True,
+    callback=lambda _ctx, _param, values: key_values(values, "--storage-option"),
+    help="key=value for the object store (repeatable), e.g. AWS_ENDPOINT_URL=http://127.0.0.1:9000.",
+)
+
+
+def key_values(values: tuple[str, ...], flag: str) -> dict[str, str]:
+    """``key=value`` items as a mapping; a malformed item is a usage error naming ``flag``."""
+    out = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{item!r} must look like key=value", param_hint=flag)
+        out[key.strip()] = value.strip()
+    return out
+
+
+def serve(metrics_port: int | None, status_port: int | None) -> None:
+    """Start the metrics endpoint and the status page on the ports asked for (0: any free one)."""
+    if metrics_port is not None:
+        from deltaflow.metrics import metrics
+
+        try:
+            bound = metrics.serve(metrics_port)
+        except OSError as exc:
+            raise click.BadParameter(f"cannot serve metrics on port {metrics_port}: {exc}") from None
+        click.echo(f"metrics on http://0.0.0.0:{bound}/metrics", err=True)
+    if status_port is not None:
+        from deltaflow.service.status import board
+
+        try:
+            bound = board.serve(status_port, addr="0.0.0.0")
+        except OSError as exc:
+            raise click.BadParameter(f"cannot serve the status page on port {status_port}: {exc}") from None
+        click.echo(f"status page on http://0.0.0.0:{bound}/", err=True)

@@ -1,0 +1,165 @@
+"""``deltaflow validate``, ``run`` and ``sql``: declarative pipelines (YAML or SQL files)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from deltaflow.cli.options import METRICS_PORT, STATUS_PORT, serve
+
+__all__ = ["run", "sql", "validate"]
+
+
+@click.command()
+@click.argument("pipeline_file", type=click.Path(dir_okay=False))
+@click.option("--show", is_flag=True, help="Print the resolved configuration (secrets masked).")
+def validate(pipeline_file: str, show: bool) -> None:
+    """Check PIPELINE_FILE without starting Spark: every problem with its YAML path."""
+    from deltaflow.config.pipeline import load_pipelines
+    from deltaflow.config.secrets import masked
+
+    file = load_pipelines(pipeline_file)
+    if show:
+        import yaml
+
+        dumped = masked(file.model_dump(mode="json", by_alias=True, exclude_defaults=True))
+        click.echo(yaml.safe_dump(dumped, sort_keys=False).rstrip())
+    _describe_pipelines(pipeline_file, file)
+
+
+def _run_options(command: Callable[..., None]) -> Callable[..., None]:
+    """The options ``run`` and ``sql`` share."""
+    for decorator in reversed(
+        [
+            click.option(
+                "--pipeline",
+                "pipeline_ids",
+                multiple=True,
+                help="Run only this pipeline (repeatable) [default: every enabled pipeline of the file].",
+            ),
+            click.option(
+                "--available-now",
+                "--once",
+                "available_now",
+                is_flag=True,
+                help="Commit all input available now, then exit 0 (Spark's availableNow trigger).",
+            ),
+            METRICS_PORT,
+            STATUS_PORT,
+            click.option(
+                "--spark-master",
+                "--spark_master",
+                default=None,
+                envvar="DELTAFLOW_SPARK_MASTER",
+                show_envvar=True,
+                help="Spark master URL [default: the file's spark.master, else local[*]].",
+            ),
+        ]
+    ):
+        command = decorator(command)
+    return command
+
+
+@click.command()
+@click.argument("pipeline_file", type=click.Path(dir_okay=False))
+@_run_options
+def run(
+    pipeline_file: str,
+    pipeline_ids: tuple[str, ...],
+    available_now: bool,
+    metrics_port: int | None,
+    status_port: int | None,
+    spark_master: str | None,
+) -> None:
+    """Run the pipelines of PIPELINE_FILE (YAML) in one Spark application until SIGTERM/SIGINT.
+
+    Each pipeline keeps its own checkpoint; a transient failure restarts it with backoff, a
+    terminal one stops all of them (exit 2).
+    """
+    from deltaflow.config.pipeline import load_pipelines
+
+    _run_file(
+        pipeline_file,
+        load_pipelines(pipeline_file),
+        pipeline_ids,
+        available_now,
+        metrics_port,
+        status_port,
+        spark_master,
+    )
+
+
+@click.command()
+@click.argument("sql_file", type=click.Path(dir_okay=False))
+@click.option(
+    "--validate", "only_validate", is_flag=True, help="Check the file and print the pipelines; run nothing."
+)
+@_run_options
+def sql(
+    sql_file: str,
+    only_validate: bool,
+    pipeline_ids: tuple[str, ...],
+    available_now: bool,
+    metrics_port: int | None,
+    status_port: int | None,
+    spark_master: str | None,
+) -> None:
+    """Run SQL_FILE: CREATE TABLE ... WITH (connector = ...) and INSERT INTO ... SELECT statements.
+
+    Each INSERT is a pipeline, run as ``deltaflow run`` runs those of a YAML file.
+    """
+    from deltaflow.config.sql import load_sql
+
+    file = load_sql(sql_file)
+    if only_validate:
+        _describe_pipelines(sql_file, file)
+        return
+    _run_file(sql_file, file, pipeline_ids, available_now, metrics_port, status_port, spark_master)
+
+
+def _describe_pipelines(name: str, file: Any) -> None:
+    from deltaflow.pipeline.runner import describe_source
+
+    for spec in file.pipelines:
+        routes = ", ".join(
+            f"{sink_name} -> {sink.table_uri}" + (f" when {sink.when}" if sink.when else "")
+            for sink_name, sink in zip(spec.sink_names(), spec.sinks, strict=True)
+        )
+        extra = f"; {len(spec.expectations)} expectation(s)" if spec.expectations else ""
+        off = "" if spec.enabled else " (disabled)"
+        click.echo(f"{spec.id}{off}: {describe_source(spec)} => {routes}{extra}")
+    click.echo(f"{name}: {len(file.pipelines)} pipeline(s), valid")
+
+
+def _run_file(
+    name: str,
+    file: Any,
+    pipeline_ids: tuple[str, ...],
+    available_now: bool,
+    metrics_port: int | None,
+    status_port: int | None,
+    spark_master: str | None,
+) -> None:
+    import signal
+
+    from deltaflow.service.daemon import run_pipelines
+
+    selected = file.selected(pipeline_ids)
+    if not selected:
+        raise click.UsageError(f"{name}: no enabled pipeline to run")
+    serve(metrics_port, status_port)
+    import deltaflow
+
+    spark = deltaflow.spark_session(spark_master or file.spark.master, **file.spark.conf)
+    try:
+        summaries = run_pipelines(spark, selected, available_now=available_now)
+    finally:
+        spark.stop()
+    for pipeline, summary in summaries.items():
+        note = f", {summary.restarts} restart(s)" if summary.restarts else ""
+        click.echo(f"{pipeline}: {summary.messages:,} row(s) in {summary.batches} batch(es){note}")
+    stopped = {s.signal for s in summaries.values() if s.signal}
+    if stopped:
+        click.echo(f"stopped by {', '.join(signal.Signals(s).name for s in sorted(stopped))}", err=True)

@@ -1,0 +1,313 @@
+"""Table maintenance commands (:mod:`deltaflow.ops.maintenance`): no Spark, text or ``--json``."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from deltaflow.cli.options import JSON, STORAGE, key_values
+from deltaflow.cli.output import emit, print_rows, size
+
+__all__ = [
+    "changes",
+    "checkpoint",
+    "describe",
+    "history",
+    "optimize",
+    "properties",
+    "read",
+    "restore",
+    "vacuum",
+]
+
+
+@click.command()
+@click.argument("table_uri")
+@click.option("--where", help="Partition predicate: date = '2026-11-22' AND country IN ('DE', 'FR').")
+@click.option(
+    "--zorder", multiple=True, help="Z-order by these data columns (repeatable) instead of bin-packing."
+)
+@click.option("--target-size", default="256MB", help="Target file size (e.g. 128MB, 1GB).")
+@STORAGE
+@JSON
+def optimize(
+    table_uri: str,
+    where: str | None,
+    zorder: tuple[str, ...],
+    target_size: str,
+    storage_options: dict[str, str],
+    as_json: bool,
+) -> None:
+    """Compact small files (bin-packing) or Z-order them; the data does not change."""
+    from deltaflow.ops import maintenance
+
+    click.echo(f"{'z-ordering' if zorder else 'compacting'} {table_uri} ...", err=True)
+    started = time.monotonic()
+    result = maintenance.optimize(
+        table_uri,
+        where=where,
+        zorder=zorder,
+        target_size=target_size,
+        storage_options=storage_options,
+    )
+    emit(
+        as_json,
+        result,
+        lambda: click.echo(
+            f"{result.mode}: {result.files_removed} file(s) ({size(result.bytes_removed)}) -> "
+            f"{result.files_added} file(s) ({size(result.bytes_added)}) in "
+            f"{result.partitions_optimized} partition(s); table version {result.version} "
+            f"({time.monotonic() - started:.1f} s)"
+        ),
+    )
+
+
+@click.command()
+@click.argument("table_uri")
+@click.option(
+    "--retention-hours",
+    type=click.IntRange(min=0),
+    help="Keep files needed by versions this recent "
+    "[default: the table's delta.deletedFileRetentionDuration, 168 h unless set].",
+)
+@click.option("--dry-run/--execute", default=True, help="List the files (default) or delete them.")
+@click.option("--full", is_flag=True, help="Also delete files no commit ever referenced (failed writes).")
+@click.option("--force", is_flag=True, help="Allow a retention below the table's minimum.")
+@STORAGE
+@JSON
+def vacuum(
+    table_uri: str,
+    retention_hours: int | None,
+    dry_run: bool,
+    full: bool,
+    force: bool,
+    storage_options: dict[str, str],
+    as_json: bool,
+) -> None:
+    """Delete data files older versions no longer need (a dry run unless --execute)."""
+    from deltaflow.ops import maintenance
+
+    result = maintenance.vacuum(
+        table_uri,
+        retention_hours=retention_hours,
+        dry_run=dry_run,
+        full=full,
+        force=force,
+        storage_options=storage_options,
+    )
+
+    def text() -> None:
+        for path in [*result.files, *result.staging_files]:
+            click.echo(path)
+        count = len(result.files) + len(result.staging_files)
+        if result.dry_run:
+            click.echo(
+                f"dry run: {count} file(s) would be deleted (retention {result.retention_hours} h); "
+                "add --execute to delete them",
+                err=True,
+            )
+        else:
+            click.echo(f"deleted {count} file(s) (retention {result.retention_hours} h)", err=True)
+
+    emit(as_json, result, text)
+
+
+@click.command()
+@click.argument("table_uri")
+@click.option(
+    "--cleanup", is_flag=True, help="Also delete log entries older than delta.logRetentionDuration."
+)
+@STORAGE
+@JSON
+def checkpoint(table_uri: str, cleanup: bool, storage_options: dict[str, str], as_json: bool) -> None:
+    """Write a Delta log checkpoint of the current version."""
+    from deltaflow.ops import maintenance
+
+    result = maintenance.checkpoint(table_uri, cleanup=cleanup, storage_options=storage_options)
+    emit(as_json, result, lambda: click.echo(f"checkpoint written at version {result['version']}"))
+
+
+@click.command()
+@click.argument("table_uri")
+@click.option("--limit", type=click.IntRange(min=1), help="Newest N commits only.")
+@STORAGE
+@JSON
+def history(table_uri: str, limit: int | None, storage_options: dict[str, str], as_json: bool) -> None:
+    """The table's commits, newest first."""
+    from deltaflow.ops import maintenance
+
+    entries = maintenance.history(table_uri, limit=limit, storage_options=storage_options)
+
+    def text() -> None:
+        for e in entries:
+            params = e.get("operationParameters") or {}
+            extra = {k: v for k, v in e.items() if k.startswith("deltaflow.")}
+            detail = ", ".join(f"{k}={v}" for k, v in {**params, **extra}.items())
+            click.echo(
+                f"{e.get('version', '?'):>6}  {e.get('timestamp', '')}  {e.get('operation', ''):<10} {detail}"
+            )
+
+    emit(as_json, entries, text)
+
+
+@click.command()
+@click.argument("table_uri")
+@click.option("--small-file-size", default="128MB", help="Files below this size count as small.")
+@STORAGE
+@JSON
+def describe(table_uri: str, small_file_size: str, storage_options: dict[str, str], as_json: bool) -> None:
+    """Schema, partitioning, properties, protocol, version, files and their sizes."""
+    from deltaflow.ops import maintenance
+
+    info = maintenance.describe(
+        table_uri,
+        small_file_size=small_file_size,
+        storage_options=storage_options,
+    )
+
+    def text() -> None:
+        files = info["files"]
+        protocol = info["protocol"]
+        click.echo(f"table      {info['table_uri']}")
+        click.echo(f"version    {info['version']} (created {info['created']}, id {info['id']})")
+        click.echo(
+            f"partitions {', '.join(info['partition_columns']) or '-'} ({files['partitions']} value(s))"
+        )
+        click.echo(
+            f"protocol   reader {protocol['min_reader_version']}, writer {protocol['min_writer_version']}"
+            + (f", features {', '.join(protocol['writer_features'])}" if protocol["writer_features"] else "")
+        )
+        click.echo(
+            f"files      {files['count']} ({size(files['bytes'])}, {files['rows']} rows); small "
+            f"(< {size(files['small_file_size'])}): {files['small_files']} "
+            f"({files['small_file_ratio']:.0%})"
+        )
+        for bucket in files["size_histogram"]:
+            upper = size(bucket["to_bytes"]) if bucket["to_bytes"] is not None else "+"
+            click.echo(f"  {size(bucket['from_bytes']):>9} .. {upper:<9} {bucket['files']}")
+        click.echo("schema")
+        for f in info["schema"]:
+            click.echo(f"  {f['name']}: {f['type']}{'' if f['nullable'] else ' NOT NULL'}")
+        if info["properties"]:
+            click.echo("properties")
+            for key, value in sorted(info["properties"].items()):
+                click.echo(f"  {key} = {value}")
+
+    emit(as_json, info, text)
+
+
+@click.command()
+@click.argument("table_uri")
+@click.option("--version", "version", type=click.IntRange(min=0), help="The version to restore.")
+@click.option("--timestamp", help="Restore the last version committed at or before this ISO-8601 time.")
+@STORAGE
+@JSON
+def restore(
+    table_uri: str,
+    version: int | None,
+    timestamp: str | None,
+    storage_options: dict[str, str],
+    as_json: bool,
+) -> None:
+    """Make an earlier version the current content again (a new commit; history is kept)."""
+    from deltaflow.ops import maintenance
+
+    result = maintenance.restore(
+        table_uri,
+        version=version,
+        timestamp=timestamp,
+        storage_options=storage_options,
+    )
+    emit(
+        as_json,
+        result,
+        lambda: click.echo(
+            f"restored {result.table_uri} to version {result.restored_to}: now version {result.version}"
+        ),
+    )
+
+
+@click.command()
+@click.argument("table_uri")
+@click.argument("action", type=click.Choice(["show", "set", "unset"]), default="show")
+@click.argument("items", nargs=-1)
+@STORAGE
+@JSON
+def properties(
+    table_uri: str, action: str, items: tuple[str, ...], storage_options: dict[str, str], as_json: bool
+) -> None:
+    """Show table properties, or `set k=v ...` / `unset k ...` them."""
+    from deltaflow.ops import maintenance
+
+    if action != "show" and not items:
+        raise click.BadParameter(f"{action} needs at least one property", param_hint="ITEMS")
+    result = maintenance.properties(
+        table_uri,
+        set_=key_values(items, "ITEMS") if action == "set" else None,
+        unset=items if action == "unset" else (),
+        storage_options=storage_options,
+    )
+    emit(as_json, result, lambda: click.echo("\n".join(f"{k} = {v}" for k, v in sorted(result.items()))))
+
+
+@click.command()
+@click.argument("table_uri")
+@click.option("--version", "version", type=click.IntRange(min=0), help="Read this version (time travel).")
+@click.option("--timestamp", help="Read the table as of this ISO-8601 time.")
+@click.option("--where", help="SQL predicate over the columns, e.g. \"country = 'DE' AND amount > 10\".")
+@click.option("--column", "columns", multiple=True, help="Only these columns (repeatable).")
+@click.option("--limit", type=click.IntRange(min=0), default=20, help="At most N rows (0 = all).")
+@STORAGE
+@JSON
+def read(
+    table_uri: str,
+    version: int | None,
+    timestamp: str | None,
+    where: str | None,
+    columns: tuple[str, ...],
+    limit: int,
+    storage_options: dict[str, str],
+    as_json: bool,
+) -> None:
+    """Print rows of the table, now or at an earlier version."""
+    from deltaflow.ops import maintenance
+
+    rows = maintenance.read(
+        table_uri,
+        version=version,
+        timestamp=timestamp,
+        where=where,
+        columns=columns,
+        limit=limit or None,
+        storage_options=storage_options,
+    )
+    emit(as_json, rows, lambda: print_rows(rows))
+
+
+@click.command()
+@click.argument("table_uri")
+@click.option("--from-version", type=click.IntRange(min=0), default=0, help="First version to include.")
+@click.option("--to-version", type=click.IntRange(min=0), help="Last version to include [default: current].")
+@click.option("--limit", type=click.IntRange(min=0), default=0, help="At most N rows (0 = all).")
+@STORAGE
+@JSON
+def changes(
+    table_uri: str,
+    from_version: int,
+    to_version: int | None,
+    limit: int,
+    storage_options: dict[str, str],
+    as_json: bool,
+) -> None:
+    """Print the change data feed (tables with delta.enableChangeDataFeed=true)."""
+    from deltaflow.ops import maintenance
+
+    rows = maintenance.changes(
+        table_uri,
+        from_version=from_version,
+        to_version=to_version,
+        limit=limit or None,
+        storage_options=storage_options,
+    )
+    emit(as_json, rows, lambda: print_rows(rows))
