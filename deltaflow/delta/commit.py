@@ -176,9 +176,9 @@ class CommitResult(Generic[T]):
     value: T | None = None
     #: The commit info of this commit's log entry, when it was read from the log (recovered).
     info: Mapping[str, Any] = field(default_factory=dict)
-    #: An attempt ended in an error other than a conflict delta-rs detected before writing (a
-    #: timeout, a reset, a 5xx): its request may still be in flight. With ALREADY_DONE the files
-    #: it would have added must then be kept (orphans), never deleted.
+    #: An attempt ended in an error (any error: even delta-rs' conflicts can hide a landed write),
+    #: or the log could not show whether one landed: with ALREADY_DONE the files it would have
+    #: added must be kept (orphans for ``vacuum --full``), never deleted.
     in_doubt: bool = False
 
     @property
@@ -250,10 +250,17 @@ def is_terminal(error: BaseException) -> bool:
     return True
 
 
-def read_entries(table_uri: str, storage_options: Mapping[str, str], first: int, last: int) -> list[LogEntry]:
+def read_entries(
+    table_uri: str,
+    storage_options: Mapping[str, str],
+    first: int,
+    last: int,
+    missing: list[int] | None = None,
+) -> list[LogEntry]:
     """The log entries ``first`` to ``last`` (inclusive) that exist, oldest first.
 
     Read from the JSON files themselves, so they show exactly which paths each commit added.
+    Versions whose JSON is gone (log cleanup after a checkpoint) are appended to ``missing``.
     """
     if last < first:
         return []
@@ -264,7 +271,9 @@ def read_entries(table_uri: str, storage_options: Mapping[str, str], first: int,
             with fs.open_input_stream(join(root, "_delta_log", f"{version:020d}.json")) as stream:
                 text = stream.read().decode("utf-8")
         except FileNotFoundError:
-            continue  # cleaned up after a checkpoint: far older than any attempt we resolve
+            if missing is not None:
+                missing.append(version)
+            continue
         info: dict[str, Any] = {}
         txns: dict[str, int] = {}
         added: set[str] = set()
@@ -287,11 +296,28 @@ def read_entries(table_uri: str, storage_options: Mapping[str, str], first: int,
 
 def _find_token(
     table_uri: str, storage_options: Mapping[str, str], token: str, after: int, table: DeltaTable
-) -> LogEntry | None:
-    for entry in read_entries(table_uri, storage_options, after + 1, table.version()):
+) -> tuple[LogEntry | None, bool]:
+    """The log entry carrying ``token`` after version ``after``, and whether the search could
+    decide: ``False`` when an entry of the window was already cleaned up (it may have been ours;
+    a writer paused longer than the log retention), or the store failed while reading."""
+    missing: list[int] = []
+    try:
+        entries = read_entries(table_uri, storage_options, after + 1, table.version(), missing)
+    except (OSError, ValueError) as exc:
+        logger.warning("cannot read the log of %s back: %s", table_uri, _brief(exc))
+        return None, False
+    for entry in entries:
         if entry.info.get(COMMIT_TOKEN_KEY) == token:
-            return entry
-    return None
+            return entry, True
+    if missing:
+        logger.warning(
+            "the log of %s no longer holds versions %d..%d (cleaned up): whether an earlier "
+            "attempt landed there cannot be read; its files are kept",
+            table_uri,
+            missing[0],
+            missing[-1],
+        )
+    return None, not missing
 
 
 def _load(table_uri: str, storage_options: Mapping[str, str]) -> DeltaTable | None:
@@ -398,7 +424,8 @@ def commit(
 
         # Step 4.2. Resolve earlier attempts from the log.
         if first_base is not None and table is not None:
-            entry = _find_token(table_uri, storage_options, token, first_base, table)
+            entry, decided = _find_token(table_uri, storage_options, token, first_base, table)
+            in_doubt = in_doubt or not decided
             if entry is not None:
                 logger.warning(
                     "%s: an attempt reported an error but landed as version %d of %s (found in the log)",
@@ -438,8 +465,10 @@ def commit(
         except Exception as exc:  # noqa: BLE001 - every error is resolved by reading the log
             # Step 4.6. Terminal: raised after step 4.2 looked at the log; transient: wait, retry.
             last_error = exc
-            # delta-rs' conflicts are decided before its write lands; anything else may be in flight.
-            in_doubt = in_doubt or not isinstance(exc, CommitFailedError)
+            # Any failed attempt may have landed or may still land: on S3 a log PUT whose response
+            # was lost comes back from delta-rs as a conflict (CommitFailedError) although the
+            # entry is in the log (measured against moto through FaultyHttpProxy.lose_response).
+            in_doubt = True
             if terminal(exc):
                 continue
             if not _wait(waits, what, table_uri, exc, attempts):
@@ -495,7 +524,7 @@ def _last_look(
     except DeltaflowError as exc:
         raise _gave_up(what, table_uri, attempts, exc, True) from error
     if table is not None:
-        entry = _find_token(table_uri, storage_options, token, first_base, table)
+        entry, _ = _find_token(table_uri, storage_options, token, first_base, table)
         if entry is not None:
             logger.warning(
                 "%s: the last attempt reported an error but landed as version %d", what, entry.version
@@ -577,17 +606,27 @@ def commit_files(
                     "create the table or set auto_create_table=true",
                     table_uri=table_uri,
                 )
-            create_table_with_add_actions(
-                table_uri,
-                delta_schema(schema),
-                _actions(files),
-                mode="error",
-                partition_by=list(partition_by) or None,
-                configuration=dict(properties) or None,
-                storage_options=dict(storage_options) or None,
-                commit_properties=props,
-                post_commithook_properties=hooks,
-            )
+            try:
+                create_table_with_add_actions(
+                    table_uri,
+                    delta_schema(schema),
+                    _actions(files),
+                    mode="error",
+                    partition_by=list(partition_by) or None,
+                    configuration=dict(properties) or None,
+                    storage_options=dict(storage_options) or None,
+                    commit_properties=props,
+                    post_commithook_properties=hooks,
+                )
+            except DeltaError as exc:
+                # Another writer created the table after our load: retry, appending to it.
+                # delta-rs says so only in text ("A Delta Lake table already exists").
+                if "already exists" in str(exc):
+                    raise CommitError(
+                        f"{table_uri!r} was created by another writer meanwhile: {_brief(exc)}",
+                        table_uri=table_uri,
+                    ) from exc
+                raise
             return
         actions: list[AddAction | RemoveAction] = [*_actions(files)]
         table.create_write_transaction(

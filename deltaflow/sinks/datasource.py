@@ -274,7 +274,8 @@ class _DeltaSink:
                 fence=sink_fence(opts),
             )
         except CheckpointMismatchError:
-            self.delete_uncommitted(files)  # a later checkpoint's batches are in the log, not ours
+            # Found inside the commit, possibly after an attempt whose outcome the log could no
+            # longer show (a writer paused past the log retention): the files stay.
             raise
         except DeltaflowError:
             # The log does not hold the batch, but an attempt may still be in flight: the files

@@ -188,7 +188,7 @@ def test_another_writer_committing_the_batch_between_attempts_is_already_done(tm
     assert _ids(uri) == [1, 2]
 
 
-def test_files_may_go_only_when_no_attempt_can_still_land(tmp_path):
+def test_files_may_go_only_when_no_attempt_was_made(tmp_path):
     from deltalake.exceptions import CommitFailedError
 
     uri = str(tmp_path / "t")
@@ -197,12 +197,75 @@ def test_files_may_go_only_when_no_attempt_can_still_land(tmp_path):
     replay = commit.commit(uri, {}, lambda t, p: None, what="b0", already_done=_replayed("pipe", 0))
     assert replay.attempts == 0 and replay.may_delete_files
 
-    def conflict(table, props):  # delta-rs decided the conflict before writing anything
+    def conflict(table, props):
         _commit(uri, _files(tmp_path / "t", [2], "theirs"), 1)
         raise CommitFailedError("Failed to commit transaction: Concurrent transaction failed.")
 
+    # Even a conflict keeps the files: on S3 delta-rs reports a log PUT whose response was lost
+    # as this very conflict although the entry landed (measured through the fault proxy and moto).
     lost = commit.commit(uri, {}, conflict, what="b1", already_done=_replayed("pipe", 1))
-    assert lost.outcome is commit.Outcome.ALREADY_DONE and lost.may_delete_files
+    assert lost.outcome is commit.Outcome.ALREADY_DONE and lost.in_doubt and not lost.may_delete_files
+
+
+def test_a_landed_attempt_whose_log_entry_was_cleaned_up_keeps_its_files(tmp_path):
+    """A writer paused past the log retention: its lost commit landed, later commits followed,
+    and log cleanup removed its JSON. The log can no longer show the attempt was ours, so the
+    files stay although the work looks done by someone else."""
+    from deltalake.exceptions import CommitFailedError
+
+    uri = str(tmp_path / "t")
+    _commit(uri, _files(tmp_path / "t", [1], "a"), 0)
+    files = _files(tmp_path / "t", [2], "paused")
+    calls = []
+
+    def attempt(table, props):
+        calls.append(table.version())
+        table.create_write_transaction(
+            commit._actions(files), mode="append", schema=table.schema(), commit_properties=props
+        )
+        for n in range(2, 5):  # the pipeline went on elsewhere meanwhile
+            _commit(uri, _files(tmp_path / "t", [10 + n], f"later{n}"), n)
+        DeltaTable(uri).create_checkpoint()  # at version 4; then cleanup removes what precedes it
+        for v in range(3):
+            (tmp_path / "t" / "_delta_log" / f"{v:020d}.json").unlink()
+        # What delta-rs raises on S3 when the log PUT landed but its response was lost.
+        raise CommitFailedError("Failed to commit transaction: Concurrent transaction failed.")
+
+    result = commit.commit(
+        uri, {}, attempt, what="batch 1", txns=lambda _t: {"pipe": 1}, already_done=_replayed("pipe", 1)
+    )
+    assert calls == [0]
+    assert result.outcome is commit.Outcome.ALREADY_DONE
+    assert result.in_doubt and not result.may_delete_files
+    assert 2 in _ids(uri)  # the table still reads: the "paused" file is referenced
+
+
+def test_a_create_that_lost_the_race_appends_to_the_winners_table(tmp_path):
+    uri = str(tmp_path / "t")
+    ours = _files(tmp_path / "t", [2], "ours")
+    real = commit.create_table_with_add_actions
+
+    raced = []
+
+    def create_after_the_winner(*args, **kwargs):
+        # The other writer's table appears after our load, before delta-rs' own existence check.
+        if not raced:
+            raced.append(True)
+            real(
+                uri,
+                commit.delta_schema(SCHEMA),
+                commit._actions(_files(tmp_path / "t", [1], "w")),
+                mode="error",
+            )
+        return real(*args, **kwargs)
+
+    commit.create_table_with_add_actions = create_after_the_winner
+    try:
+        result = _commit(uri, ours, 0)
+    finally:
+        commit.create_table_with_add_actions = real
+    assert result.committed and result.attempts == 2
+    assert _ids(uri) == [1, 2]
 
 
 def test_a_commit_racing_a_claim_conflicts_and_is_fenced(tmp_path):
