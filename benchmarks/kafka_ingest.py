@@ -141,11 +141,12 @@ def run_deltaflow(
     """Seconds from ``ingest()`` until the txns cover ``last``; the query's batch progress."""
     from deltalake import DeltaTable
 
-    from deltaflow.pipeline.ingest import IngestConfig, ingest
+    from deltaflow.config.ingest import IngestConfig
+    from deltaflow.pipeline.ingest import ingest
 
     config = IngestConfig(
-        topic=topic, table_uri=table, brokers=bootstrap, app_id="bench", allowed_latency=trigger,
-        max_messages_per_batch=max_per_batch, schema=SCHEMA_DDL,
+        topic=topic, table_uri=table, brokers=bootstrap, pipeline_id="bench", allowed_latency=trigger,
+        max_messages_per_batch=max_per_batch, value_schema=SCHEMA_DDL,
     )  # fmt: skip
     wall_start = time.time()
     started = time.perf_counter()

@@ -172,7 +172,8 @@ def main() -> None:
     args = parser.parse_args()
 
     import deltaflow
-    from deltaflow.pipeline.ingest import IngestConfig, ingest
+    from deltaflow.config.ingest import IngestConfig
+    from deltaflow.pipeline.ingest import ingest
     from deltaflow.testing import start_broker
 
     work = Path(tempfile.mkdtemp(prefix="deltaflow-klat-"))
@@ -183,9 +184,9 @@ def main() -> None:
         topic = broker.create_topic(partitions=PARTITIONS)
         spark = deltaflow.spark_session()
         config = IngestConfig(
-            topic=topic, table_uri=str(table), brokers=broker.bootstrap, app_id=APP_ID,
+            topic=topic, table_uri=str(table), brokers=broker.bootstrap, pipeline_id=APP_ID,
             allowed_latency=args.trigger, max_messages_per_batch=args.max_messages_per_batch,
-            schema=LATENCY_SCHEMA,
+            value_schema=LATENCY_SCHEMA,
         )  # fmt: skip
         query = ingest(spark, config)
         while query.lastProgress is None:  # the query's first (empty) trigger has run

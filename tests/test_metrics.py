@@ -8,8 +8,9 @@ import urllib.request
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from deltaflow.config.ingest import IngestConfig
 from deltaflow.metrics import Metrics, metrics
-from deltaflow.pipeline.ingest import IngestConfig, ingest
+from deltaflow.pipeline.ingest import ingest
 
 
 def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -70,8 +71,8 @@ def test_ingest_counts_what_it_commits_and_dead_letters(spark, kafka, tmp_path):
         topic=topic,
         table_uri=str(tmp_path / "t"),
         brokers=kafka.bootstrap,
-        app_id="metrics-test",
-        schema="id LONG",
+        pipeline_id="metrics-test",
+        value_schema="id LONG",
         dlq_table_location=str(tmp_path / "dlq"),
         ends_at_latest_offsets=True,
         max_messages_per_batch=30,

@@ -27,12 +27,14 @@ STOP_POLL_S = 1
     help="Kafka bootstrap servers.",
 )
 @click.option(
+    "--pipeline-id",
     "--app-id",
     "--app_id",
+    "pipeline_id",
     default="kafka_delta_ingest",
     envvar="APP_ID",
     show_envvar=True,
-    help="Stable pipeline id: the Delta txn prefix <app_id>-<topic>-<partition> and checkpoint name.",
+    help="Stable pipeline id: the Delta txn prefix <pipeline_id>-<topic>-<partition> and checkpoint name.",
 )
 @click.option(
     "--consumer-group-id",
@@ -246,7 +248,7 @@ STOP_POLL_S = 1
     default=None,
     envvar="CHECKPOINT_LOCATION",
     show_envvar=True,
-    help="Spark checkpoint folder [default: <table>/_deltaflow/checkpoints/<app_id>].",
+    help="Spark checkpoint folder [default: <table>/_deltaflow/checkpoints/<pipeline_id>].",
 )
 @click.option(
     "--spark-master",
@@ -260,7 +262,7 @@ def ingest(
     topic: str,
     table_uri: str,
     brokers: str,
-    app_id: str,
+    pipeline_id: str,
     consumer_group: str | None,
     allowed_latency: float,
     max_messages_per_batch: int,
@@ -292,12 +294,12 @@ def ingest(
     """Ingest a Kafka TOPIC into the Delta table at TABLE_URI, exactly once.
 
     Each micro-batch is one Delta commit holding its rows and, per partition, the last
-    offset written (txn <app_id>-<topic>-<partition>); a restart resumes from the table.
+    offset written (txn <pipeline_id>-<topic>-<partition>); a restart resumes from the table.
     """
     import json as _json
     import signal
 
-    from deltaflow.pipeline.ingest import IngestConfig
+    from deltaflow.config.ingest import IngestConfig
     from deltaflow.pipeline.ingest import ingest as start_ingest
 
     try:
@@ -310,18 +312,18 @@ def ingest(
         if value_format == "raw":
             raise click.BadParameter("--avro and --raw exclude each other", param_hint="--avro")
         value_format = "avro"
-    config = IngestConfig(
+    config = IngestConfig.build(
         topic=topic,
         table_uri=table_uri,
         brokers=brokers,
-        app_id=app_id,
+        pipeline_id=pipeline_id,
         allowed_latency=allowed_latency,
         max_messages_per_batch=max_messages_per_batch,
-        auto_offset_reset=auto_offset_reset,  # type: ignore[arg-type]
+        auto_offset_reset=auto_offset_reset,
         seek_offsets=seek,
         transforms=transforms,
-        value_format=value_format,  # type: ignore[arg-type]
-        schema=schema,
+        value_format=value_format,
+        value_schema=schema,
         ends_at_latest_offsets=ends_at_latest_offsets,
         checkpoint_location=checkpoint_location,
         partition_by=partition_by,
@@ -334,7 +336,7 @@ def ingest(
         min_bytes_per_file=min_bytes_per_file,
         commit_to_group=commit_to_group,
         schema_evolution=schema_evolution,
-        write_path=write_path,  # type: ignore[arg-type]
+        write_path=write_path,
         auto_compact=auto_compact,
         auto_compact_min_files=auto_compact_min_files,
         vacuum_interval_hours=vacuum_interval_hours,
@@ -342,7 +344,7 @@ def ingest(
     import deltaflow
     from deltaflow.service.status import board
 
-    board.register(app_id, table_uri=table_uri, source=f"kafka {topic} @ {brokers}")
+    board.register(pipeline_id, table_uri=table_uri, source=f"kafka {topic} @ {brokers}")
     serve(metrics_port, status_port)
     spark = deltaflow.spark_session(spark_master)
     from deltaflow.service.daemon import run_until_stopped
@@ -353,7 +355,7 @@ def ingest(
         try:
             summary = run_until_stopped(
                 lambda: start_ingest(spark, config),
-                name=app_id,
+                name=pipeline_id,
                 poll_s=STOP_POLL_S,
                 on_progress=bar.show if bar else None,
             )

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
@@ -294,8 +295,9 @@ class PipelineSpec(_Model):
     """One pipeline: a source, its processing, one or more Delta sinks.
 
     Attributes:
-        id: The pipeline's stable identity (the Delta ``txn`` app id in every sink table, the
-            query name, the default checkpoint folder). Changing it starts over.
+        pipeline_id: The pipeline's stable identity (:mod:`deltaflow.config.identity`: the
+            Delta ``txn`` app id in every sink table, the query name, the default checkpoint
+            folder, the metric label). Changing it starts over. ``id`` is accepted for it.
         transforms: kafka-delta-ingest mappings ``target: source`` (a field path,
             ``substr(...)``, ``epoch_*_to_iso8601(...)``, ``kafka.<field>`` or ``sql: <expr>``).
         filter: A Spark SQL predicate; rows for which it is not true are left out.
@@ -306,11 +308,12 @@ class PipelineSpec(_Model):
         source_name: The source's name in ``query`` (default ``source``).
         trigger_interval: Seconds between micro-batches (``"5 seconds"``; default: as soon as
             the previous batch is done).
-        checkpoint_location: Spark's checkpoint; default ``<first sink>/_deltaflow/checkpoints/<id>``.
+        checkpoint_location: Spark's checkpoint; default
+            ``<first sink>/_deltaflow/checkpoints/<pipeline_id>``.
         enabled: ``false`` keeps a pipeline in the file without running it.
     """
 
-    id: PipelineId
+    pipeline_id: PipelineId = Field(validation_alias=AliasChoices("pipeline_id", "id"))
     source: SourceSpec
     transforms: dict[str, str] = Field(default_factory=dict)
     filter: str | None = None
@@ -384,7 +387,7 @@ class PipelineFile(_Model):
 
     @model_validator(mode="after")
     def _unique(self) -> PipelineFile:
-        ids = [p.id for p in self.pipelines]
+        ids = [p.pipeline_id for p in self.pipelines]
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:
             raise ValueError(f"pipeline id(s) used twice: {', '.join(dupes)}")
@@ -392,7 +395,7 @@ class PipelineFile(_Model):
 
     def selected(self, ids: list[str] | tuple[str, ...] = ()) -> list[PipelineSpec]:
         """The enabled pipelines, or those named in ``ids`` (an unknown id is an error)."""
-        known = {p.id: p for p in self.pipelines}
+        known = {p.pipeline_id: p for p in self.pipelines}
         missing = [i for i in ids if i not in known]
         if missing:
             raise ConfigError(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, Self
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -23,8 +23,10 @@ __all__ = [
     "Compression",
     "SchemaMode",
     "SinkOptions",
+    "StreamSinkOptions",
     "WriteMode",
     "WritePath",
+    "for_stream",
 ]
 
 Compression = Literal["snappy", "zstd", "gzip", "lz4", "none"]
@@ -195,7 +197,7 @@ class SinkOptions(BaseModel):
         return frozenset(cls.model_fields)
 
     @classmethod
-    def build(cls, values: Mapping[str, Any]) -> SinkOptions:
+    def build(cls, values: Mapping[str, Any]) -> Self:
         """Validate ``values``, turning pydantic's errors into a :class:`ConfigError`.
 
         The message names each key, the value received and what is allowed.
@@ -211,7 +213,7 @@ class SinkOptions(BaseModel):
             raise ConfigError(f"invalid JSON in sink options: {exc}") from None
 
     @classmethod
-    def from_spark_options(cls, options: Mapping[str, str]) -> SinkOptions:
+    def from_spark_options(cls, options: Mapping[str, str]) -> Self:
         """Build from the (lower-cased, string-valued) options Spark passes to a data source."""
         values: dict[str, Any] = {}
         for key, value in options.items():
@@ -239,6 +241,31 @@ class SinkOptions(BaseModel):
         return out
 
 
+class StreamSinkOptions(SinkOptions):
+    """Sink options of a streaming write: ``pipeline_id`` is required (checked here, once)."""
+
+    pipeline_id: PipelineId
+
+
+def for_stream(options: SinkOptions) -> StreamSinkOptions:
+    """``options`` as the options of a streaming write.
+
+    Raises:
+        ConfigError: ``pipeline_id`` is not set (the message says why it is needed).
+    """
+    if isinstance(options, StreamSinkOptions):
+        return options
+    return StreamSinkOptions.build(options.model_dump())
+
+
+#: Why a stream needs its pipeline_id, for the error when it is missing.
+PIPELINE_ID_MISSING = (
+    "pipeline_id is required for a streaming write: it is the Delta txn app id that makes replays "
+    "idempotent, the default checkpoint folder and the metric label; set a stable name "
+    "(.option('pipeline_id', ...), pipeline_id= in Python, 'pipeline_id' in YAML, --app-id for ingest)"
+)
+
+
 def _describe(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors(include_url=False):
@@ -249,7 +276,8 @@ def _describe(exc: ValidationError) -> str:
             allowed = err.get("ctx", {}).get("expected", "")
             msg = f"must be one of {allowed}"
         elif err["type"] == "missing":
-            parts.append(f"{key}: required option is missing")
+            missing = PIPELINE_ID_MISSING if key == "pipeline_id" else f"{key}: required option is missing"
+            parts.append(missing)
             continue
         parts.append(f"{key}: {msg} (received {received!r})")
     return "invalid sink options: " + "; ".join(parts)

@@ -130,7 +130,7 @@ def parse_sql(text: str, env: Mapping[str, str], *, name: str = "<sql>") -> Pipe
 def _pipeline(source: _Table, target: _Table, query: str) -> dict[str, Any]:
     sink = dict(target.options)
     spec: dict[str, Any] = {k: sink.pop(k) for k in _PIPELINE_KEYS if k in sink}
-    spec.setdefault("id", spec.pop("pipeline_id", None) or f"{source.name}-to-{target.name}")
+    spec["pipeline_id"] = spec.pop("pipeline_id", None) or f"{source.name}-to-{target.name}"
     sink.pop("format", None)  # 'parquet', as Arroyo requires it; Delta data files are Parquet
     if "path" in sink:
         sink["table_uri"] = sink.pop("path")

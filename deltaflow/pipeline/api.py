@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from deltaflow.config.locations import normalize_uri
-from deltaflow.config.sink import SinkOptions
+from deltaflow.config.sink import SinkOptions, StreamSinkOptions, for_stream
 from deltaflow.delta.layout import checkpoint_dir
 from deltaflow.errors import ConfigError, TableNotFoundError
 from deltaflow.sinks.datasource import FORMAT_NAME, DeltaflowDataSource
@@ -49,15 +49,14 @@ def default_checkpoint_location(options: SinkOptions) -> str:
     Spark writes checkpoints through Hadoop, which has no object-store connector here, so a
     table on an object store needs an explicit (local or HDFS) ``checkpoint_location``.
     """
-    if not options.pipeline_id:
-        raise ConfigError("pipeline_id is required for a streaming write")
+    pipeline_id = for_stream(options).pipeline_id
     if not options.is_local:
         raise ConfigError(
             f"table {options.table_uri!r} is not on the local filesystem: pass "
             "checkpoint_location= (a local or HDFS path that survives restarts)",
             table_uri=options.table_uri,
         )
-    return checkpoint_dir(normalize_uri(options.table_uri), options.pipeline_id)
+    return checkpoint_dir(normalize_uri(options.table_uri), pipeline_id)
 
 
 def _prepare_table(df: DataFrame, options: SinkOptions) -> None:
@@ -97,12 +96,12 @@ def _prepare_table(df: DataFrame, options: SinkOptions) -> None:
     )
 
 
-def _claim(options: SinkOptions) -> SinkOptions:
+def _claim(options: SinkOptions) -> StreamSinkOptions:
     """Become the pipeline's only writer of the table (see :func:`deltaflow.delta.commit.claim_writer`):
     the options with the writer epoch every commit of this stream carries."""
     from deltaflow.delta import commit
 
-    assert options.pipeline_id  # streams always have one
+    options = for_stream(options)
     fence = commit.claim_writer(
         normalize_uri(options.table_uri),
         options.storage_options,

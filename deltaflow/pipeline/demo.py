@@ -202,7 +202,8 @@ def run_kafka_demo(
     import pyarrow.compute as pc
 
     import deltaflow
-    from deltaflow.pipeline.ingest import IngestConfig, ingest
+    from deltaflow.config.ingest import IngestConfig
+    from deltaflow.pipeline.ingest import ingest
     from deltaflow.testing import start_broker
 
     tables = workdir / "tables"
@@ -231,10 +232,10 @@ def run_kafka_demo(
             topic=topic,
             table_uri=str(table_uri),
             brokers=broker.bootstrap,
-            app_id="demo-clickstream",
-            schema=DEMO_SCHEMA,
-            transforms=["event_date: substr(ts, `0`, `10`)", "kafka_offset: kafka.offset"],
-            partition_by=["event_date"],
+            pipeline_id="demo-clickstream",
+            value_schema=DEMO_SCHEMA,
+            transforms=("event_date: substr(ts, `0`, `10`)", "kafka_offset: kafka.offset"),
+            partition_by=("event_date",),
             dlq_table_location=str(dlq_uri),
             max_messages_per_batch=max(10_000, events // 4),
             ends_at_latest_offsets=True,

@@ -17,13 +17,13 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
+from deltaflow.config.ingest import IngestConfig
 from deltaflow.config.locations import normalize_uri
 from deltaflow.config.sink import SinkOptions
-from deltaflow.config.transforms import Transform, parse_transform
+from deltaflow.config.transforms import Transform
 from deltaflow.errors import ConfigError
 from deltaflow.metrics import metrics
 from deltaflow.pipeline.transforms import apply_transforms, failure
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
     from pyspark.sql.types import StructType
 
-__all__ = ["DLQ_COLUMNS", "IngestConfig", "IngestWriter", "build_ingest_frame", "ingest"]
+__all__ = ["DLQ_COLUMNS", "IngestWriter", "build_ingest_frame", "ingest"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,101 +52,6 @@ DLQ_COLUMNS = (
     "error",
     "dead_lettered_at",
 )
-
-
-@dataclass(frozen=True)
-class IngestConfig:
-    """What ``deltaflow ingest`` runs (the CLI flags, validated)."""
-
-    topic: str
-    table_uri: str
-    brokers: str
-    app_id: str
-    allowed_latency: float | None = None
-    max_messages_per_batch: int = 0
-    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
-    seek_offsets: Mapping[str, int] | None = None
-    transforms: Sequence[str] = ()
-    value_format: Literal["json", "raw", "avro"] = "json"
-    schema: str | None = None
-    avro: str | None = None
-    decompress_gzip: bool = False
-    dlq_table_location: str | None = None
-    dlq_transforms: Sequence[str] = ()
-    min_bytes_per_file: int | None = None
-    schema_evolution: bool = False
-    ends_at_latest_offsets: bool = False
-    checkpoint_location: str | None = None
-    partition_by: Sequence[str] = ()
-    kafka_settings: Mapping[str, str] = field(default_factory=dict)
-    consumer_group: str | None = None
-    commit_to_group: bool = False
-    write_path: Literal["auto", "spark", "arrow"] = "auto"
-    auto_compact: bool = True
-    auto_compact_min_files: int = 50
-    vacuum_interval_hours: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.value_format == "avro" and not self.avro:
-            raise ConfigError("Avro values need --avro <schema registry URL or .avsc file>")
-        if self.decompress_gzip and self.value_format == "raw":
-            raise ConfigError("--decompress_gzip applies to decoded values (--json or --avro), not --raw")
-        if self.dlq_table_location and normalize_uri(self.dlq_table_location) == normalize_uri(
-            self.table_uri
-        ):
-            raise ConfigError("--dlq_table_location must be another table than the main one")
-        if self.dlq_transforms and not self.dlq_table_location:
-            raise ConfigError("--dlq_transform needs --dlq_table_location")
-        if self.schema_evolution and self.value_format != "json":
-            raise ConfigError("--schema_evolution applies to JSON values (Avro columns follow the registry)")
-        if self.commit_to_group and not self.consumer_group:
-            raise ConfigError("committing offsets to the consumer group needs --consumer_group")
-        if self.min_bytes_per_file is not None and self.min_bytes_per_file < 1:
-            raise ConfigError("--min_bytes_per_file must be positive")
-        self.parsed_transforms()
-        self.parsed_dlq_transforms()
-
-    def parsed_transforms(self) -> list[Transform]:
-        return [parse_transform(t) for t in self.transforms]
-
-    def parsed_dlq_transforms(self) -> list[Transform]:
-        return [parse_transform(t) for t in self.dlq_transforms]
-
-    def sink_options(self, checkpoint_location: str | None) -> SinkOptions:
-        """The main table's sink options."""
-        values: dict[str, Any] = {
-            "table_uri": self.table_uri,
-            "pipeline_id": self.app_id,
-            "kafka_offsets": True,
-            "partition_columns": list(self.partition_by),
-            "schema_mode": "merge",
-            "write_path": self.write_path,
-            "checkpoint_location": checkpoint_location,
-            "auto_compact": self.auto_compact,
-            "auto_compact_min_files": self.auto_compact_min_files,
-            "vacuum_interval_hours": self.vacuum_interval_hours,
-        }
-        if self.min_bytes_per_file:
-            values["target_file_size_mb"] = max(1, self.min_bytes_per_file // (1024 * 1024))
-        return SinkOptions.build(values)
-
-    def dlq_options(self, checkpoint_location: str) -> SinkOptions | None:
-        """The dead-letter table's sink options (its own txn app id)."""
-        if not self.dlq_table_location:
-            return None
-        return SinkOptions.build(
-            {
-                "table_uri": self.dlq_table_location,
-                "pipeline_id": f"{self.app_id}-dlq",
-                "kafka_offsets": True,
-                "schema_mode": "merge",
-                "write_path": self.write_path,
-                "checkpoint_location": checkpoint_location,
-                "auto_compact": self.auto_compact,
-                "auto_compact_min_files": self.auto_compact_min_files,
-                "vacuum_interval_hours": self.vacuum_interval_hours,
-            }
-        )
 
 
 def _starting_offsets(config: IngestConfig) -> str:
@@ -172,10 +77,10 @@ def _value_schema(spark: SparkSession, config: IngestConfig) -> StructType:
         produced = {t.target[0] for t in config.parsed_transforms() if len(t.target) == 1}
         table_schema = from_arrow_schema(pa.schema(table.schema().to_arrow()))
         table_fields = [f for f in table_schema.fields if f.name not in produced]
-    if config.schema:
-        parsed = StructType.fromDDL(config.schema)
+    if config.value_schema:
+        parsed = StructType.fromDDL(config.value_schema)
         if not isinstance(parsed, StructType):
-            raise ConfigError(f"--schema must list columns, got {config.schema!r}")
+            raise ConfigError(f"--schema must list columns, got {config.value_schema!r}")
         # The table's other columns (added by schema evolution, or by hand) decode too.
         given = set(parsed.fieldNames())
         return StructType([*parsed.fields, *(f for f in table_fields if f.name not in given)])
@@ -203,7 +108,7 @@ def _sample_values(config: IngestConfig) -> list[str]:
     conf = {
         "bootstrap.servers": config.brokers,
         "group.id": "deltaflow-schema-sample",
-        **config.kafka_settings,
+        **config.kafka_conf,
     }
     with kafka_errors(f"sampling {config.topic!r} for its schema", topic=config.topic):
         return _sample(config, Consumer({**conf, "enable.auto.commit": False}))
@@ -267,9 +172,9 @@ def build_ingest_frame(spark: SparkSession, config: IngestConfig) -> DataFrame:
         .option("max_messages_per_batch", config.max_messages_per_batch)
         .option("batch_interval", config.allowed_latency or 0)
         .option("delta_table_uri", normalize_uri(config.table_uri))
-        .option("delta_app_id", config.app_id)
+        .option("pipeline_id", config.pipeline_id)
     )
-    settings = dict(config.kafka_settings)
+    settings = dict(config.kafka_conf)
     if config.consumer_group:
         settings["group.id"] = config.consumer_group
     if settings:
@@ -576,7 +481,7 @@ def ingest(spark: SparkSession, config: IngestConfig) -> StreamingQuery:
     main = _claim(main)
     group = None
     if config.commit_to_group:
-        group = {"bootstrap.servers": config.brokers, **config.kafka_settings}
+        group = {"bootstrap.servers": config.brokers, **config.kafka_conf}
         group["group.id"] = config.consumer_group or ""
     writer = IngestWriter(
         main,
@@ -587,7 +492,9 @@ def ingest(spark: SparkSession, config: IngestConfig) -> StreamingQuery:
         gzipped=config.decompress_gzip,
     )
     stream = (
-        frame.writeStream.foreachBatch(writer).option("checkpointLocation", location).queryName(config.app_id)
+        frame.writeStream.foreachBatch(writer)
+        .option("checkpointLocation", location)
+        .queryName(config.pipeline_id)
     )
     if config.ends_at_latest_offsets:
         stream = stream.trigger(availableNow=True)

@@ -81,14 +81,15 @@ def checkpoint_location(spec: PipelineSpec) -> str:
         return normalize_uri(spec.checkpoint_location)
     from deltaflow.pipeline.api import default_checkpoint_location
 
-    first = SinkOptions.build({"table_uri": spec.sinks[0].table_uri, "pipeline_id": spec.id})
+    first = SinkOptions.build({"table_uri": spec.sinks[0].table_uri, "pipeline_id": spec.pipeline_id})
     try:
         return default_checkpoint_location(first)
     except ConfigError:
         raise ConfigError(
-            f"pipeline {spec.id!r}: its first sink {first.table_uri!r} is not on the local filesystem; "
+            f"pipeline {spec.pipeline_id!r}: its first sink {first.table_uri!r} is not on the local "
+            "filesystem; "
             "set checkpoint_location (a local or HDFS path that survives restarts)",
-            pipeline_id=spec.id,
+            pipeline_id=spec.pipeline_id,
         ) from None
 
 
@@ -433,11 +434,14 @@ class PipelineWriter:
             undecodable = failed.count()
             if undecodable:
                 metrics.records_failed(
-                    pipeline=spec.id, table=self._sinks[0].options.table_uri, count=undecodable
+                    pipeline=spec.pipeline_id, table=self._sinks[0].options.table_uri, count=undecodable
                 )
-                letters.append(_kafka_letters(failed, spec.id, batch_id))
+                letters.append(_kafka_letters(failed, spec.pipeline_id, batch_id))
                 logger.warning(
-                    "pipeline %r batch %s: %d message(s) could not be decoded", spec.id, batch_id, undecodable
+                    "pipeline %r batch %s: %d message(s) could not be decoded",
+                    spec.pipeline_id,
+                    batch_id,
+                    undecodable,
                 )
             batch = batch.filter(F.col(_ERROR).isNull()).drop(_ERROR, _RAW)
         rows = process(batch, spec)
@@ -468,15 +472,15 @@ class PipelineWriter:
         for e in spec.expectations:
             if violations[e.name]:
                 metrics.expectation_violated(
-                    pipeline=spec.id, expectation=e.name, action=e.action, count=violations[e.name]
+                    pipeline=spec.pipeline_id, expectation=e.name, action=e.action, count=violations[e.name]
                 )
         failing = [e for e in spec.expectations if e.action == "fail" and violations[e.name]]
         if failing:
             detail = ", ".join(f"{e.name!r} ({violations[e.name]} row(s) violate {e.expr})" for e in failing)
             raise ExpectationFailedError(
-                f"pipeline {spec.id!r}, batch {batch_id}: expectation {detail}; nothing of the batch "
-                "was committed. Fix the data or the expectation, then start the pipeline again",
-                pipeline_id=spec.id,
+                f"pipeline {spec.pipeline_id!r}, batch {batch_id}: expectation {detail}; nothing of the "
+                "batch was committed. Fix the data or the expectation, then start the pipeline again",
+                pipeline_id=spec.pipeline_id,
                 batch_id=batch_id,
                 expectations=[e.name for e in failing],
             )
@@ -484,7 +488,7 @@ class PipelineWriter:
             if e.action == "warn" and violations[e.name]:
                 logger.warning(
                     "pipeline %r batch %s: %d row(s) violate expectation %r (%s); kept",
-                    spec.id,
+                    spec.pipeline_id,
                     batch_id,
                     violations[e.name],
                     e.name,
@@ -499,7 +503,7 @@ class PipelineWriter:
         names = F.array_compact(F.array(*(F.when(~ok[e.name], F.lit(e.name)) for e in drops)))
         letters.append(
             rows.filter(~keep).select(
-                F.lit(spec.id).alias("pipeline_id"),
+                F.lit(spec.pipeline_id).alias("pipeline_id"),
                 F.lit(batch_id).cast("bigint").alias("batch_id"),
                 F.concat(F.lit("expectation failed: "), F.array_join(names, ", ")).alias("reason"),
                 F.to_json(F.struct(*(F.col(f"`{c}`") for c in rows.columns))).alias("record"),
@@ -509,7 +513,7 @@ class PipelineWriter:
         dropped = sum(violations[e.name] for e in drops)
         logger.warning(
             "pipeline %r batch %s: rows violating %s dropped%s (%d violation(s))",
-            spec.id,
+            spec.pipeline_id,
             batch_id,
             ", ".join(repr(e.name) for e in drops if violations[e.name]),
             " to the dead-letter table" if self._dlq else "",
@@ -563,7 +567,7 @@ def start_pipeline(spark: SparkSession, spec: PipelineSpec, *, available_now: bo
         good = spark.newSession().createDataFrame([], good.schema)
     shape = process(good, spec)
     sinks = [
-        _Sink(name, sink.sink_options(spec.id, location), sink.when)
+        _Sink(name, sink.sink_options(spec.pipeline_id, location), sink.when)
         for name, sink in zip(spec.sink_names(), spec.sinks, strict=True)
     ]
     _check_expressions(spec, shape)
@@ -577,21 +581,25 @@ def start_pipeline(spark: SparkSession, spec: PipelineSpec, *, available_now: bo
     dead_letter = None
     if spec.dead_letter is not None:
         values = spec.dead_letter.model_dump(exclude_defaults=True)
-        values.update(pipeline_id=spec.id, checkpoint_location=location)
+        values.update(pipeline_id=spec.pipeline_id, checkpoint_location=location)
         dead_letter = SinkOptions.build(values)
         _prepare_table(spark.createDataFrame([], DEAD_LETTER_SCHEMA), dead_letter)
         dead_letter = _claim(dead_letter)
     # Every table this pipeline writes: an earlier process running it can no longer commit.
     sinks = [_Sink(s.name, _claim(s.options), s.when) for s in sinks]
     writer = PipelineWriter(spec, sinks, dead_letter)
-    stream = source.writeStream.foreachBatch(writer).option("checkpointLocation", location).queryName(spec.id)
+    stream = (
+        source.writeStream.foreachBatch(writer)
+        .option("checkpointLocation", location)
+        .queryName(spec.pipeline_id)
+    )
     if available_now:
         stream = stream.trigger(availableNow=True)
     elif spec.trigger_interval:
         stream = stream.trigger(processingTime=f"{spec.trigger_interval} seconds")
     logger.info(
         "starting pipeline %r: %s -> %s (checkpoint %s)",
-        spec.id,
+        spec.pipeline_id,
         describe_source(spec),
         ", ".join(f"{s.name}: {normalize_uri(s.options.table_uri)}" for s in sinks),
         location,
@@ -613,9 +621,9 @@ def _check_expressions(spec: PipelineSpec, shape: DataFrame) -> None:
             shape.select(F.expr(expr).alias("x")).schema  # noqa: B018 - analysis only, no job
         except Exception as exc:  # noqa: BLE001 - Spark's AnalysisException/ParseException
             raise ConfigError(
-                f"pipeline {spec.id!r}, {where}: {expr!r} is not a valid predicate over the columns "
+                f"pipeline {spec.pipeline_id!r}, {where}: {expr!r} is not a valid predicate over the columns "
                 f"{', '.join(shape.columns)}: {_first_line(exc)}",
-                pipeline_id=spec.id,
+                pipeline_id=spec.pipeline_id,
             ) from None
 
 

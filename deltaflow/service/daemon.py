@@ -471,14 +471,14 @@ def run_pipelines(
     from deltaflow.pipeline.runner import describe_source, start_pipeline
 
     for spec in pipelines:
-        board.register(spec.id, table_uri=spec.sinks[0].table_uri, source=describe_source(spec))
+        board.register(spec.pipeline_id, table_uri=spec.sinks[0].table_uri, source=describe_source(spec))
 
     def starter(spec: PipelineSpec) -> Callable[[], StreamingQuery]:
         def start() -> StreamingQuery:
             if on_start is not None:
-                on_start(spec.id)
+                on_start(spec.pipeline_id)
             return start_pipeline(spark, spec, available_now=available_now)
 
         return start
 
-    return run_all({spec.id: starter(spec) for spec in pipelines})
+    return run_all({spec.pipeline_id: starter(spec) for spec in pipelines})

@@ -38,11 +38,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from deltaflow.config.locations import normalize_uri
-from deltaflow.config.sink import SinkOptions
+from deltaflow.config.sink import SinkOptions, for_stream
 from deltaflow.delta.layout import staging_dir
 from deltaflow.delta.progress import is_committed
 from deltaflow.delta.schema import file_schema
-from deltaflow.errors import ConfigError
 from deltaflow.io.faults import maybe_crash
 from deltaflow.io.parquet import HIVE_NULL, WrittenFile, stats_json
 from deltaflow.metrics import metrics
@@ -74,8 +73,7 @@ class SparkBatchWriter:
     """``foreachBatch`` function: Spark writes Parquet, the driver commits to Delta."""
 
     def __init__(self, options: SinkOptions, *, overwrite: bool = False) -> None:
-        if not options.pipeline_id:
-            raise ConfigError("pipeline_id is required for a streaming write", table_uri=options.table_uri)
+        options = for_stream(options)
         self._options = options
         self._overwrite = overwrite
         self._root = Path(normalize_uri(options.table_uri))  # used by the spark way only

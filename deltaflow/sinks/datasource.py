@@ -29,7 +29,7 @@ from pyspark.sql.datasource import (
 
 from deltaflow._version import __version__
 from deltaflow.config.locations import normalize_uri
-from deltaflow.config.sink import SinkOptions
+from deltaflow.config.sink import SinkOptions, for_stream
 from deltaflow.delta import progress
 from deltaflow.delta.progress import is_committed
 from deltaflow.errors import (
@@ -87,14 +87,7 @@ class DeltaflowDataSource(DataSource):
         return DeltaBatchWriter(sink)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DeltaStreamWriter:  # noqa: N802
-        options = _arrow_options(self.options)
-        if not options.pipeline_id:
-            raise ConfigError(
-                "pipeline_id is required for a streaming write: it is the Delta txn app id "
-                "that makes replays idempotent; set .option('pipeline_id', '<stable-name>')",
-                table_uri=options.table_uri,
-            )
-        return DeltaStreamWriter(_DeltaSink(options, schema, overwrite))
+        return DeltaStreamWriter(_DeltaSink(for_stream(_arrow_options(self.options)), schema, overwrite))
 
 
 class DeltaStreamWriter(DataSourceStreamArrowWriter):

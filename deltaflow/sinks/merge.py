@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from deltaflow._version import __version__
 from deltaflow.config.locations import normalize_uri
-from deltaflow.config.sink import SinkOptions
+from deltaflow.config.sink import SinkOptions, for_stream
 from deltaflow.errors import ConfigError, DeltaflowError, MergeError
 from deltaflow.io.faults import maybe_crash
 from deltaflow.metrics import metrics
@@ -158,10 +158,9 @@ class MergeWriter:
     """``foreachBatch`` function (or one sink of a pipeline) applying each batch's changes."""
 
     def __init__(self, options: SinkOptions) -> None:
-        if options.write_mode != "merge" or not options.pipeline_id:
-            raise ConfigError(
-                "MergeWriter needs write_mode merge and a pipeline_id", table_uri=options.table_uri
-            )
+        options = for_stream(options)
+        if options.write_mode != "merge":
+            raise ConfigError("MergeWriter needs write_mode merge", table_uri=options.table_uri)
         self._options = options
         self._uri = normalize_uri(options.table_uri)
 

@@ -29,6 +29,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from deltaflow.config.identity import PipelineId
 from deltaflow.config.secrets import MASK, masked
 from deltaflow.errors import (
     ConfigError,
@@ -108,10 +109,11 @@ class KafkaSourceOptions(BaseModel):
             ``sasl.mechanism``, ...). Values of secret settings are masked when printed.
         sasl_password: SASL password, kept out of logs (``sasl.password`` for librdkafka).
         delta_table_uri: The Delta table the pipeline writes with ``kafka_offsets``: the source
-            then starts after the offsets committed there (``<delta_app_id>-<topic>-<partition>``
+            then starts after the offsets committed there (``<pipeline_id>-<topic>-<partition>``
             txns) and never reads an offset the table already holds, so a lost or replaced
             Spark checkpoint neither duplicates nor loses rows.
-        delta_app_id: The pipeline id whose txns to read (the sink's ``pipeline_id``).
+        pipeline_id: The pipeline whose txns to read (the sink's ``pipeline_id``; the option
+            ``delta_app_id`` is accepted for it).
         delta_storage_options: Storage options for reading that table (JSON object).
         value_format: ``binary`` (rows carry the value bytes), ``json`` or ``avro``: the source
             decodes values into a ``data`` struct, with ``error`` and ``unknown_fields`` columns;
@@ -145,7 +147,7 @@ class KafkaSourceOptions(BaseModel):
     kafka_settings: dict[str, SecretStr] = Field(default_factory=dict)
     sasl_password: SecretStr | None = None
     delta_table_uri: str | None = None
-    delta_app_id: str | None = None
+    pipeline_id: PipelineId | None = None
     delta_storage_options: dict[str, str] = Field(default_factory=dict)
     value_format: Literal["binary", "json", "avro"] = "binary"
     value_schema: str | None = None
@@ -220,6 +222,8 @@ class KafkaSourceOptions(BaseModel):
             merged = dict(json.loads(values.get("kafka_settings") or "{}"))
             merged.update(settings)
             values["kafka_settings"] = merged
+        if "delta_app_id" in values:  # the option's earlier name
+            values.setdefault("pipeline_id", values.pop("delta_app_id"))
         unknown = set(values) - set(cls.model_fields)
         if unknown:
             from deltaflow.errors import UnknownOptionError
@@ -231,9 +235,9 @@ class KafkaSourceOptions(BaseModel):
             raise ConfigError(f"invalid Kafka source options: {exc}") from None
         if bool(opts.topic) == bool(opts.topic_pattern):
             raise ConfigError("set exactly one of 'topic' and 'topic_pattern' for the Kafka source")
-        if bool(opts.delta_table_uri) != bool(opts.delta_app_id):
+        if bool(opts.delta_table_uri) != bool(opts.pipeline_id):
             raise ConfigError(
-                "set both 'delta_table_uri' and 'delta_app_id' (or neither) for the Kafka source"
+                "set both 'delta_table_uri' and 'pipeline_id' (or neither) for the Kafka source"
             )
         if opts.value_compression != "none" and opts.value_format == "binary":
             raise ConfigError("value_compression applies when the source decodes (value_format json or avro)")
@@ -427,7 +431,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _committed(self, layout: Mapping[str, Sequence[int | str]]) -> Offsets:
         """Next offset to read per partition according to the Delta table (if configured)."""
-        if not self._options.delta_table_uri or not self._options.delta_app_id:
+        if not self._options.delta_table_uri or not self._options.pipeline_id:
             return {}
         from deltaflow.config.locations import normalize_uri
         from deltaflow.delta import log as delta_log
@@ -436,7 +440,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         table = delta_log.load(
             normalize_uri(self._options.delta_table_uri), self._options.delta_storage_options
         )
-        done = kafka_progress(table, self._options.delta_app_id, layout)
+        done = kafka_progress(table, self._options.pipeline_id, layout)
         return {t: {p: v + 1 for p, v in parts.items()} for t, parts in done.items()}
 
     def initialOffset(self) -> Offsets:  # noqa: N802

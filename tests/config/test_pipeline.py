@@ -63,8 +63,8 @@ def test_a_valid_file_loads_typed_with_variables_substituted(tmp_path):
     )
     assert isinstance(mirror.source, DeltaSourceSpec)
     assert mirror.source.starting_version == 3
-    assert [p.id for p in file.selected()] == ["orders"]  # disabled ones are left out
-    assert [p.id for p in file.selected(("mirror",))] == ["mirror"]
+    assert [p.pipeline_id for p in file.selected()] == ["orders"]  # disabled ones are left out
+    assert [p.pipeline_id for p in file.selected(("mirror",))] == ["mirror"]
     with pytest.raises(Exception, match="no pipeline 'nope'"):
         file.selected(("nope",))
     # Secrets never printed.

@@ -32,7 +32,7 @@ INSERT INTO big SELECT * FROM clicks WHERE amount > 100
 def test_statements_become_pipelines():
     file = parse_sql(SQL, {"BROKER": "127.0.0.1:9092"})
     pages, big = file.pipelines
-    assert pages.id == "page-views" and big.id == "clicks-to-big"
+    assert pages.pipeline_id == "page-views" and big.pipeline_id == "clicks-to-big"
     assert isinstance(pages.source, KafkaSourceSpec)
     assert pages.source.bootstrap_servers == "127.0.0.1:9092"
     assert pages.source.schema_ == "id BIGINT, page STRING, amount DOUBLE, ts TIMESTAMP"

@@ -25,11 +25,12 @@ from deltalake.exceptions import TableNotFoundError
 from pyarrow import fs as pafs
 
 import deltaflow
+from deltaflow.config.ingest import IngestConfig
 from deltaflow.config.pipeline import load_pipelines
 from deltaflow.delta import commit
 from deltaflow.io.faults import lose_commit_responses
 from deltaflow.io.storage import filesystem
-from deltaflow.pipeline.ingest import IngestConfig, ingest
+from deltaflow.pipeline.ingest import ingest
 from deltaflow.service.daemon import run_pipelines
 from deltaflow.testing import FaultyHttpProxy
 from tests.fixtures.readers import duckdb_delta
@@ -217,8 +218,8 @@ def test_lost_responses_with_kafka_offsets_and_dead_letters(spark, kafka, tmp_pa
         topic=topic,
         table_uri=str(tmp_path / "t"),
         brokers=kafka.bootstrap,
-        app_id="lossy-kafka",
-        schema="id LONG",
+        pipeline_id="lossy-kafka",
+        value_schema="id LONG",
         dlq_table_location=str(tmp_path / "dlq"),
         ends_at_latest_offsets=True,
         max_messages_per_batch=60,

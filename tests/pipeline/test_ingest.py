@@ -11,7 +11,8 @@ from click.testing import CliRunner
 from deltalake import DeltaTable
 
 from deltaflow.cli import cli
-from deltaflow.pipeline.ingest import IngestConfig, ingest
+from deltaflow.config.ingest import IngestConfig
+from deltaflow.pipeline.ingest import ingest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,7 +37,7 @@ def test_ingest_decodes_transforms_and_resumes(spark, kafka, tmp_path):
         topic=topic,
         table_uri=str(tmp_path / "t"),
         brokers=kafka.bootstrap,
-        app_id="ingest-test",
+        pipeline_id="ingest-test",
         ends_at_latest_offsets=True,
         max_messages_per_batch=150,
         transforms=[
@@ -269,8 +270,8 @@ def test_commit_to_group_mirrors_the_committed_offsets(spark, kafka, tmp_path):
         topic=topic,
         table_uri=str(tmp_path / "t"),
         brokers=kafka.bootstrap,
-        app_id="group-mirror",
-        schema=SCHEMA,
+        pipeline_id="group-mirror",
+        value_schema=SCHEMA,
         consumer_group="deltaflow-lag-watch",
         commit_to_group=True,
         ends_at_latest_offsets=True,

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from deltaflow.pipeline.ingest import DLQ_COLUMNS, IngestConfig, ingest
+from deltaflow.config.ingest import IngestConfig
+from deltaflow.pipeline.ingest import DLQ_COLUMNS, ingest
 from tests.fixtures.registry import AVRO_V1, AVRO_V2
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,8 +82,8 @@ def test_bad_messages_go_to_the_dead_letter_table(spark, kafka, tmp_path, write_
         topic=topic,
         table_uri=str(tmp_path / "t"),
         brokers=kafka.bootstrap,
-        app_id="dlq-test",
-        schema=SCHEMA,
+        pipeline_id="dlq-test",
+        value_schema=SCHEMA,
         transforms=TRANSFORMS,
         dlq_table_location=str(tmp_path / "dlq"),
         ends_at_latest_offsets=True,
@@ -109,8 +110,8 @@ def test_without_a_dead_letter_table_bad_messages_are_counted_and_skipped(spark,
         topic=topic,
         table_uri=str(tmp_path / "t"),
         brokers=kafka.bootstrap,
-        app_id="no-dlq",
-        schema=SCHEMA,
+        pipeline_id="no-dlq",
+        value_schema=SCHEMA,
         transforms=TRANSFORMS,
         ends_at_latest_offsets=True,
     )
@@ -162,7 +163,7 @@ def test_gzip_values_and_a_payload_that_is_not_gzip(spark, kafka, tmp_path):
         topic=topic,
         table_uri=str(tmp_path / "t"),
         brokers=kafka.bootstrap,
-        app_id="gz",
+        pipeline_id="gz",
         decompress_gzip=True,  # schema inferred from the decompressed samples
         dlq_table_location=str(tmp_path / "dlq"),
         ends_at_latest_offsets=True,

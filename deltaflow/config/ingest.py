@@ -1,0 +1,157 @@
+"""What ``deltaflow ingest`` runs: kafka-delta-ingest's options as one frozen, validated model.
+
+The CLI's flags (and kafka-delta-ingest's environment variables) land here; so do the Python
+callers (the demo, benchmarks). Every problem is reported before Spark starts, naming the flag.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Self
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+from deltaflow.config.identity import PipelineId
+from deltaflow.config.locations import normalize_uri
+from deltaflow.config.secrets import masked
+from deltaflow.config.sink import StreamSinkOptions
+from deltaflow.config.transforms import Transform, parse_transform
+from deltaflow.errors import ConfigError
+
+__all__ = ["IngestConfig"]
+
+
+class IngestConfig(BaseModel):
+    """What ``deltaflow ingest`` runs (the CLI flags, validated).
+
+    Attributes:
+        pipeline_id: The pipeline's identity (kafka-delta-ingest's ``--app_id``; ``app_id`` is
+            accepted for it): the txn prefix ``<pipeline_id>-<topic>-<partition>``, the
+            checkpoint folder, the metric label.
+        value_schema: The JSON value's schema as Spark DDL (``--schema``; ``schema`` is accepted).
+        kafka_settings: librdkafka settings (``-K key=value``); values are secrets (masked).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    topic: str = Field(min_length=1)
+    table_uri: str = Field(min_length=1)
+    brokers: str = "localhost:9092"
+    pipeline_id: PipelineId = Field(validation_alias=AliasChoices("pipeline_id", "app_id"))
+    allowed_latency: float | None = Field(default=None, ge=0)
+    max_messages_per_batch: int = Field(default=0, ge=0)
+    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    seek_offsets: dict[str, int] | None = None
+    transforms: tuple[str, ...] = ()
+    value_format: Literal["json", "raw", "avro"] = "json"
+    value_schema: str | None = Field(default=None, validation_alias=AliasChoices("value_schema", "schema"))
+    avro: str | None = None
+    decompress_gzip: bool = False
+    dlq_table_location: str | None = None
+    dlq_transforms: tuple[str, ...] = ()
+    min_bytes_per_file: int | None = Field(default=None, ge=1)
+    schema_evolution: bool = False
+    ends_at_latest_offsets: bool = False
+    checkpoint_location: str | None = None
+    partition_by: tuple[str, ...] = ()
+    kafka_settings: dict[str, SecretStr] = Field(default_factory=dict)
+    consumer_group: str | None = None
+    commit_to_group: bool = False
+    write_path: Literal["auto", "spark", "arrow"] = "auto"
+    auto_compact: bool = True
+    auto_compact_min_files: int = Field(default=50, ge=2)
+    vacuum_interval_hours: float = Field(default=0.0, ge=0)
+
+    @classmethod
+    def build(cls, **values: Any) -> Self:
+        """Validate ``values``; every problem in one :class:`ConfigError` naming the option,
+        the value received and what is allowed."""
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            raise ConfigError(_describe(exc), errors=exc.errors(include_url=False)) from None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.value_format == "avro" and not self.avro:
+            raise ValueError("Avro values need --avro <schema registry URL or .avsc file>")
+        if self.decompress_gzip and self.value_format == "raw":
+            raise ValueError("--decompress-gzip applies to decoded values (--json or --avro), not --raw")
+        if self.dlq_table_location and normalize_uri(self.dlq_table_location) == normalize_uri(
+            self.table_uri
+        ):
+            raise ValueError("--dlq-table-location must be another table than the main one")
+        if self.dlq_transforms and not self.dlq_table_location:
+            raise ValueError("--dlq-transform needs --dlq-table-location")
+        if self.schema_evolution and self.value_format != "json":
+            raise ValueError("--schema-evolution applies to JSON values (Avro columns follow the registry)")
+        if self.commit_to_group and not self.consumer_group:
+            raise ValueError("committing offsets to the consumer group needs --consumer-group-id")
+        for text in (*self.transforms, *self.dlq_transforms):
+            try:
+                parse_transform(text).check()
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
+        return self
+
+    @property
+    def kafka_conf(self) -> dict[str, str]:
+        """The librdkafka settings with their values (for the clients only: never print)."""
+        return {k: v.get_secret_value() for k, v in self.kafka_settings.items()}
+
+    def parsed_transforms(self) -> list[Transform]:
+        return [parse_transform(t) for t in self.transforms]
+
+    def parsed_dlq_transforms(self) -> list[Transform]:
+        return [parse_transform(t) for t in self.dlq_transforms]
+
+    def sink_options(self, checkpoint_location: str | None) -> StreamSinkOptions:
+        """The main table's sink options."""
+        values: dict[str, Any] = {
+            "table_uri": self.table_uri,
+            "pipeline_id": self.pipeline_id,
+            "kafka_offsets": True,
+            "partition_columns": list(self.partition_by),
+            "schema_mode": "merge",
+            "write_path": self.write_path,
+            "checkpoint_location": checkpoint_location,
+            "auto_compact": self.auto_compact,
+            "auto_compact_min_files": self.auto_compact_min_files,
+            "vacuum_interval_hours": self.vacuum_interval_hours,
+        }
+        if self.min_bytes_per_file:
+            values["target_file_size_mb"] = max(1, self.min_bytes_per_file // (1024 * 1024))
+        return StreamSinkOptions.build(values)
+
+    def dlq_options(self, checkpoint_location: str) -> StreamSinkOptions | None:
+        """The dead-letter table's sink options (its own txn app id)."""
+        if not self.dlq_table_location:
+            return None
+        return StreamSinkOptions.build(
+            {
+                "table_uri": self.dlq_table_location,
+                "pipeline_id": f"{self.pipeline_id}-dlq",
+                "kafka_offsets": True,
+                "schema_mode": "merge",
+                "write_path": self.write_path,
+                "checkpoint_location": checkpoint_location,
+                "auto_compact": self.auto_compact,
+                "auto_compact_min_files": self.auto_compact_min_files,
+                "vacuum_interval_hours": self.vacuum_interval_hours,
+            }
+        )
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False):
+        key = ".".join(str(p) for p in err["loc"])
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "literal_error":
+            msg = f"must be one of {err.get('ctx', {}).get('expected', '')}"
+        if not key:  # a rule across options: its message names the flags
+            parts.append(msg)
+        elif err["type"] == "missing":
+            parts.append(f"{key}: required")
+        else:
+            parts.append(f"{key}: {msg} (received {masked(err.get('input'), key)!r})")
+    return "invalid ingest options: " + "; ".join(parts)
