@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from deltaflow.config.locations import normalize_uri
 from deltaflow.config.pipeline import (
@@ -37,11 +36,11 @@ from deltaflow.config.transforms import parse_transform
 from deltaflow.errors import ConfigError, ExpectationFailedError
 from deltaflow.metrics import metrics
 from deltaflow.pipeline.transforms import apply_transforms
+from deltaflow.sources.files import files_stream
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
-    from pyspark.sql.types import StructType
 
 
 __all__ = ["DEAD_LETTER_SCHEMA", "PipelineWriter", "describe_source", "process", "start_pipeline"]
@@ -52,24 +51,6 @@ logger = logging.getLogger(__name__)
 DEAD_LETTER_SCHEMA = (
     "pipeline_id STRING, batch_id BIGINT, reason STRING, record STRING, dead_lettered_at TIMESTAMP"
 )
-#: Where a file source's inferred schema is kept (inside the pipeline's checkpoint).
-SOURCE_SCHEMA_FILE = "deltaflow-source-schema.json"
-#: Reader options about finding files, not parsing them (not given to ``from_json``).
-_FILE_ONLY_OPTIONS = frozenset(
-    {
-        "pathGlobFilter",
-        "recursiveFileLookup",
-        "modifiedBefore",
-        "modifiedAfter",
-        "latestFirst",
-        "cleanSource",
-        "sourceArchiveDir",
-        "maxFileAge",
-        "fileNameOnly",
-    }
-)
-#: The rows of Spark's ``binaryFile`` source (Avro files are read through it).
-BINARY_FILE_SCHEMA = "path STRING, modificationTime TIMESTAMP, length BIGINT, content BINARY"
 #: Kafka sources: why a message could not be decoded (null for good ones) and its raw bytes.
 _ERROR = "_deltaflow_error"
 _RAW = "_deltaflow_raw"
@@ -103,191 +84,12 @@ def read_source(spark: SparkSession, spec: PipelineSpec, checkpoint: str) -> Dat
     register(spark)
     src = spec.source
     if isinstance(src, FilesSourceSpec):
-        return _files(spark, src, checkpoint)
+        return files_stream(spark, src, checkpoint)
     if isinstance(src, DeltaSourceSpec):
         return _delta(spark, src)
     if isinstance(src, GeneratorSourceSpec):
         return _generator(spark, src)
     return _kafka(spark, src)
-
-
-def _files(spark: SparkSession, src: FilesSourceSpec, checkpoint: str) -> DataFrame:
-    from pyspark.sql import functions as F  # noqa: N812
-
-    options = dict(src.options)
-    if src.format == "csv":
-        options.setdefault("header", "true")
-        # Columns by their header names, not by position (files with reordered columns).
-        options.setdefault("enforceSchema", "false")
-    reader = spark.readStream.options(**options)
-    if src.max_files_per_trigger:
-        reader = reader.option("maxFilesPerTrigger", src.max_files_per_trigger)
-    if src.max_bytes_per_trigger:
-        reader = reader.option("maxBytesPerTrigger", src.max_bytes_per_trigger)
-    if src.format == "text":
-        df = reader.format("text").load(src.path)
-    elif src.format == "avro":
-        if "pathGlobFilter" not in options:
-            reader = reader.option("pathGlobFilter", "*.avro")
-        files = reader.schema(BINARY_FILE_SCHEMA).format("binaryFile").load(src.path)
-        return _avro_files(files, source_schema(spark, src, checkpoint), src)
-    else:
-        schema = source_schema(spark, src, checkpoint)
-        if src.format == "json":
-            df = _json_lines(reader.format("text").load(src.path), schema, src.rescued_data_column, options)
-        elif src.format == "csv" and src.rescued_data_column:
-            from pyspark.sql.types import StringType, StructField, StructType
-
-            full = StructType([*schema.fields, StructField(src.rescued_data_column, StringType())])
-            df = (
-                reader.schema(full)
-                .option("mode", "PERMISSIVE")
-                .option("columnNameOfCorruptRecord", src.rescued_data_column)
-                .format("csv")
-                .load(src.path)
-            )
-        else:
-            df = reader.schema(schema).format(src.format).load(src.path)
-    if src.source_file_column:
-        df = df.withColumn(src.source_file_column, F.col("_metadata.file_path"))
-    return df
-
-
-def source_schema(spark: SparkSession, src: FilesSourceSpec, checkpoint: str) -> StructType:
-    """The given schema, else the one inferred at the first start and kept in the checkpoint."""
-    from pyspark.sql.types import StructType, _parse_datatype_string
-
-    if src.schema_:
-        parsed = _parse_datatype_string(src.schema_)
-        if not isinstance(parsed, StructType):
-            raise ConfigError(f"files source schema {src.schema_!r} is not a list of columns")
-        return parsed
-    stored = Path(checkpoint) / SOURCE_SCHEMA_FILE
-    if stored.exists():
-        loaded = StructType.fromJson(json.loads(stored.read_text()))
-        logger.info("files source %s: schema from %s", src.path, stored)
-        return loaded
-    if src.format == "avro":
-        schema = _avro_file_schema(spark, src)
-        stored.parent.mkdir(parents=True, exist_ok=True)
-        stored.write_text(json.dumps(schema.jsonValue()))
-        logger.info("files source %s: schema %s from the first Avro file", src.path, schema.simpleString())
-        return schema
-    options = dict(src.options)
-    if src.format == "csv":
-        options.setdefault("header", "true")
-        options.setdefault("inferSchema", "true")
-    try:
-        inferred = spark.read.options(**options).format(src.format).load(src.path).schema
-    except Exception as exc:  # noqa: BLE001 - Spark's AnalysisException for an empty folder
-        raise ConfigError(
-            f"cannot infer the schema of the {src.format} files in {src.path!r} ({_first_line(exc)}); "
-            "add files first or give the source a schema",
-            path=src.path,
-        ) from None
-    fields = [f for f in inferred.fields if f.name != "_corrupt_record"]
-    if not fields:
-        raise ConfigError(f"no columns could be inferred from the files in {src.path!r}; give a schema")
-    schema = StructType(fields)
-    stored.parent.mkdir(parents=True, exist_ok=True)
-    stored.write_text(json.dumps(schema.jsonValue()))
-    logger.info("files source %s: inferred schema %s (kept in %s)", src.path, schema.simpleString(), stored)
-    return schema
-
-
-def _avro_file_schema(spark: SparkSession, src: FilesSourceSpec) -> StructType:
-    """The Spark schema of the writer schema of the first Avro file in the folder."""
-    import io
-
-    import fastavro
-    from pyspark.sql.types import StructType, _parse_datatype_string
-
-    from deltaflow.sources.decode import avro_to_spark_ddl
-
-    try:
-        files = spark.read.options(**{"pathGlobFilter": "*.avro", **src.options}).format("binaryFile")
-        path = files.load(src.path).select("path").orderBy("path").first()
-        first = files.load(path["path"]).select("content").first() if path else None
-    except Exception as exc:  # noqa: BLE001 - Spark's AnalysisException for a missing folder
-        raise ConfigError(f"cannot list the Avro files in {src.path!r}: {_first_line(exc)}") from None
-    if first is None:
-        raise ConfigError(f"no Avro file in {src.path!r} to take the schema from; add one or give a schema")
-    writer = fastavro.reader(io.BytesIO(first["content"])).writer_schema
-    parsed = _parse_datatype_string(avro_to_spark_ddl(json.dumps(writer)))
-    assert isinstance(parsed, StructType)
-    return parsed
-
-
-def _avro_files(files: DataFrame, schema: StructType, src: FilesSourceSpec) -> DataFrame:
-    """Avro object container files (rows of Spark's ``binaryFile`` source) decoded in the tasks."""
-    import pyarrow as pa
-    from pyspark.sql.types import StringType, StructField, StructType
-
-    from deltaflow.delta.schema import spark_to_arrow
-
-    fields = list(schema.fields)
-    if src.rescued_data_column:
-        fields.append(StructField(src.rescued_data_column, StringType()))
-    if src.source_file_column:
-        fields.append(StructField(src.source_file_column, StringType()))
-    out_type = StructType(fields)
-    arrow_schema = spark_to_arrow(out_type)
-    names = [f.name for f in schema.fields]
-    rescued, source_file = src.rescued_data_column, src.source_file_column
-
-    def decode(batches: Any) -> Any:
-        import io
-
-        import fastavro
-
-        for batch in batches:
-            for path, content in zip(
-                batch.column("path").to_pylist(), batch.column("content").to_pylist(), strict=True
-            ):
-                try:
-                    records: list[dict[str, Any]] = list(fastavro.reader(io.BytesIO(content)))  # type: ignore[arg-type]
-                except Exception as exc:  # noqa: BLE001 - fastavro raises many types; name the file
-                    raise ConfigError(f"Avro file {path} cannot be read: {exc}", path=path) from None
-                columns: dict[str, list[Any]] = {n: [r.get(n) for r in records] for n in names}
-                if rescued:
-                    columns[rescued] = [
-                        json.dumps({k: v for k, v in r.items() if k not in names}, default=str)
-                        if set(r) - set(names)
-                        else None
-                        for r in records
-                    ]
-                if source_file:
-                    columns[source_file] = [path] * len(records)
-                yield pa.RecordBatch.from_pydict(columns, schema=arrow_schema)
-
-    return files.select("path", "content").mapInArrow(decode, out_type)
-
-
-def _json_lines(
-    lines: DataFrame, schema: StructType, rescued: str | None, options: Mapping[str, str]
-) -> DataFrame:
-    """JSON objects (one per line) parsed to ``schema`` with the reader ``options``
-    (``timestampFormat``, ``allowComments``, ...); ``rescued`` holds what did not fit."""
-    from pyspark.sql import functions as F  # noqa: N812
-    from pyspark.sql.types import StringType, StructField, StructType
-
-    corrupt = "_deltaflow_corrupt"
-    full = StructType([*schema.fields, StructField(corrupt, StringType())])
-    parse_options = {k: v for k, v in options.items() if k not in _FILE_ONLY_OPTIONS}
-    parse_options.update(mode="PERMISSIVE", columnNameOfCorruptRecord=corrupt)
-    parsed = F.from_json(F.col("value"), full, parse_options).alias("r")
-    df = lines.filter(F.trim(F.col("value")) != "").select(F.col("value"), parsed)
-    columns: list[Column] = [F.col(f"r.`{f.name}`").alias(f.name) for f in schema.fields]
-    if rescued:
-        names = F.array(*(F.lit(f.name) for f in schema.fields))
-        as_map = F.from_json(F.col("value"), "map<string,string>")
-        unknown = F.map_filter(as_map, lambda k, _v: ~F.array_contains(names, k))
-        columns.append(
-            F.when(F.col(f"r.{corrupt}").isNotNull(), F.col("value"))
-            .when(F.size(unknown) > 0, F.to_json(unknown))
-            .alias(rescued)
-        )
-    return df.select(*columns)
 
 
 def _delta(spark: SparkSession, src: DeltaSourceSpec) -> DataFrame:

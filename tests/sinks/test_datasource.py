@@ -1,7 +1,6 @@
 """The sink through Spark: batch writes, schema modes, auto-create, validation, streams."""
 
 import datetime as dt
-import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -13,19 +12,9 @@ from pyspark.sql import functions as F  # noqa: N812
 import deltaflow
 from deltaflow.errors import ConfigError, SchemaMismatchError, TableNotFoundError, UnknownOptionError
 from deltaflow.io.storage import filesystem
-
-
-def _df(spark, start, count, **extra):
-    df = spark.range(start, start + count).withColumn(
-        "name", F.concat(F.lit("n"), F.col("id").cast("string"))
-    )
-    for name, column in extra.items():
-        df = df.withColumn(name, column)
-    return df
-
-
-def _ids(uri):
-    return sorted(DeltaTable(uri).to_pyarrow_table()["id"].to_pylist())
+from tests.fixtures.frames import df as _df
+from tests.fixtures.frames import ids as _ids
+from tests.fixtures.frames import landing as _landing
 
 
 def _adds(uri):
@@ -170,15 +159,6 @@ def test_format_entry_point_validates_options_too(spark, tmp_path):
         ).mode("append").save()
 
 
-def _landing(tmp_path, files, rows):
-    landing = tmp_path / "landing"
-    landing.mkdir()
-    for f in range(files):
-        lines = [json.dumps({"id": f * rows + i, "name": f"n{f * rows + i}"}) for i in range(rows)]
-        (landing / f"f{f:03d}.json").write_text("\n".join(lines) + "\n")
-    return landing
-
-
 def test_stream_through_the_format_entry_point(spark, tmp_path):
     landing = _landing(tmp_path, 3, 50)
     uri = str(tmp_path / "t")
@@ -218,24 +198,6 @@ def test_stream_requires_a_pipeline_id(spark, tmp_path):
     assert not (tmp_path / "t").exists()
     with pytest.raises(ConfigError, match="pipeline_id"):
         deltaflow.write_stream(source, str(tmp_path / "t"), pipeline_id="")
-
-
-def test_write_stream_defaults_checkpoint_inside_the_table(spark, tmp_path):
-    landing = _landing(tmp_path, 2, 10)
-    uri = str(tmp_path / "t")
-    source = spark.readStream.schema("id LONG, name STRING").json(str(landing))
-    query = deltaflow.write_stream(source, uri, pipeline_id="p1", trigger={"availableNow": True})
-    assert query.awaitTermination(180)
-    assert _ids(uri) == list(range(20))
-    assert (tmp_path / "t" / "_deltaflow" / "checkpoints" / "p1" / "offsets").is_dir()
-
-
-def test_write_stream_rejects_a_batch_dataframe_and_vice_versa(spark, tmp_path):
-    with pytest.raises(ConfigError, match="needs a streaming DataFrame"):
-        deltaflow.write_stream(_df(spark, 0, 1), str(tmp_path / "t"), pipeline_id="p")
-    stream = spark.readStream.format("rate").load()
-    with pytest.raises(ConfigError, match="needs a batch DataFrame"):
-        deltaflow.write(stream, str(tmp_path / "t"))
 
 
 @pytest.mark.parametrize("write_path", ["spark", "arrow"])
@@ -286,12 +248,6 @@ def test_stats_follow_the_tables_indexed_column_count(spark, tmp_path):
     (add,) = _adds(uri)
     assert add["min.id"] == 0 and add["max.id"] == 9
     assert "min.name" not in add and "null_count.name" not in add
-
-
-def test_object_store_table_needs_an_explicit_checkpoint(spark, tmp_path):
-    source = spark.readStream.format("rate").load()
-    with pytest.raises(ConfigError, match="pass checkpoint_location="):
-        deltaflow.write_stream(source, "s3://bucket/t", pipeline_id="p")
 
 
 def test_spark_checkpoint_files_are_read_wherever_spark_keeps_them(spark, s3, tmp_path):

@@ -1,0 +1,35 @@
+"""``deltaflow.pipeline.api``: ``write_stream`` and ``write`` (the Python entry points)."""
+
+from __future__ import annotations
+
+import pytest
+
+import deltaflow
+from deltaflow.errors import ConfigError
+from tests.fixtures.frames import df as _df
+from tests.fixtures.frames import ids as _ids
+from tests.fixtures.frames import landing as _landing
+
+
+def test_write_stream_defaults_checkpoint_inside_the_table(spark, tmp_path):
+    landing = _landing(tmp_path, 2, 10)
+    uri = str(tmp_path / "t")
+    source = spark.readStream.schema("id LONG, name STRING").json(str(landing))
+    query = deltaflow.write_stream(source, uri, pipeline_id="p1", trigger={"availableNow": True})
+    assert query.awaitTermination(180)
+    assert _ids(uri) == list(range(20))
+    assert (tmp_path / "t" / "_deltaflow" / "checkpoints" / "p1" / "offsets").is_dir()
+
+
+def test_write_stream_rejects_a_batch_dataframe_and_vice_versa(spark, tmp_path):
+    with pytest.raises(ConfigError, match="needs a streaming DataFrame"):
+        deltaflow.write_stream(_df(spark, 0, 1), str(tmp_path / "t"), pipeline_id="p")
+    stream = spark.readStream.format("rate").load()
+    with pytest.raises(ConfigError, match="needs a batch DataFrame"):
+        deltaflow.write(stream, str(tmp_path / "t"))
+
+
+def test_object_store_table_needs_an_explicit_checkpoint(spark, tmp_path):
+    source = spark.readStream.format("rate").load()
+    with pytest.raises(ConfigError, match="pass checkpoint_location="):
+        deltaflow.write_stream(source, "s3://bucket/t", pipeline_id="p")

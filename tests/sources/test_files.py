@@ -1,0 +1,156 @@
+"""``deltaflow.sources.files`` through pipelines into Delta: json, csv, parquet, avro."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from deltaflow.service.daemon import run_pipelines
+from deltaflow.sources.files import SOURCE_SCHEMA_FILE
+from tests.fixtures.pipelines import pipelines as _pipelines
+from tests.fixtures.pipelines import rows as _rows
+
+
+def test_json_files_schema_inferred_once_and_rescued_data(spark, tmp_path):
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    (landing / "a.json").write_text(
+        '{"id": 1, "name": "a", "score": 1.5}\n{"id": 2, "name": "b", "score": 2.5}\n\n'
+    )
+    specs = _pipelines(
+        tmp_path,
+        """
+        pipelines:
+          - id: files
+            source: {type: files, path: "${DIR}/landing", format: json, max_files_per_trigger: 1,
+                     source_file_column: source_file}
+            sinks: [{table_uri: "${DIR}/t"}]
+        """,
+    )
+    run_pipelines(spark, specs, available_now=True)
+    stored = tmp_path / "t" / "_deltaflow" / "checkpoints" / "files" / SOURCE_SCHEMA_FILE
+    assert [f["name"] for f in json.loads(stored.read_text())["fields"]] == ["id", "name", "score"]
+
+    # Later files: a new field, a wrong type, broken JSON. The schema stays; nothing is lost.
+    (landing / "b.json").write_text(
+        '{"id": 3, "name": "c", "score": 3.5, "extra": {"x": 1}}\n'
+        '{"id": 4, "name": "d", "score": "high"}\n'
+        '{"id": 5, "name": \n'
+        '{"id": 6, "name": "f", "score": 6.5}\n'
+    )
+    run_pipelines(spark, specs, available_now=True)
+    table = DeltaTable(str(tmp_path / "t"))
+    assert [f.name for f in table.schema().fields] == ["id", "name", "score", "_rescued_data", "source_file"]
+    rows = sorted(
+        table.to_pyarrow_table().to_pylist(),
+        key=lambda r: (r["id"] is None, r["id"] or 0, r["_rescued_data"]),
+    )
+    got = [(r["id"], r["name"], r["score"], r["_rescued_data"]) for r in rows]
+    assert got == [
+        (1, "a", 1.5, None),
+        (2, "b", 2.5, None),
+        (3, "c", 3.5, '{"extra":"{\\"x\\":1}"}'),
+        (4, "d", None, '{"id": 4, "name": "d", "score": "high"}'),
+        (6, "f", 6.5, None),
+        (None, None, None, '{"id": 5, "name": '),
+    ]
+    assert {Path(r["source_file"]).name for r in rows} == {"a.json", "b.json"}
+    # max_files_per_trigger 1: one commit per file.
+    assert table.transaction_version("files") == 1
+
+
+def test_csv_files_with_a_given_schema(spark, tmp_path):
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    (landing / "1.csv").write_text("id,city,temp\n1,Oslo,3.5\n2,Rome,x\n3,Lima,19\n")
+    specs = _pipelines(
+        tmp_path,
+        """
+        pipelines:
+          - id: csv
+            source:
+              type: files
+              path: "${DIR}/landing"
+              format: csv
+              schema: "id INT, city STRING, temp DOUBLE"
+            transforms: {city_uc: "sql: upper(city)"}
+            sinks: [{table_uri: "${DIR}/t"}]
+        """,
+    )
+    run_pipelines(spark, specs, available_now=True)
+    assert _rows(tmp_path / "t", "id", "city_uc", "temp", "_rescued_data") == [
+        (1, "OSLO", 3.5, None),
+        (2, "ROME", None, "2,Rome,x"),
+        (3, "LIMA", 19.0, None),
+    ]
+
+
+def test_parquet_files_schema_inferred(spark, tmp_path):
+    import pyarrow.parquet as pq
+
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    pq.write_table(pa.table({"id": [1, 2], "tags": [["a"], []]}), landing / "1.parquet")
+    pq.write_table(pa.table({"id": [3], "tags": [["b", "c"]]}), landing / "2.parquet")
+    specs = _pipelines(
+        tmp_path,
+        """
+        pipelines:
+          - id: pq
+            source: {type: files, path: "${DIR}/landing", format: parquet, max_files_per_trigger: 1}
+            sinks: [{table_uri: "${DIR}/t"}]
+        """,
+    )
+    run_pipelines(spark, specs, available_now=True)
+    assert _rows(tmp_path / "t", "id") == [(1,), (2,), (3,)]
+    table = DeltaTable(str(tmp_path / "t"))
+    assert table.to_pyarrow_table().sort_by("id").column("tags").to_pylist() == [["a"], [], ["b", "c"]]
+    assert table.transaction_version("pq") == 1  # one batch per file
+
+
+def test_avro_files_decoded_without_a_jar_schema_from_the_first_file(spark, tmp_path):
+    import datetime as dt
+
+    import fastavro
+
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    v1 = {
+        "type": "record",
+        "name": "Reading",
+        "fields": [
+            {"name": "id", "type": "long"},
+            {"name": "city", "type": ["null", "string"]},
+            {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+            {"name": "tags", "type": {"type": "array", "items": "string"}},
+        ],
+    }
+    at = dt.datetime(2026, 11, 22, 8, 0, tzinfo=dt.UTC)
+    with open(landing / "1.avro", "wb") as out:
+        fastavro.writer(out, v1, [{"id": i, "city": f"c{i}", "at": at, "tags": ["x"] * i} for i in range(3)])
+    specs = _pipelines(
+        tmp_path,
+        """
+        pipelines:
+          - id: avro
+            source: {type: files, path: "${DIR}/landing", format: avro, source_file_column: file}
+            sinks: [{table_uri: "${DIR}/t"}]
+        """,
+    )
+    run_pipelines(spark, specs, available_now=True)
+    # A newer writer schema with one more field: the column set stays, the field is rescued.
+    v2 = {**v1, "fields": [*v1["fields"], {"name": "unit", "type": "string"}]}
+    with open(landing / "2.avro", "wb") as out:
+        fastavro.writer(out, v2, [{"id": 9, "city": None, "at": at, "tags": [], "unit": "C"}])
+    run_pipelines(spark, specs, available_now=True)
+    rows = sorted(DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
+    assert [(r["id"], r["city"], r["at"], r["tags"], r["_rescued_data"]) for r in rows] == [
+        (0, "c0", at, [], None),
+        (1, "c1", at, ["x"], None),
+        (2, "c2", at, ["x", "x"], None),
+        (9, None, at, [], '{"unit": "C"}'),
+    ]
+    assert [Path(r["file"]).name for r in rows] == ["1.avro", "1.avro", "1.avro", "2.avro"]
