@@ -17,9 +17,9 @@ tansu broker, then lands that topic, in one process and on the same machine, wit
 Rounds alternate reference, deltaflow on fresh tables over the same topic, in one Spark
 session: round 1's query is the first in a fresh JVM (cold Python workers), later rounds are
 warm. Every round checks that both tables hold each message exactly once. tansu shows the
-tail of a multi-record batch only once more data follows, so each partition ends with a
-single-record ``__end__`` marker; it is not JSON, so deltaflow skips it as a failed message
-(no dead-letter table) and the reference drops it. Each deltaflow round prints its
+tail of a multi-record batch only once more data follows, so each partition's last message is
+produced in a record batch of its own (``Broker.produce(batched=True)``). Each deltaflow round
+prints its
 micro-batches' ``durationMs``; ``--spark-jobs`` also enables the Spark UI and prints the Spark
 jobs of each round (duration, tasks, executor run time) from its REST API.
 
@@ -119,10 +119,9 @@ def run_reference(bootstrap: str, topic: str, total: int, table: str) -> float:
     )
     consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
     seen, buffer = 0, []
-    total += PARTITIONS  # the end markers
     while seen < total:
         batch = consumer.consume(num_messages=min(10_000, total - seen), timeout=1.0)
-        buffer.extend(v for m in batch if m.error() is None and (v := m.value()) != b"__end__")
+        buffer.extend(v for m in batch if m.error() is None and (v := m.value()) is not None)
         seen += len(batch)
         if len(buffer) >= REFERENCE_ROWS_PER_COMMIT or (seen >= total and buffer):
             data = pajson.read_json(
@@ -249,11 +248,11 @@ def main() -> None:
         payload = messages(total)
         print(f"producing {total:,} messages of ~{sum(map(len, payload)) // total} bytes ...", flush=True)
         t0 = time.perf_counter()
-        broker.produce(topic, payload, partitions=PARTITIONS, keys=False, batched=True)  # + 1 end marker each
+        broker.produce(topic, payload, partitions=PARTITIONS, keys=False, batched=True)
         print(f"  produced in {time.perf_counter() - t0:.1f} s", flush=True)
         del payload
         last = last_offsets(broker.bootstrap, topic)
-        assert sum(last.values()) == total, last  # offsets 0..n-1 hold messages, n the marker
+        assert sum(last.values()) == total - PARTITIONS, last  # offsets 0..n-1 of each partition
 
         conf = {}
         if args.spark_jobs:

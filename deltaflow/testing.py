@@ -92,46 +92,51 @@ class Broker:
         partitions: int,
         keys: bool = True,
         batched: bool = False,
-        end_marker: bytes = b"__end__",
     ) -> None:
         """Produce ``values`` round-robin over ``partitions``, message i to partition i % n.
 
         tansu reports a partition's high watermark as the base offset of its last record batch
         + 1, so the tail of a multi-record batch stays invisible to watermark readers until more
         data arrives. By default every record is its own batch (exact, ~4k msgs/s); with
-        ``batched`` records are batched (fast) and one single-record ``end_marker`` message per
-        partition is appended so that every value before it is visible.
+        ``batched`` the records are batched (fast) except each partition's last one, which is
+        sent afterwards in a batch of its own: the broker then reports every record.
         """
         from confluent_kafka import Producer
 
-        settings = (
-            {"linger.ms": 20, "batch.num.messages": 10_000}
-            if batched
-            else {"linger.ms": 0, "batch.num.messages": 1}
-        )
-        producer = Producer({"bootstrap.servers": self.bootstrap, **settings})
+        def producer(**settings: Any) -> Any:
+            return Producer({"bootstrap.servers": self.bootstrap, **settings})
 
-        def send(
-            value: bytes, partition: int, key: bytes | None, headers: list[tuple[str, str | bytes | None]]
-        ) -> None:
+        bulk = producer(**{"linger.ms": 20, "batch.num.messages": 10_000}) if batched else None
+        single = producer(**{"linger.ms": 0, "batch.num.messages": 1})
+        # The index of each partition's last message (sent alone when batched).
+        tails = {i for i in range(max(0, len(values) - partitions), len(values))}
+
+        def send(target: Any, i: int, value: bytes) -> None:
+            key = str(i).encode() if keys else None
             while True:
                 try:
-                    producer.produce(topic, value=value, key=key, partition=partition, headers=headers)
+                    target.produce(
+                        topic,
+                        value=value,
+                        key=key,
+                        partition=i % partitions,
+                        headers=[("seq", str(i).encode())],
+                    )
                     return
                 except BufferError:  # local queue full: let deliveries drain
-                    producer.poll(0.1)
+                    target.poll(0.1)
 
         for i, value in enumerate(values):
-            send(value, i % partitions, str(i).encode() if keys else None, [("seq", str(i).encode())])
+            if bulk is not None and i in tails:
+                continue
+            send(bulk or single, i, value)
             if i % 1000 == 0:
-                producer.poll(0)
-        if batched:
-            assert producer.flush(120) == 0
-            single = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 0, "batch.num.messages": 1})
-            for p in range(partitions):
-                single.produce(topic, value=end_marker, partition=p)
-            assert single.flush(30) == 0
-        assert producer.flush(30) == 0
+                (bulk or single).poll(0)
+        if bulk is not None:
+            assert bulk.flush(120) == 0
+            for i in sorted(tails):
+                send(single, i, values[i])
+        assert single.flush(120) == 0
 
 
 def start_broker(

@@ -109,3 +109,23 @@ def test_delay_outage_and_heal(proxy, s3):  # type: ignore[no-untyped-def]
     proxy.heal()
     assert via.head_object(Bucket="lake", Key=key)["ContentLength"] == 1
     assert ("HEAD", f"/lake/{key}") in proxy.requests
+
+
+def test_batched_produce_leaves_no_tail_hidden_from_the_broker(kafka):  # type: ignore[no-untyped-def]
+    from confluent_kafka import Consumer, TopicPartition
+
+    topic = kafka.create_topic(partitions=3)
+    values = [b"v%d" % i for i in range(3001)]
+    kafka.produce(topic, values, partitions=3, batched=True)
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": "tail-check"})
+    try:
+        highs = [consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(3)]
+        assert highs == [1001, 1000, 1000]  # tansu reports every record: no marker needed
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(3)])
+        seen: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while len(seen) < len(values) and time.monotonic() < deadline:
+            seen += [m.value() for m in consumer.consume(1000, timeout=1) if m.error() is None]
+    finally:
+        consumer.close()
+    assert sorted(seen) == sorted(values)
