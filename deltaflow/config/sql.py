@@ -12,6 +12,11 @@ is the schema of a ``kafka`` or ``files`` source. Every ``INSERT INTO <delta tab
 FROM <table>`` becomes one pipeline whose ``query`` is the SELECT, run on each micro-batch.
 Pipeline keys (``pipeline_id``, ``trigger_interval``, ``checkpoint_location``) go in the target's
 WITH list; the id defaults to ``<source>-to-<target>``. ``${VAR}`` works as in YAML files.
+
+The statements are split and read here, not by a SQL parser library: sqlglot (30.30, tried on
+these files) parses them, but turns option keys that are SQL keywords (``format``,
+``location``, ``comment``, ``engine``, ``partitioned_by``) into its own properties and rejects
+Arroyo's dotted keys (``source.offset = 'latest'``). The SELECT itself is Spark's to parse.
 """
 
 from __future__ import annotations
