@@ -26,6 +26,8 @@ from deltaflow.config.sink import SinkOptions
 from deltaflow.config.transforms import Transform
 from deltaflow.errors import ConfigError
 from deltaflow.metrics import metrics
+from deltaflow.pipeline.dead_letters import INGEST_META as META
+from deltaflow.pipeline.dead_letters import ingest_letters
 from deltaflow.pipeline.transforms import apply_transforms, failure
 
 if TYPE_CHECKING:
@@ -33,25 +35,14 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
     from pyspark.sql.types import StructType
 
-__all__ = ["DLQ_COLUMNS", "IngestWriter", "build_ingest_frame", "ingest"]
+__all__ = ["IngestWriter", "build_ingest_frame", "ingest"]
 
 logger = logging.getLogger(__name__)
 
 #: Messages sampled per partition to infer the JSON schema of a table that does not exist yet.
 SCHEMA_SAMPLE_PER_PARTITION = 1000
 #: The column carrying each row's decoding/transform outcome until the rows are split.
-META = "_deltaflow"
 #: Columns of the dead-letter table (before ``--dlq_transform``s).
-DLQ_COLUMNS = (
-    "topic",
-    "partition",
-    "offset",
-    "kafka_timestamp",
-    "key_base64",
-    "value_base64",
-    "error",
-    "dead_lettered_at",
-)
 
 
 def _starting_offsets(config: IngestConfig) -> str:
@@ -249,24 +240,6 @@ def main_rows(frame: DataFrame) -> DataFrame:
     return frame.filter(F.col(f"{META}.error").isNull()).drop(META, "kafka")
 
 
-def dead_letters(frame: DataFrame, transforms: Sequence[Transform] = ()) -> DataFrame:
-    """The rows for the dead-letter table: the failed messages, raw bytes in base64."""
-    from pyspark.sql import functions as F  # noqa: N812
-
-    out = frame.filter(F.col(f"{META}.error").isNotNull()).select(
-        F.col("kafka.topic").alias("topic"),
-        F.col("kafka.partition").alias("partition"),
-        F.col("kafka.offset").alias("offset"),
-        F.col("kafka.timestamp").alias("kafka_timestamp"),
-        F.base64(F.col(f"{META}.key")).alias("key_base64"),
-        F.base64(F.col(f"{META}.value")).alias("value_base64"),
-        F.col(f"{META}.error").alias("error"),
-        F.current_timestamp().alias("dead_lettered_at"),
-        F.col("kafka"),
-    )
-    return apply_transforms(out, transforms).drop("kafka")
-
-
 class IngestWriter:
     """``foreachBatch`` function of ``ingest``: dead letters first, then the main table.
 
@@ -421,7 +394,7 @@ class IngestWriter:
         again = Observation(f"deltaflow-dlq-{self._dlq_options.pipeline_id}-{batch_id}")
         source = batch.observe(again, F.count(F.col(f"{META}.error")).alias("failed"))
         seen = _already_dead_lettered(self._dlq_options, batch_id)
-        rows = dead_letters(source if seen is None else source.filter(~seen), self._dlq_transforms)
+        rows = ingest_letters(source if seen is None else source.filter(~seen), self._dlq_transforms)
         logger.info(
             "batch %s: %d message(s) to the dead-letter table; first error: %s", batch_id, failed, first_error
         )
@@ -474,7 +447,7 @@ def ingest(spark: SparkSession, config: IngestConfig) -> StreamingQuery:
     dlq = config.dlq_options(location)
     dlq_transforms = config.parsed_dlq_transforms()
     if dlq is not None:
-        _prepare_table(dead_letters(frame, dlq_transforms), dlq)
+        _prepare_table(ingest_letters(frame, dlq_transforms), dlq)
         dlq = _claim(dlq)
     # Claimed before the query plans its first batch from the table's progress: from here on a
     # process that started earlier on this pipeline can no longer commit (zombie writers).

@@ -35,6 +35,7 @@ from deltaflow.config.sink import SinkOptions
 from deltaflow.config.transforms import parse_transform
 from deltaflow.errors import ConfigError, ExpectationFailedError
 from deltaflow.metrics import metrics
+from deltaflow.pipeline.dead_letters import PIPELINE_SCHEMA, pipeline_letters
 from deltaflow.pipeline.transforms import apply_transforms
 from deltaflow.sources.files import files_stream
 
@@ -43,14 +44,10 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
 
 
-__all__ = ["DEAD_LETTER_SCHEMA", "PipelineWriter", "describe_source", "process", "start_pipeline"]
+__all__ = ["PipelineWriter", "describe_source", "process", "start_pipeline"]
 
 logger = logging.getLogger(__name__)
 
-#: Columns of a pipeline's dead-letter table.
-DEAD_LETTER_SCHEMA = (
-    "pipeline_id STRING, batch_id BIGINT, reason STRING, record STRING, dead_lettered_at TIMESTAMP"
-)
 #: Kafka sources: why a message could not be decoded (null for good ones) and its raw bytes.
 _ERROR = "_deltaflow_error"
 _RAW = "_deltaflow_raw"
@@ -304,12 +301,12 @@ class PipelineWriter:
             keep = keep & ok[e.name]
         names = F.array_compact(F.array(*(F.when(~ok[e.name], F.lit(e.name)) for e in drops)))
         letters.append(
-            rows.filter(~keep).select(
-                F.lit(spec.pipeline_id).alias("pipeline_id"),
-                F.lit(batch_id).cast("bigint").alias("batch_id"),
-                F.concat(F.lit("expectation failed: "), F.array_join(names, ", ")).alias("reason"),
-                F.to_json(F.struct(*(F.col(f"`{c}`") for c in rows.columns))).alias("record"),
-                F.current_timestamp().alias("dead_lettered_at"),
+            pipeline_letters(
+                rows.filter(~keep),
+                spec.pipeline_id,
+                batch_id,
+                reason=F.concat(F.lit("expectation failed: "), F.array_join(names, ", ")),
+                record=F.to_json(F.struct(*(F.col(f"`{c}`") for c in rows.columns))),
             )
         )
         dropped = sum(violations[e.name] for e in drops)
@@ -344,13 +341,7 @@ def _kafka_letters(failed: DataFrame, pipeline_id: str, batch_id: int) -> DataFr
             F.base64(F.col(_RAW)).alias("value_base64"),
         )
     )
-    return failed.select(
-        F.lit(pipeline_id).alias("pipeline_id"),
-        F.lit(batch_id).cast("bigint").alias("batch_id"),
-        F.col(_ERROR).alias("reason"),
-        record.alias("record"),
-        F.current_timestamp().alias("dead_lettered_at"),
-    )
+    return pipeline_letters(failed, pipeline_id, batch_id, reason=F.col(_ERROR), record=record)
 
 
 # -- starting and running ----------------------------------------------------------------------
@@ -385,7 +376,7 @@ def start_pipeline(spark: SparkSession, spec: PipelineSpec, *, available_now: bo
         values = spec.dead_letter.model_dump(exclude_defaults=True)
         values.update(pipeline_id=spec.pipeline_id, checkpoint_location=location)
         dead_letter = SinkOptions.build(values)
-        _prepare_table(spark.createDataFrame([], DEAD_LETTER_SCHEMA), dead_letter)
+        _prepare_table(spark.createDataFrame([], PIPELINE_SCHEMA), dead_letter)
         dead_letter = _claim(dead_letter)
     # Every table this pipeline writes: an earlier process running it can no longer commit.
     sinks = [_Sink(s.name, _claim(s.options), s.when) for s in sinks]

@@ -17,7 +17,8 @@ import pytest
 from deltalake import DeltaTable
 
 from deltaflow.config.ingest import IngestConfig
-from deltaflow.pipeline.ingest import DLQ_COLUMNS, ingest
+from deltaflow.pipeline.dead_letters import KAFKA_COLUMNS as DLQ_COLUMNS
+from deltaflow.pipeline.ingest import ingest
 from tests.fixtures.registry import AVRO_V1, AVRO_V2
 
 ROOT = Path(__file__).resolve().parents[2]

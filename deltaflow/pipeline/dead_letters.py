@@ -1,0 +1,78 @@
+"""Dead letters: the rows a pipeline could not land, in a Delta table of their own.
+
+Two layouts, both defined here:
+
+* ``deltaflow ingest`` (kafka-delta-ingest's dead-letter table): one row per Kafka message that
+  failed decoding or a transform, with its coordinates and raw bytes (:data:`KAFKA_COLUMNS`);
+  ``--dlq_transform`` adds columns. Its txns are ``<pipeline_id>-dlq-<topic>-<partition>``.
+* Pipelines (``deltaflow run``/``sql``): one row per record of any source, with the reason (an
+  expectation with ``action: drop``, an undecodable Kafka message) and the record as JSON
+  (:data:`PIPELINE_SCHEMA`). Its txn is the pipeline's batch id, like its sinks'.
+
+Both are written before the main table's commit of the same batch, so a crash between the two
+never leaves a main row whose failed neighbours are lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from deltaflow.config.transforms import Transform
+from deltaflow.pipeline.transforms import apply_transforms
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+__all__ = ["INGEST_META", "KAFKA_COLUMNS", "PIPELINE_SCHEMA", "ingest_letters", "pipeline_letters"]
+
+#: The struct an ingest frame carries per message: its decode error, key, value, unknown fields.
+INGEST_META = "_deltaflow"
+#: Columns of ``deltaflow ingest``'s dead-letter table (before ``--dlq_transform`` columns).
+KAFKA_COLUMNS = (
+    "topic",
+    "partition",
+    "offset",
+    "kafka_timestamp",
+    "key_base64",
+    "value_base64",
+    "error",
+    "dead_lettered_at",
+)
+#: Columns of a pipeline's dead-letter table.
+PIPELINE_SCHEMA = (
+    "pipeline_id STRING, batch_id BIGINT, reason STRING, record STRING, dead_lettered_at TIMESTAMP"
+)
+
+
+def ingest_letters(frame: DataFrame, transforms: Sequence[Transform] = ()) -> DataFrame:
+    """The dead-letter rows of an ingest frame: its failed messages, raw bytes in base64."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    out = frame.filter(F.col(f"{INGEST_META}.error").isNotNull()).select(
+        F.col("kafka.topic").alias("topic"),
+        F.col("kafka.partition").alias("partition"),
+        F.col("kafka.offset").alias("offset"),
+        F.col("kafka.timestamp").alias("kafka_timestamp"),
+        F.base64(F.col(f"{INGEST_META}.key")).alias("key_base64"),
+        F.base64(F.col(f"{INGEST_META}.value")).alias("value_base64"),
+        F.col(f"{INGEST_META}.error").alias("error"),
+        F.current_timestamp().alias("dead_lettered_at"),
+        F.col("kafka"),
+    )
+    return apply_transforms(out, transforms).drop("kafka")
+
+
+def pipeline_letters(
+    rows: DataFrame, pipeline_id: str, batch_id: int, reason: Column, record: Column
+) -> DataFrame:
+    """A pipeline's dead-letter rows: ``reason`` and ``record`` (JSON) per row of ``rows``."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    return rows.select(
+        F.lit(pipeline_id).alias("pipeline_id"),
+        F.lit(batch_id).cast("bigint").alias("batch_id"),
+        reason.alias("reason"),
+        record.alias("record"),
+        F.current_timestamp().alias("dead_lettered_at"),
+    )
