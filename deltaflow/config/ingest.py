@@ -106,30 +106,26 @@ class IngestConfig(BaseModel):
 
     def sink_options(self, checkpoint_location: str | None) -> StreamSinkOptions:
         """The main table's sink options."""
-        values: dict[str, Any] = {
-            "table_uri": self.table_uri,
-            "pipeline_id": self.pipeline_id,
-            "kafka_offsets": True,
-            "partition_columns": list(self.partition_by),
-            "schema_mode": "merge",
-            "write_path": self.write_path,
-            "checkpoint_location": checkpoint_location,
-            "auto_compact": self.auto_compact,
-            "auto_compact_min_files": self.auto_compact_min_files,
-            "vacuum_interval_hours": self.vacuum_interval_hours,
-        }
+        extra: dict[str, Any] = {"partition_columns": list(self.partition_by)}
         if self.min_bytes_per_file:
-            values["target_file_size_mb"] = max(1, self.min_bytes_per_file // (1024 * 1024))
-        return StreamSinkOptions.build(values)
+            extra["target_file_size_mb"] = max(1, self.min_bytes_per_file // (1024 * 1024))
+        return self._table_options(self.table_uri, self.pipeline_id, checkpoint_location, extra)
 
     def dlq_options(self, checkpoint_location: str) -> StreamSinkOptions | None:
         """The dead-letter table's sink options (its own txn app id)."""
         if not self.dlq_table_location:
             return None
+        return self._table_options(
+            self.dlq_table_location, f"{self.pipeline_id}-dlq", checkpoint_location, {}
+        )
+
+    def _table_options(
+        self, table_uri: str, pipeline_id: str, checkpoint_location: str | None, extra: dict[str, Any]
+    ) -> StreamSinkOptions:
         return StreamSinkOptions.build(
             {
-                "table_uri": self.dlq_table_location,
-                "pipeline_id": f"{self.pipeline_id}-dlq",
+                "table_uri": table_uri,
+                "pipeline_id": pipeline_id,
                 "kafka_offsets": True,
                 "schema_mode": "merge",
                 "write_path": self.write_path,
@@ -137,6 +133,7 @@ class IngestConfig(BaseModel):
                 "auto_compact": self.auto_compact,
                 "auto_compact_min_files": self.auto_compact_min_files,
                 "vacuum_interval_hours": self.vacuum_interval_hours,
+                **extra,
             }
         )
 
