@@ -12,7 +12,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, Vali
 
 from deltaflow.config.identity import PipelineId
 from deltaflow.config.locations import normalize_uri
-from deltaflow.config.secrets import masked
+from deltaflow.config.models import problems
 from deltaflow.config.sink import StreamSinkOptions
 from deltaflow.config.transforms import Transform, parse_transform
 from deltaflow.errors import ConfigError
@@ -139,16 +139,4 @@ class IngestConfig(BaseModel):
 
 
 def _describe(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors(include_url=False):
-        key = ".".join(str(p) for p in err["loc"])
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        if err["type"] == "literal_error":
-            msg = f"must be one of {err.get('ctx', {}).get('expected', '')}"
-        if not key:  # a rule across options: its message names the flags
-            parts.append(msg)
-        elif err["type"] == "missing":
-            parts.append(f"{key}: required")
-        else:
-            parts.append(f"{key}: {msg} (received {masked(err.get('input'), key)!r})")
-    return "invalid ingest options: " + "; ".join(parts)
+    return "invalid ingest options: " + "; ".join(problems(exc))

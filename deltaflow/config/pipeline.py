@@ -43,7 +43,7 @@ from pydantic import (
 
 from deltaflow.config.identity import PipelineId
 from deltaflow.config.locations import normalize_uri
-from deltaflow.config.secrets import masked
+from deltaflow.config.models import problem
 from deltaflow.config.sink import SinkOptions
 from deltaflow.config.transforms import parse_transform
 from deltaflow.config.units import parse_seconds, parse_size
@@ -464,26 +464,17 @@ def _problems(exc: ValidationError, data: Any) -> list[str]:
     for err in exc.errors(include_url=False):
         loc = [p for p in err["loc"] if not (isinstance(p, str) and p in _SOURCE_TAGS)]
         where = _yaml_path(loc)
-        received = err.get("input")
         kind = err["type"]
         if kind == "missing":
             out.append(f"{where}: required key is missing")
-            continue
-        if kind == "extra_forbidden":
+        elif kind == "extra_forbidden":
             out.append(f"{where}: unknown key{_hint(loc)}")
-            continue
-        if kind == "literal_error":
-            msg = f"must be one of {err.get('ctx', {}).get('expected', '')}"
         elif kind == "union_tag_invalid":
-            msg = f"unknown source type; use one of {err.get('ctx', {}).get('expected_tags', '')}"
-            received = err.get("ctx", {}).get("tag")
+            expected = err.get("ctx", {}).get("expected_tags", "")
+            tag = err.get("ctx", {}).get("tag")
+            out.append(f"{where}: unknown source type; use one of {expected} (received {tag!r})")
         else:
-            msg = str(err["msg"]).removeprefix("Value error, ")
-        shown = masked(received, loc[-1]) if loc and isinstance(loc[-1], str) else received
-        if isinstance(shown, dict | list):
-            out.append(f"{where}: {msg}")
-        else:
-            out.append(f"{where}: {msg} (received {shown!r})")
+            out.append(problem(err, where))
     return out
 
 

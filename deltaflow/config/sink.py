@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from deltaflow.config.identity import PipelineId
 from deltaflow.config.locations import SUPPORTED_SCHEMES
+from deltaflow.config.models import problem
 from deltaflow.errors import ConfigError, UnknownOptionError
 
 __all__ = [
@@ -270,14 +271,7 @@ def _describe(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors(include_url=False):
         key = ".".join(str(p) for p in err["loc"]) or "options"
-        received = err.get("input")
-        msg = err["msg"]
-        if err["type"] == "literal_error":
-            allowed = err.get("ctx", {}).get("expected", "")
-            msg = f"must be one of {allowed}"
-        elif err["type"] == "missing":
-            missing = PIPELINE_ID_MISSING if key == "pipeline_id" else f"{key}: required option is missing"
-            parts.append(missing)
-            continue
-        parts.append(f"{key}: {msg} (received {received!r})")
+        parts.append(
+            PIPELINE_ID_MISSING if err["type"] == "missing" and key == "pipeline_id" else problem(err, key)
+        )
     return "invalid sink options: " + "; ".join(parts)

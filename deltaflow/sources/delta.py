@@ -24,11 +24,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import unquote
 
 import pyarrow as pa
+from pydantic import Field, field_validator
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -38,6 +39,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from deltaflow.config.locations import normalize_uri
+from deltaflow.config.models import SparkOptions
 from deltaflow.errors import ConfigError, DeltaSourceError, TableNotFoundError
 from deltaflow.io.storage import filesystem
 
@@ -59,55 +61,34 @@ CDF_COLUMNS = (
 Offset = dict[str, int]
 
 
-@dataclass(frozen=True)
-class DeltaStreamOptions:
-    table_uri: str
-    starting_version: int | None = None
+class DeltaStreamOptions(SparkOptions):
+    """Options of the Delta streaming source (``path`` is accepted for ``table_uri``)."""
+
+    what: ClassVar[str] = "the Delta source"
+
+    table_uri: str = Field(min_length=1)
+    starting_version: int | None = Field(default=None, ge=0)
     starting_timestamp: str | None = None
     ignore_deletes: bool = False
     ignore_changes: bool = False
     read_change_feed: bool = False
-    max_versions_per_trigger: int | None = None
-    storage_options: Mapping[str, str] = field(default_factory=dict)
+    max_versions_per_trigger: int | None = Field(default=None, ge=1)
+    storage_options: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("table_uri")
+    @classmethod
+    def _normalized(cls, value: str) -> str:
+        return normalize_uri(value)
+
+    @field_validator("storage_options", mode="before")
+    @classmethod
+    def _json(cls, value: Any) -> Any:
+        return json.loads(value or "{}") if isinstance(value, str) else value
 
     @classmethod
-    def from_spark_options(cls, options: Mapping[str, str]) -> DeltaStreamOptions:
-        opts = {k.lower(): v for k, v in options.items()}
-        known = {
-            "table_uri",
-            "path",
-            "starting_version",
-            "starting_timestamp",
-            "ignore_deletes",
-            "ignore_changes",
-            "read_change_feed",
-            "max_versions_per_trigger",
-            "storage_options",
-        }
-        unknown = set(opts) - known
-        if unknown:
-            raise ConfigError(f"unknown option(s) of the Delta source: {', '.join(sorted(unknown))}")
-        uri = opts.get("table_uri") or opts.get("path")
-        if not uri:
-            raise ConfigError("the Delta source needs table_uri")
-
-        def flag(key: str) -> bool:
-            return opts.get(key, "false").strip().lower() == "true"
-
-        def number(key: str) -> int | None:
-            value = opts.get(key)
-            return None if value in (None, "") else int(value)
-
-        return cls(
-            table_uri=normalize_uri(uri),
-            starting_version=number("starting_version"),
-            starting_timestamp=opts.get("starting_timestamp") or None,
-            ignore_deletes=flag("ignore_deletes"),
-            ignore_changes=flag("ignore_changes"),
-            read_change_feed=flag("read_change_feed"),
-            max_versions_per_trigger=number("max_versions_per_trigger"),
-            storage_options=json.loads(opts.get("storage_options") or "{}"),
-        )
+    def from_options(cls, options: Mapping[str, str]) -> DeltaStreamOptions:
+        """From Spark's data-source options."""
+        return cls.from_spark_options(options, aliases={"path": "table_uri"})
 
 
 @dataclass(frozen=True)
@@ -181,7 +162,7 @@ class DeltaTableDataSource(DataSource):
     def schema(self) -> StructType:
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        options = DeltaStreamOptions.from_spark_options(self.options)
+        options = DeltaStreamOptions.from_options(self.options)
         schema = table_arrow_schema(_load(options))
         if options.read_change_feed:
             schema = pa.schema([*schema, *(pa.field(n, t) for n, t in CDF_COLUMNS)])
@@ -190,7 +171,7 @@ class DeltaTableDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DeltaStreamReader:  # noqa: N802
         from deltaflow.delta.schema import spark_to_arrow
 
-        return DeltaStreamReader(DeltaStreamOptions.from_spark_options(self.options), spark_to_arrow(schema))
+        return DeltaStreamReader(DeltaStreamOptions.from_options(self.options), spark_to_arrow(schema))
 
 
 class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

@@ -15,10 +15,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import pyarrow as pa
+from pydantic import Field
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -27,6 +28,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from deltaflow.config.models import SparkOptions
 from deltaflow.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -57,6 +59,18 @@ class _Range(InputPartition):
     seed: int
 
 
+class GeneratorOptions(SparkOptions):
+    """Options of the generator source."""
+
+    what: ClassVar[str] = "the generator source"
+
+    rows_per_second: float = Field(default=1000.0, gt=0)
+    total_rows: int | None = Field(default=None, ge=0)
+    rows_per_batch: int | None = Field(default=None, ge=1)
+    partitions: int = Field(default=2, ge=1)
+    seed: int = 0
+
+
 class GeneratorDataSource(DataSource):
     """Options: ``rows_per_second``, ``total_rows``, ``rows_per_batch``, ``partitions``, ``seed``."""
 
@@ -68,21 +82,13 @@ class GeneratorDataSource(DataSource):
         return GENERATOR_SCHEMA
 
     def streamReader(self, schema: StructType) -> GeneratorStreamReader:  # noqa: N802
-        opts = self.options
-
-        def number(key: str, default: float | None, cast: Any = int) -> Any:
-            value = opts.get(key)
-            try:
-                return default if value in (None, "") else cast(value)
-            except ValueError:
-                raise ConfigError(f"generator option {key} must be a number, got {value!r}") from None
-
+        o = GeneratorOptions.from_spark_options(self.options)
         return GeneratorStreamReader(
-            rows_per_second=number("rows_per_second", 1000.0, float),
-            total_rows=number("total_rows", None),
-            rows_per_batch=number("rows_per_batch", None),
-            partitions=number("partitions", 2),
-            seed=number("seed", 0),
+            rows_per_second=o.rows_per_second,
+            total_rows=o.total_rows,
+            rows_per_batch=o.rows_per_batch,
+            partitions=o.partitions,
+            seed=o.seed,
         )
 
 

@@ -30,6 +30,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from deltaflow.config.identity import PipelineId
+from deltaflow.config.models import problems
 from deltaflow.config.secrets import MASK, masked
 from deltaflow.errors import (
     ConfigError,
@@ -232,7 +233,7 @@ class KafkaSourceOptions(BaseModel):
         try:
             opts = cls(**values)
         except ValidationError as exc:
-            raise ConfigError(f"invalid Kafka source options: {exc}") from None
+            raise ConfigError("invalid Kafka source options: " + "; ".join(problems(exc))) from None
         if bool(opts.topic) == bool(opts.topic_pattern):
             raise ConfigError("set exactly one of 'topic' and 'topic_pattern' for the Kafka source")
         if bool(opts.delta_table_uri) != bool(opts.pipeline_id):

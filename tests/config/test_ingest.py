@@ -36,7 +36,7 @@ def test_app_id_is_the_pipeline_id_and_the_model_is_frozen():
         ({"dlq_transforms": ("a: kafka.offset",)}, "--dlq-transform needs --dlq-table-location"),
         ({"transforms": ("x: lower(y)",)}, "transform source 'lower(y)' is not understood"),
         ({"commit_to_group": True}, "needs --consumer-group-id"),
-        ({"colour": "red"}, "colour: Extra inputs are not permitted"),
+        ({"colour": "red"}, "colour: unknown option"),
     ],
     ids=lambda v: str(v)[:40],
 )

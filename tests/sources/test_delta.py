@@ -90,7 +90,9 @@ def test_delta_source_timestamp_partitions_and_a_column_added_upstream(spark, tm
     from deltaflow.errors import SchemaEvolvedError
     from deltaflow.sources.delta import DeltaStreamOptions, DeltaStreamReader, table_arrow_schema
 
-    running = DeltaStreamReader(DeltaStreamOptions(str(src)), table_arrow_schema(DeltaTable(str(src))))
+    running = DeltaStreamReader(
+        DeltaStreamOptions(table_uri=str(src)), table_arrow_schema(DeltaTable(str(src)))
+    )
     write_deltalake(
         str(src),
         pa.table({"id": [3], "hour": [later], "note": ["new"]}),
