@@ -41,7 +41,7 @@ class ProgressLine:
 def emit(as_json: bool, value: object, text: Callable[[], None]) -> None:
     """Print ``value`` as JSON with ``--json``, else call ``text`` (the command's own lines)."""
     if as_json:
-        from deltaflow.ops.maintenance import to_jsonable
+        from deltaflow.ops.table import to_jsonable
 
         click.echo(json.dumps(to_jsonable(value), indent=2, default=str))
     else:

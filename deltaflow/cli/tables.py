@@ -1,4 +1,4 @@
-"""Table maintenance commands (:mod:`deltaflow.ops.maintenance`): no Spark, text or ``--json``."""
+"""Table maintenance commands (:mod:`deltaflow.ops`): no Spark, text or ``--json``."""
 
 from __future__ import annotations
 
@@ -40,11 +40,11 @@ def optimize(
     as_json: bool,
 ) -> None:
     """Compact small files (bin-packing) or Z-order them; the data does not change."""
-    from deltaflow.ops import maintenance
+    from deltaflow import ops
 
     click.echo(f"{'z-ordering' if zorder else 'compacting'} {table_uri} ...", err=True)
     started = time.monotonic()
-    result = maintenance.optimize(
+    result = ops.optimize(
         table_uri,
         where=where,
         zorder=zorder,
@@ -86,9 +86,9 @@ def vacuum(
     as_json: bool,
 ) -> None:
     """Delete data files older versions no longer need (a dry run unless --execute)."""
-    from deltaflow.ops import maintenance
+    from deltaflow import ops
 
-    result = maintenance.vacuum(
+    result = ops.vacuum(
         table_uri,
         retention_hours=retention_hours,
         dry_run=dry_run,
@@ -122,9 +122,9 @@ def vacuum(
 @JSON
 def checkpoint(table_uri: str, cleanup: bool, storage_options: dict[str, str], as_json: bool) -> None:
     """Write a Delta log checkpoint of the current version."""
-    from deltaflow.ops import maintenance
+    from deltaflow import ops
 
-    result = maintenance.checkpoint(table_uri, cleanup=cleanup, storage_options=storage_options)
+    result = ops.checkpoint(table_uri, cleanup=cleanup, storage_options=storage_options)
     emit(as_json, result, lambda: click.echo(f"checkpoint written at version {result['version']}"))
 
 
@@ -135,9 +135,9 @@ def checkpoint(table_uri: str, cleanup: bool, storage_options: dict[str, str], a
 @JSON
 def history(table_uri: str, limit: int | None, storage_options: dict[str, str], as_json: bool) -> None:
     """The table's commits, newest first."""
-    from deltaflow.ops import maintenance
+    from deltaflow import ops
 
-    entries = maintenance.history(table_uri, limit=limit, storage_options=storage_options)
+    entries = ops.history(table_uri, limit=limit, storage_options=storage_options)
 
     def text() -> None:
         for e in entries:
@@ -158,9 +158,9 @@ def history(table_uri: str, limit: int | None, storage_options: dict[str, str], 
 @JSON
 def describe(table_uri: str, small_file_size: str, storage_options: dict[str, str], as_json: bool) -> None:
     """Schema, partitioning, properties, protocol, version, files and their sizes."""
-    from deltaflow.ops import maintenance
+    from deltaflow import ops
 
-    info = maintenance.describe(
+    info = ops.describe(
         table_uri,
         small_file_size=small_file_size,
         storage_options=storage_options,
@@ -211,9 +211,9 @@ def restore(
     as_json: bool,
 ) -> None:
     """Make an earlier version the current content again (a new commit; history is kept)."""
-    from deltaflow.ops import maintenance
+    from deltaflow import ops
 
-    result = maintenance.restore(
+    result = ops.restore(
         table_uri,
         version=version,
         timestamp=timestamp,
@@ -238,11 +238,11 @@ def properties(
     table_uri: str, action: str, items: tuple[str, ...], storage_options: dict[str, str], as_json: bool
 ) -> None:
     """Show table properties, or `set k=v ...` / `unset k ...` them."""
-    from deltaflow.ops import maintenance
+    from deltaflow import ops
 
     if action != "show" and not items:
         raise click.BadParameter(f"{action} needs at least one property", param_hint="ITEMS")
-    result = maintenance.properties(
+    result = ops.properties(
         table_uri,
         set_=key_values(items, "ITEMS") if action == "set" else None,
         unset=items if action == "unset" else (),
@@ -271,9 +271,9 @@ def read(
     as_json: bool,
 ) -> None:
     """Print rows of the table, now or at an earlier version."""
-    from deltaflow.ops import maintenance
+    from deltaflow import ops
 
-    rows = maintenance.read(
+    rows = ops.read(
         table_uri,
         version=version,
         timestamp=timestamp,
@@ -301,9 +301,9 @@ def changes(
     as_json: bool,
 ) -> None:
     """Print the change data feed (tables with delta.enableChangeDataFeed=true)."""
-    from deltaflow.ops import maintenance
+    from deltaflow import ops
 
-    rows = maintenance.changes(
+    rows = ops.changes(
         table_uri,
         from_version=from_version,
         to_version=to_version,

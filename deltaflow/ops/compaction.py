@@ -147,12 +147,12 @@ class AutoCompactor:
 
     def _vacuum(self) -> None:
         """Delete the files the table's retention no longer protects (never below it)."""
-        from deltaflow.ops import maintenance
+        from deltaflow import ops
 
         self._next_vacuum = time.monotonic() + self.policy.vacuum_interval_s
         started = time.monotonic()
         try:
-            result = maintenance.vacuum(self.table_uri, dry_run=False, storage_options=self._storage_options)
+            result = ops.vacuum(self.table_uri, dry_run=False, storage_options=self._storage_options)
         except Exception as exc:  # noqa: BLE001 - retried at the next interval
             metrics.vacuum(pipeline=self._pipeline, table=self.table_uri, outcome="failed")
             logger.warning("scheduled vacuum of %s failed, retried next interval: %s", self.table_uri, exc)

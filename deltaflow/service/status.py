@@ -190,10 +190,10 @@ def _safe_health(table_uri: str) -> dict[str, Any] | None:
 
 def table_health(table_uri: str, storage_options: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Files, bytes, small-file ratio, version and the last compaction of a table."""
-    from deltaflow.ops import maintenance
+    from deltaflow import ops
 
-    info = maintenance.describe(table_uri, storage_options=storage_options)
-    entries = maintenance.history(table_uri, limit=HISTORY_SCAN, storage_options=storage_options)
+    info = ops.describe(table_uri, storage_options=storage_options)
+    entries = ops.history(table_uri, limit=HISTORY_SCAN, storage_options=storage_options)
     compaction = next((e for e in entries if e.get("operation") == "OPTIMIZE"), None)
     files = info["files"]
     return {
@@ -213,9 +213,9 @@ def table_status(
     table_uri: str, *, minutes: int = WINDOW_MINUTES, storage_options: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
     """Per-pipeline commits of a table (from its log) and its health; no daemon needed."""
-    from deltaflow.ops import maintenance
+    from deltaflow import ops
 
-    entries = maintenance.history(table_uri, limit=HISTORY_SCAN, storage_options=storage_options)
+    entries = ops.history(table_uri, limit=HISTORY_SCAN, storage_options=storage_options)
     since = time.time() - minutes * 60
     pipelines: dict[str, dict[str, Any]] = {}
     for e in entries:  # newest first

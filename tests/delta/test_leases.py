@@ -10,9 +10,9 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from deltaflow import ops
 from deltaflow.delta.leases import TableLease
 from deltaflow.errors import LeaseHeldError
-from deltaflow.ops import maintenance
 
 
 def _race(count: int, work) -> list:  # type: ignore[no-untyped-def]
@@ -63,8 +63,8 @@ def test_concurrent_optimize_calls_never_duplicate_rows(tmp_path):
     uri = str(tmp_path / "t")
     for i in range(20):
         write_deltalake(uri, pa.table({"id": list(range(i * 50, i * 50 + 50))}), mode="append")
-    results = _race(3, lambda: maintenance.optimize(uri, lock_timeout_s=60))
-    assert all(isinstance(r, maintenance.OptimizeResult) for r in results), results
+    results = _race(3, lambda: ops.optimize(uri, lock_timeout_s=60))
+    assert all(isinstance(r, ops.OptimizeResult) for r in results), results
     assert sorted(r.files_removed for r in results) == [0, 0, 20]  # one did the work
     table = DeltaTable(uri)
     assert sorted(table.to_pyarrow_table().column("id").to_pylist()) == list(range(1000))

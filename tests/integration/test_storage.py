@@ -19,12 +19,12 @@ import pytest
 from deltalake import DeltaTable
 from pyarrow import fs as pafs
 
+from deltaflow import ops
 from deltaflow.config.pipeline import load_pipelines
 from deltaflow.delta import commit
 from deltaflow.errors import TableNotFoundError
 from deltaflow.io.storage import filesystem
 from deltaflow.metrics import metrics
-from deltaflow.ops import maintenance
 from deltaflow.service.daemon import run_pipelines
 from deltaflow.sources.generator import generate
 
@@ -78,16 +78,16 @@ def test_a_pipeline_writes_s3_and_maintenance_and_readers_work_there(spark, s3, 
     assert pl.read_delta(uri, storage_options=options).height == 4000
 
     # Maintenance on S3: compact, then vacuum exactly the replaced files.
-    result = maintenance.optimize(uri, storage_options=options)
+    result = ops.optimize(uri, storage_options=options)
     assert result.files_removed == before and result.files_added == 8  # one per country
-    plan = maintenance.vacuum(uri, retention_hours=0, force=True, storage_options=options)
+    plan = ops.vacuum(uri, retention_hours=0, force=True, storage_options=options)
     assert len(plan.files) == before
-    maintenance.vacuum(uri, retention_hours=0, force=True, dry_run=False, storage_options=options)
+    ops.vacuum(uri, retention_hours=0, force=True, dry_run=False, storage_options=options)
     table = DeltaTable(uri, storage_options=options)
     data = {o for o in _objects(uri, options) if o.endswith(".parquet")}
     assert data == {p for p in (u.split(uri.split("://")[1] + "/", 1)[1] for u in table.file_uris())}
     assert table.to_pyarrow_table().num_rows == 4000
-    described = maintenance.describe(uri, storage_options=options)
+    described = ops.describe(uri, storage_options=options)
     assert described["files"]["count"] == 8
 
 
@@ -154,7 +154,7 @@ def test_two_pipelines_and_compaction_write_one_table_at_once(spark, s3, tmp_pat
     def compaction_job() -> None:
         while not stop.wait(0.3):
             with contextlib.suppress(TableNotFoundError):  # not created yet
-                optimized.append(maintenance.optimize(uri, storage_options=options, lock_timeout_s=60))
+                optimized.append(ops.optimize(uri, storage_options=options, lock_timeout_s=60))
 
     job = threading.Thread(target=compaction_job)
     job.start()
@@ -339,6 +339,6 @@ def test_a_pipeline_writes_azure_blob_storage(spark, azurite, tmp_path):
     assert table.transaction_version("to-azure") == 1
     files = {o for o in _objects(uri, options) if o.endswith(".parquet")}
     assert len(files) == len(table.file_uris()) >= 2  # the executors' files, all committed
-    result = maintenance.optimize(uri, storage_options=options)
+    result = ops.optimize(uri, storage_options=options)
     assert result.files_added == 4  # one per event type
     assert DeltaTable(uri, storage_options=options).to_pyarrow_table().num_rows == 2000

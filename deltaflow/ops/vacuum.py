@@ -1,0 +1,130 @@
+"""``vacuum``: delete files older versions no longer need; a dry run unless told otherwise,
+never below the table's retention unless forced."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from deltaflow.config.locations import join, normalize_uri
+from deltaflow.delta.layout import STAGING_DIR
+from deltaflow.errors import ConfigError
+from deltaflow.io.storage import filesystem
+from deltaflow.ops.table import open_table
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
+
+__all__ = ["DEFAULT_RETENTION", "VacuumResult", "retention", "vacuum"]
+
+logger = logging.getLogger(__name__)
+
+
+#: Delta's default ``delta.deletedFileRetentionDuration``: vacuum never goes below it unforced.
+DEFAULT_RETENTION = dt.timedelta(days=7)
+
+
+_INTERVAL = re.compile(
+    r"^\s*(?:interval\s+)?(\d+(?:\.\d+)?)\s*"
+    r"(microseconds?|milliseconds?|seconds?|minutes?|hours?|days?|weeks?)\s*$",
+    re.IGNORECASE,
+)
+
+
+def _interval(text: str) -> dt.timedelta:
+    m = _INTERVAL.match(text)
+    if m is None:
+        raise ConfigError(f"cannot read the interval {text!r} (expected e.g. 'interval 7 days')", value=text)
+    unit = m.group(2).lower().rstrip("s")
+    return dt.timedelta(**{f"{unit}s": float(m.group(1))})
+
+
+def retention(table: DeltaTable) -> dt.timedelta:
+    """The table's ``delta.deletedFileRetentionDuration`` (default 7 days)."""
+    raw = table.metadata().configuration.get("delta.deletedFileRetentionDuration")
+    return _interval(raw) if raw else DEFAULT_RETENTION
+
+
+@dataclass(frozen=True)
+class VacuumResult:
+    """Files a vacuum deleted (or, in a dry run, would delete)."""
+
+    table_uri: str
+    dry_run: bool
+    retention_hours: int
+    full: bool
+    files: list[str]
+    staging_files: list[str] = field(default_factory=list)
+
+
+def vacuum(
+    uri: str,
+    *,
+    retention_hours: int | None = None,
+    dry_run: bool = True,
+    full: bool = False,
+    force: bool = False,
+    storage_options: Mapping[str, str] | None = None,
+) -> VacuumResult:
+    """Delete data files no version within the retention period needs (a dry run by default).
+
+    ``full`` also deletes files the log never referenced (left by failed or killed writes),
+    including deltaflow's staging folder, older than the retention period.
+
+    Raises:
+        ConfigError: ``retention_hours`` is below the table's retention and ``force`` is off.
+    """
+    table = open_table(uri, storage_options)
+    minimum = retention(table)
+    min_hours = math.ceil(minimum.total_seconds() / 3600)
+    hours = min_hours if retention_hours is None else retention_hours
+    if hours < 0:
+        raise ConfigError("--retention-hours must be 0 or more")
+    if hours < minimum.total_seconds() / 3600 and not force:
+        raise ConfigError(
+            f"retention of {hours} h is below the table's minimum of {min_hours} h "
+            "(delta.deletedFileRetentionDuration, 7 days unless set): readers or streams still "
+            "on older versions would lose files. Use --retention-hours "
+            f"{min_hours} or more, or --force if nothing reads older versions",
+            table_uri=normalize_uri(uri),
+        )
+    files = table.vacuum(retention_hours=hours, dry_run=dry_run, enforce_retention_duration=False, full=full)
+    staging = _vacuum_staging(uri, storage_options or {}, hours, dry_run) if full else []
+    result = VacuumResult(normalize_uri(uri), dry_run, hours, full, sorted(files), staging)
+    logger.info(
+        "vacuum of %s%s: %d file(s)%s",
+        result.table_uri,
+        " (dry run)" if dry_run else "",
+        len(files) + len(staging),
+        " would be deleted" if dry_run else " deleted",
+    )
+    return result
+
+
+def _vacuum_staging(uri: str, storage_options: Mapping[str, str], hours: int, dry_run: bool) -> list[str]:
+    """Staging files of crashed ``write_path=spark`` batches older than ``hours``."""
+    import pyarrow.fs as pafs
+
+    fs, root = filesystem(normalize_uri(uri), storage_options)
+    base = join(root, STAGING_DIR)
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+    except (OSError, FileNotFoundError):
+        return []
+    cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(hours=hours)
+    old = []
+    for info in infos:
+        if info.type != pafs.FileType.File or info.mtime is None:
+            continue
+        mtime = info.mtime if info.mtime.tzinfo else info.mtime.replace(tzinfo=dt.UTC)
+        if mtime <= cutoff:
+            old.append(info.path)
+    if not dry_run:
+        for path in old:
+            fs.delete_file(path)
+    return sorted(p[len(root) :].lstrip("/") for p in old)

@@ -1,0 +1,54 @@
+"""``deltaflow.cli.tables``: the maintenance commands print text and JSON and map errors to exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from deltaflow.cli import cli
+from tests.fixtures.tables import small_file_table as _small_file_table
+
+
+def test_cli_commands_print_text_and_json_and_map_errors_to_exit_codes(tmp_path):
+    table = tmp_path / "t"
+    _small_file_table(table, batches=4, rows=10)
+    runner = CliRunner()
+
+    out = runner.invoke(cli, ["optimize", str(table), "--json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["files_removed"] == 8
+
+    out = runner.invoke(cli, ["describe", str(table)])
+    assert out.exit_code == 0, out.output
+    assert "files      2 (" in out.stdout and "day: string" in out.stdout
+
+    out = runner.invoke(cli, ["history", str(table), "--limit", "1", "--json"])
+    assert [e["operation"] for e in json.loads(out.stdout)] == ["OPTIMIZE"]
+
+    out = runner.invoke(cli, ["vacuum", str(table), "--retention-hours", "0", "--force"])
+    assert out.exit_code == 0 and out.stdout.count(".parquet") == 8
+    assert "dry run: 8 file(s) would be deleted" in out.stderr
+
+    out = runner.invoke(cli, ["read", str(table), "--where", "id = 7", "--json"])
+    assert json.loads(out.stdout) == [{"id": 7, "day": "2026-11-21", "v": 3.5}]
+
+    out = runner.invoke(cli, ["properties", str(table), "set", "team=data", "--json"])
+    assert json.loads(out.stdout) == {"team": "data"}
+
+    out = runner.invoke(cli, ["describe", str(table), "--storage-option", "not-a-pair"])
+    assert out.exit_code == 2 and "'not-a-pair' must look like key=value" in out.output
+
+    out = runner.invoke(cli, ["checkpoint", str(table)])
+    assert out.exit_code == 0 and "checkpoint written at version" in out.stdout
+
+    from deltaflow.cli import main
+
+    for args in (
+        ["vacuum", str(table), "--retention-hours", "1"],
+        ["restore", str(table), "--version", "99"],
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main(args)
+        assert exit_info.value.code == 2

@@ -1,0 +1,66 @@
+"""``deltaflow.ops.vacuum``: dry runs, deletion, and the retention guard."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from deltalake import DeltaTable
+
+from deltaflow import ops
+from deltaflow.errors import ConfigError
+from tests.fixtures.tables import ids as _ids
+from tests.fixtures.tables import tombstoned_table as _tombstoned_table
+
+
+def test_vacuum_dry_run_lists_exactly_the_removed_files_then_execute_deletes_them(tmp_path):
+    table = tmp_path / "t"
+    old, live = _tombstoned_table(table)
+    orphan = table / "part-00000-orphan-of-a-failed-write.parquet"
+    orphan.write_bytes(b"not referenced")
+    staging = table / "_deltaflow" / "staging" / "p" / "b000003"
+    staging.mkdir(parents=True)
+    (staging / "part-0.parquet").write_bytes(b"left by a crash")
+    fresh = staging / "part-1.parquet"
+    fresh.write_bytes(b"a batch being written now")
+    long_ago = time.time() - 3 * 3600
+    os.utime(staging / "part-0.parquet", (long_ago, long_ago))
+    os.utime(orphan, (long_ago, long_ago))
+
+    dry = ops.vacuum(str(table), retention_hours=0, force=True)
+    assert dry.dry_run and set(dry.files) == old and not dry.staging_files
+    assert all((table / f).exists() for f in old)  # a dry run deletes nothing
+
+    # One hour: the orphan and the crashed batch's staging file (3 h old), not the files the
+    # overwrite removed a moment ago, nor the staging file of a batch in progress.
+    full = ops.vacuum(str(table), retention_hours=1, force=True, full=True)
+    assert full.files == [orphan.name]
+    assert full.staging_files == ["_deltaflow/staging/p/b000003/part-0.parquet"]
+
+    done = ops.vacuum(str(table), retention_hours=1, force=True, full=True, dry_run=False)
+    assert (done.files, done.staging_files) == (full.files, full.staging_files)
+    assert not orphan.exists() and not (staging / "part-0.parquet").exists() and fresh.exists()
+    assert all((table / f).exists() for f in old)
+
+    done = ops.vacuum(str(table), retention_hours=0, force=True, dry_run=False)
+    assert set(done.files) == old
+    assert not any((table / f).exists() for f in old)
+    assert {os.path.basename(u) for u in DeltaTable(str(table)).file_uris()} == live
+    assert _ids(table) == [10, 11]
+
+
+def test_vacuum_refuses_a_retention_below_the_tables_minimum(tmp_path):
+    table = tmp_path / "t"
+    old, _ = _tombstoned_table(table)
+    with pytest.raises(ConfigError, match="below the table's minimum of 168 h"):
+        ops.vacuum(str(table), retention_hours=1, dry_run=False)
+    assert all((table / f).exists() for f in old)
+    ops.properties(str(table), set_={"delta.deletedFileRetentionDuration": "interval 2 days"})
+    with pytest.raises(ConfigError, match="minimum of 48 h"):
+        ops.vacuum(str(table), retention_hours=47)
+    assert ops.vacuum(str(table)).retention_hours == 48  # the table's own minimum by default
+    ops.properties(str(table), set_={"delta.deletedFileRetentionDuration": "interval 90 minutes"})
+    assert ops.vacuum(str(table)).retention_hours == 2  # rounded up, never below
+    with pytest.raises(ConfigError, match="minimum of 2 h"):
+        ops.vacuum(str(table), retention_hours=1)
