@@ -256,6 +256,8 @@ def for_stream(options: SinkOptions) -> StreamSinkOptions:
     """
     if isinstance(options, StreamSinkOptions):
         return options
+    if not options.pipeline_id:
+        raise ConfigError(PIPELINE_ID_MISSING, table_uri=options.table_uri)
     return StreamSinkOptions.build(options.model_dump())
 
 

@@ -93,3 +93,14 @@ def test_options_are_frozen():
     opts = SinkOptions.build({"table_uri": "/t"})
     with pytest.raises(ValueError, match="frozen"):
         opts.compression = "zstd"  # type: ignore[misc]
+
+
+def test_a_stream_needs_its_pipeline_id_checked_in_one_place():
+    from deltaflow.config.sink import StreamSinkOptions, for_stream
+
+    with pytest.raises(ConfigError, match="pipeline_id is required for a streaming write"):
+        for_stream(SinkOptions.build({"table_uri": "/t"}))
+    with pytest.raises(ConfigError, match="pipeline_id is required for a streaming write"):
+        StreamSinkOptions.build({"table_uri": "/t"})
+    stream = for_stream(SinkOptions.build({"table_uri": "/t", "pipeline_id": "p"}))
+    assert isinstance(stream, StreamSinkOptions) and stream.pipeline_id == "p"

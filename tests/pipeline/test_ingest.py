@@ -283,22 +283,3 @@ def test_commit_to_group_mirrors_the_committed_offsets(spark, kafka, tmp_path):
     finally:
         consumer.close()
     assert [tp.offset for tp in committed] == [20, 20]  # the next offset to read, as Kafka counts
-
-
-def test_transforms_from_the_environment_one_per_line(monkeypatch):
-    from deltaflow.cli import commands as cli_module
-
-    seen = {}
-
-    def fake_config(**kwargs):  # stop before Spark: only the parsing is under test
-        seen.update(kwargs)
-        raise SystemExit(0)
-
-    monkeypatch.setattr("deltaflow.pipeline.ingest.IngestConfig", fake_config)
-    env = {
-        "TRANSFORMS": "date: substr(ts, `0`, `10`)\nmeta.offset: kafka.offset\n",
-        "KAFKA_SETTINGS": "a=b c",
-    }
-    CliRunner().invoke(cli_module.cli, ["ingest", "topic", "/tmp/x"], env=env)
-    assert seen["transforms"] == ("date: substr(ts, `0`, `10`)", "meta.offset: kafka.offset")
-    assert seen["kafka_settings"] == {"a": "b c"}
