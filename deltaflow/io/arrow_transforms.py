@@ -6,14 +6,16 @@ compare both on the same messages):
 
 * a field path ``a.b`` (case-insensitive, as Spark resolves names; a null parent gives null);
 * ``kafka.<field>`` from the ``kafka`` struct (``key`` as UTF-8 text);
-* ``substr(path, start, end)``: code points ``[start, end)`` of a string;
+* ``substr(path, start, end)``: code points ``[start, end)`` of a string (integers, booleans,
+  dates and timestamps as Spark's cast to string writes them);
 * ``epoch_seconds_to_iso8601`` / ``epoch_millis_to_iso8601``: a number, or a string holding
   one, as ``2021-01-01T00:00:00Z`` / ``2021-01-01T00:00:00.123Z`` (UTC, floored as Spark
   does); anything else makes the row fail with ``transform '<target>': <path> is not a number:
   <value>``.
 
 ``sql:`` transforms need Spark: :func:`unsupported` names them, and such runs take the Spark
-engine.
+engine; so do the other cases :func:`apply` refuses on the messages' schema (checked on an
+empty table before the query starts: :func:`check`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import pyarrow.compute as pc
 from deltaflow.config.transforms import Transform
 from deltaflow.errors import ConfigError
 
-__all__ = ["KAFKA_COLUMN", "apply", "unsupported"]
+__all__ = ["KAFKA_COLUMN", "apply", "check", "unsupported"]
 
 #: The struct column holding the message's coordinates (partition, offset, topic, ...).
 KAFKA_COLUMN = "kafka"
@@ -38,6 +40,13 @@ _MICROS = 1_000_000
 def unsupported(transforms: Sequence[Transform]) -> list[str]:
     """The transforms only Spark can run (``sql:``), as written."""
     return [f"{'.'.join(t.target)}: {t.source}" for t in transforms if t.sql is not None]
+
+
+def check(schema: pa.Schema, transforms: Sequence[Transform]) -> pa.Schema:
+    """The schema ``transforms`` produce from ``schema``, or :class:`ConfigError` when the Arrow
+    engine cannot run them on it (run on the driver, on no rows)."""
+    out, _ = apply(schema.empty_table(), transforms)
+    return out.schema
 
 
 def apply(table: pa.Table, transforms: Sequence[Transform]) -> tuple[pa.Table, pa.Array | None]:
@@ -99,13 +108,34 @@ def _name(names: Sequence[str], wanted: str, path: str) -> str:
 
 
 def _as_text(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+    """A column as Spark's cast to string writes it (strings, integers, booleans, dates and
+    timestamps; timestamps as ``2026-01-02 03:04:05.12`` in UTC, the session's time zone)."""
+    kind = column.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         return column
-    if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
         return pc.cast(column, pa.string())
-    if pa.types.is_integer(column.type):
+    if pa.types.is_integer(kind) or pa.types.is_boolean(kind):
         return pc.cast(column, pa.string())
-    raise ConfigError(f"substr needs a string or integer field, got {column.type}")
+    if pa.types.is_date(kind):
+        return pc.strftime(pc.cast(column, pa.timestamp("s")), format="%Y-%m-%d")
+    if pa.types.is_timestamp(kind):
+        micros = pc.cast(pc.cast(column, pa.timestamp("us", tz=kind.tz)), pa.int64())
+        seconds = pc.multiply(
+            pc.floor(pc.divide(pc.cast(micros, pa.float64()), float(_MICROS))), float(_MICROS)
+        )
+        whole = pc.cast(seconds, pa.int64())
+        base = pc.strftime(
+            pc.cast(pc.cast(whole, pa.timestamp("us", tz="UTC")), pa.timestamp("s", tz="UTC")),
+            format="%Y-%m-%d %H:%M:%S",
+        )
+        fraction = pc.subtract(micros, whole)
+        digits = pc.utf8_rtrim(pc.utf8_lpad(pc.cast(fraction, pa.string()), 6, "0"), "0")
+        return pc.if_else(pc.equal(fraction, 0), base, pc.binary_join_element_wise(base, digits, "."))
+    raise ConfigError(
+        f"substr on a {kind} field needs the Spark engine (the Arrow engine takes strings, integers, "
+        "booleans, dates and timestamps)"
+    )
 
 
 def _iso8601(

@@ -9,7 +9,7 @@ import pytest
 
 from deltaflow.config.transforms import parse_transform
 from deltaflow.errors import ConfigError
-from deltaflow.io.arrow_transforms import apply, unsupported
+from deltaflow.io.arrow_transforms import apply, check, unsupported
 
 KAFKA = pa.struct(
     [
@@ -38,6 +38,17 @@ def _messages() -> pa.Table:
             "epoch_s": pa.array([r[1] for r in rows], pa.int64()),
             "epoch_ms": pa.array([r[2] for r in rows]),
             "meta": pa.array([r[3] for r in rows], META),
+            "at": pa.array(
+                [
+                    TS,
+                    TS.replace(microsecond=120_000),
+                    None,
+                    dt.datetime(1969, 12, 31, 23, 59, 59, 500_000, dt.UTC),
+                    TS,
+                ],
+                pa.timestamp("us", tz="UTC"),
+            ),
+            "flag": pa.array([True, False, None, True, False]),
             "kafka": pa.array(
                 [
                     {"partition": i % 2, "offset": 10 + i, "topic": "t", "timestamp": TS, "key": f"k{i}"}
@@ -60,6 +71,8 @@ TRANSFORMS = [
     "key: kafka.key",
     "name: substr(name, `0`, `2`)",
     "count: META.N",
+    "at_text: substr(at, `0`, `40`)",
+    "flag_text: substr(flag, `0`, `5`)",
 ]
 
 
@@ -81,7 +94,7 @@ def test_arrow_transforms_give_what_spark_gives(spark):
 
     assert out.schema.names == [n for n in expected.columns if n != "_error"]
     for name in out.schema.names:
-        if name != "kafka":  # the input, unchanged (Spark hands its timestamps back without a zone)
+        if name not in ("kafka", "at"):  # inputs, unchanged (Spark hands timestamps back zoneless)
             assert out.column(name).to_pylist() == [r[name] for r in rows], name
     assert errors is not None and errors.to_pylist() == [r["_error"] for r in rows]
     # Spot checks, so that a shared mistake cannot hide.
@@ -89,6 +102,7 @@ def test_arrow_transforms_give_what_spark_gives(spark):
     assert out.column("at_ms").to_pylist()[0] == "2021-01-01T00:00:00.123Z"
     assert out.column("prefix").to_pylist()[0] == "éll"
     assert errors.to_pylist()[2] == "transform 'at_ms': epoch_ms is not a number: soon"
+    assert out.column("at_text").to_pylist()[:2] == ["2026-11-23 00:00:00", "2026-11-23 00:00:00.12"]
 
 
 def test_spark_sql_and_missing_fields_are_refused():
@@ -98,4 +112,9 @@ def test_spark_sql_and_missing_fields_are_refused():
     with pytest.raises(ConfigError, match="needs the Spark engine"):
         apply(_messages(), [parse_transform("x: sql: upper(name)")])
     with pytest.raises(ConfigError, match="no field 'nope'"):
-        apply(_messages(), [parse_transform("x: meta.nope")])
+        check(_messages().schema, [parse_transform("x: meta.nope")])
+    with pytest.raises(ConfigError, match="substr on a double field needs the Spark engine"):
+        check(pa.schema([("v", pa.float64())]), [parse_transform("x: substr(v, `0`, `2`)")])
+    assert check(_messages().schema, [parse_transform("a.b: name")]).field("a").type == pa.struct(
+        [("b", pa.string())]
+    )
