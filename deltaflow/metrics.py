@@ -219,10 +219,9 @@ class Metrics:
         try:
             for source in progress.get("sources") or []:
                 name = str(source.get("description", "source"))
-                self._input_rate.labels(pipeline, name).set(float(source.get("inputRowsPerSecond") or 0))
-                self._processed_rate.labels(pipeline, name).set(
-                    float(source.get("processedRowsPerSecond") or 0)
-                )
+                input_rate, processed_rate = progress_rates(progress, source)
+                self._input_rate.labels(pipeline, name).set(input_rate)
+                self._processed_rate.labels(pipeline, name).set(processed_rate)
                 for key, lag in source_lags(source).items():
                     self._lag.labels(pipeline, key).set(lag)
         except (TypeError, ValueError, AttributeError) as exc:  # a report we do not understand
@@ -236,6 +235,37 @@ class Metrics:
         bound = int(server.server_address[1])
         logger.info("Prometheus metrics on http://%s:%d/metrics", addr, bound)
         return bound
+
+
+#: The observed metric under which a query reports its messages when its rows are not messages
+#: (the Arrow ingest path's rows are one file description per task).
+MESSAGES_OBSERVATION = "deltaflow"
+
+
+def _messages_scale(progress: Mapping[str, Any]) -> float:
+    """Messages per input row of a progress report (1 unless the query observes its messages)."""
+    observed = (progress.get("observedMetrics") or {}).get(MESSAGES_OBSERVATION) or {}
+    rows = int(progress.get("numInputRows") or 0)
+    if "messages" not in observed or not rows:
+        return 1.0
+    return int(observed["messages"] or 0) / rows
+
+
+def progress_messages(progress: Mapping[str, Any]) -> int:
+    """The messages a ``StreamingQueryProgress`` report's batch read."""
+    return round(int(progress.get("numInputRows") or 0) * _messages_scale(progress))
+
+
+def progress_rates(
+    progress: Mapping[str, Any], source: Mapping[str, Any] | None = None
+) -> tuple[float, float]:
+    """Input and processed messages per second of a report (or of one of its sources)."""
+    scale = _messages_scale(progress)
+    where = progress if source is None else source
+    return (
+        float(where.get("inputRowsPerSecond") or 0.0) * scale,
+        float(where.get("processedRowsPerSecond") or 0.0) * scale,
+    )
 
 
 def source_lags(source: Mapping[str, Any]) -> dict[str, int]:

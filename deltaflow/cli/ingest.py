@@ -227,6 +227,14 @@ STOP_POLL_S = 1
     help="Who writes the Parquet files: Spark (local tables) or pyarrow in the tasks (any storage).",
 )
 @click.option(
+    "--engine",
+    type=click.Choice(["auto", "spark", "arrow"]),
+    default="auto",
+    help="arrow: the rows stay in Arrow inside Spark's tasks (decode, transforms, dead letters, "
+    "Parquet); spark: through Spark SQL; auto: arrow whenever it can run the flags (no 'sql:' "
+    "transforms, no --schema-evolution).",
+)
+@click.option(
     "--schema",
     default=None,
     envvar="VALUE_SCHEMA",
@@ -286,6 +294,7 @@ def ingest(
     auto_compact_min_files: int,
     vacuum_interval_hours: float,
     write_path: str,
+    engine: str,
     schema: str | None,
     partition_by: tuple[str, ...],
     checkpoint_location: str | None,
@@ -337,6 +346,7 @@ def ingest(
         commit_to_group=commit_to_group,
         schema_evolution=schema_evolution,
         write_path=write_path,
+        engine=engine,
         auto_compact=auto_compact,
         auto_compact_min_files=auto_compact_min_files,
         vacuum_interval_hours=vacuum_interval_hours,

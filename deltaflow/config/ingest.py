@@ -28,6 +28,10 @@ class IngestConfig(BaseModel):
             accepted for it): the txn prefix ``<pipeline_id>-<topic>-<partition>``, the
             checkpoint folder, the metric label.
         value_schema: The JSON value's schema as Spark DDL (``--schema``; ``schema`` is accepted).
+        engine: ``arrow`` keeps the rows in Arrow inside Spark's tasks (decode, transforms, dead
+            letters, Parquet), ``spark`` runs them through Spark SQL; ``auto`` takes the Arrow
+            engine whenever it can run the configuration (no ``sql:`` transforms, no schema
+            evolution).
         kafka_settings: librdkafka settings (``-K key=value``); values are secrets (masked).
     """
 
@@ -57,6 +61,7 @@ class IngestConfig(BaseModel):
     consumer_group: str | None = None
     commit_to_group: bool = False
     write_path: Literal["auto", "spark", "arrow"] = "auto"
+    engine: Literal["auto", "spark", "arrow"] = "auto"
     auto_compact: bool = True
     auto_compact_min_files: int = Field(default=50, ge=2)
     vacuum_interval_hours: float = Field(default=0.0, ge=0)

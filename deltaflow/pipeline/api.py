@@ -27,17 +27,20 @@ logger = logging.getLogger(__name__)
 def register(spark: SparkSession) -> None:
     """Register deltaflow's data sources with ``spark``, once per session.
 
-    ``deltaflow`` (the Delta sink), ``deltaflow-kafka`` (the Kafka source), ``deltaflow-delta``
-    (a Delta table as a stream) and ``deltaflow-generator`` (synthetic events).
+    ``deltaflow`` (the Delta sink), ``deltaflow-kafka`` (the Kafka source),
+    ``deltaflow-kafka-ingest`` (the Arrow ingest path's source), ``deltaflow-delta`` (a Delta
+    table as a stream) and ``deltaflow-generator`` (synthetic events).
     """
     if getattr(spark, "_deltaflow_registered", False):
         return
     from deltaflow.sources.delta import DeltaTableDataSource
     from deltaflow.sources.generator import GeneratorDataSource
     from deltaflow.sources.kafka import KafkaDataSource
+    from deltaflow.sources.kafka_ingest import KafkaIngestDataSource
 
     spark.dataSource.register(DeltaflowDataSource)
     spark.dataSource.register(KafkaDataSource)
+    spark.dataSource.register(KafkaIngestDataSource)
     spark.dataSource.register(DeltaTableDataSource)
     spark.dataSource.register(GeneratorDataSource)
     spark._deltaflow_registered = True  # type: ignore[attr-defined]

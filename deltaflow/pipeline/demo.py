@@ -203,6 +203,8 @@ def run_kafka_demo(
 
     import deltaflow
     from deltaflow.config.ingest import IngestConfig
+    from deltaflow.metrics import progress_messages
+    from deltaflow.pipeline.arrow_ingest import choose_engine
     from deltaflow.pipeline.ingest import ingest
     from deltaflow.testing import start_broker
 
@@ -239,10 +241,11 @@ def run_kafka_demo(
             max_messages_per_batch=max(10_000, events // 4),
             ends_at_latest_offsets=True,
         )
+        echo(f"  engine: {choose_engine(config)} (the rows stay in Arrow inside Spark's tasks)")
         query = ingest(spark, config)
         query.awaitTermination()
         seconds = time.monotonic() - started
-        batches = len([p for p in query.recentProgress if p.get("numInputRows")])
+        batches = len([p for p in query.recentProgress if progress_messages(p)])
         spark.stop()
     finally:
         broker.stop()

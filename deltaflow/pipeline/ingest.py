@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from deltaflow.config.ingest import IngestConfig
 from deltaflow.config.locations import normalize_uri
-from deltaflow.config.sink import SinkOptions
+from deltaflow.config.sink import SinkOptions, StreamSinkOptions
 from deltaflow.config.transforms import Transform
 from deltaflow.errors import ConfigError
 from deltaflow.metrics import metrics
@@ -33,6 +33,7 @@ from deltaflow.pipeline.transforms import apply_transforms, failure
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
     from pyspark.sql.types import StructType
 
 __all__ = ["IngestWriter", "build_ingest_frame", "ingest"]
@@ -146,60 +147,70 @@ def _sample_text(value: bytes | None, gzipped: bool) -> str | None:
     return value.decode("utf-8", "replace")
 
 
-def build_ingest_frame(spark: SparkSession, config: IngestConfig) -> DataFrame:
-    """The streaming DataFrame ``ingest`` writes: decoded, transformed rows with the ``kafka``
-    struct and the ``_deltaflow`` struct (error, unknown_fields, raw key and value)."""
-    from pyspark.sql import functions as F  # noqa: N812
-
-    from deltaflow.pipeline.api import register
+def source_options(spark: SparkSession, config: IngestConfig) -> dict[str, str]:
+    """The ``deltaflow-kafka`` source's options for ``config`` (both engines read with them)."""
     from deltaflow.sources.kafka import METADATA_COLUMNS
 
-    register(spark)
-    reader = (
-        spark.readStream.format("deltaflow-kafka")
-        .option("bootstrap_servers", config.brokers)
-        .option("topic", config.topic)
-        .option("starting_offsets", _starting_offsets(config))
-        .option("max_messages_per_batch", config.max_messages_per_batch)
-        .option("batch_interval", config.allowed_latency or 0)
-        .option("delta_table_uri", normalize_uri(config.table_uri))
-        .option("pipeline_id", config.pipeline_id)
-    )
+    options: dict[str, str] = {
+        "bootstrap_servers": config.brokers,
+        "topic": config.topic,
+        "starting_offsets": _starting_offsets(config),
+        "max_messages_per_batch": str(config.max_messages_per_batch),
+        "batch_interval": str(config.allowed_latency or 0),
+        "delta_table_uri": normalize_uri(config.table_uri),
+        "pipeline_id": config.pipeline_id,
+    }
     settings = dict(config.kafka_conf)
     if config.consumer_group:
         settings["group.id"] = config.consumer_group
     if settings:
-        reader = reader.option("kafka_settings", json.dumps(settings))
+        options["kafka_settings"] = json.dumps(settings)
     if config.decompress_gzip:
-        reader = reader.option("value_compression", "gzip")
+        options["value_compression"] = "gzip"
     transforms = config.parsed_transforms()
     failing = config.dlq_table_location and any(failure(t) is not None for t in transforms)
     if failing or config.schema_evolution:
         # A transform may still reject a message; evolution samples the new fields' values.
-        reader = reader.option("keep_value", "true")
+        options["keep_value"] = "true"
     # Kafka metadata no transform reads is built for failed messages only (the dead letters').
     used = set().union(*(t.kafka_fields() for t in [*transforms, *config.parsed_dlq_transforms()]))
     if failing:
         used |= {"key", "timestamp"}  # a transform's dead letters carry them
-    reader = reader.option("metadata", ",".join(c for c in METADATA_COLUMNS if c in used))
+    options["metadata"] = ",".join(c for c in METADATA_COLUMNS if c in used)
     if config.value_format == "json":
-        reader = reader.option("value_format", "json").option(
-            "value_schema", _value_schema(spark, config).json()
-        )
+        options["value_format"] = "json"
+        options["value_schema"] = _value_schema(spark, config).json()
     elif config.value_format == "avro":
-        reader = reader.option("value_format", "avro")
+        options["value_format"] = "avro"
         assert config.avro is not None
         if config.avro.startswith(("http://", "https://")):
             from deltaflow.sources.decode import SchemaRegistry
 
             # The reader schema, fixed once for the query (the source and its tasks share it).
             _id, latest = SchemaRegistry(config.avro).latest(f"{config.topic}-value")
-            reader = reader.option("schema_registry_url", config.avro).option("avro_schema", latest)
+            options["schema_registry_url"] = config.avro
+            options["avro_schema"] = latest
         else:
             try:
-                reader = reader.option("avro_schema", Path(config.avro).read_text())
+                options["avro_schema"] = Path(config.avro).read_text()
             except OSError as exc:
                 raise ConfigError(f"cannot read the Avro schema file {config.avro!r}: {exc}") from None
+    return options
+
+
+def build_ingest_frame(
+    spark: SparkSession, config: IngestConfig, options: Mapping[str, str] | None = None
+) -> DataFrame:
+    """The streaming DataFrame ``ingest`` writes on the Spark engine: decoded, transformed rows
+    with the ``kafka`` struct and the ``_deltaflow`` struct (error, unknown_fields, raw key and
+    value). ``options``: the source's (:func:`source_options`), if already built."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    from deltaflow.pipeline.api import register
+
+    register(spark)
+    transforms = config.parsed_transforms()
+    reader = spark.readStream.format("deltaflow-kafka").options(**(options or source_options(spark, config)))
     raw = reader.load()
     kafka = F.struct(
         "partition", "offset", "topic", "timestamp", F.col("key").cast("string").alias("key"), "headers"
@@ -439,8 +450,11 @@ def _already_dead_lettered(options: SinkOptions, batch_id: int) -> Column | None
 def ingest(spark: SparkSession, config: IngestConfig) -> StreamingQuery:
     """Start ingesting ``config.topic`` into ``config.table_uri``; returns the running query."""
     from deltaflow.pipeline.api import _claim, _prepare_table, default_checkpoint_location
+    from deltaflow.pipeline.arrow_ingest import choose_engine
 
-    frame = build_ingest_frame(spark, config)
+    engine = choose_engine(config)
+    options = source_options(spark, config)
+    frame = build_ingest_frame(spark, config, options)
     location = config.checkpoint_location or default_checkpoint_location(config.sink_options(None))
     main = config.sink_options(location)
     _prepare_table(main_rows(frame), main)
@@ -456,26 +470,33 @@ def ingest(spark: SparkSession, config: IngestConfig) -> StreamingQuery:
     if config.commit_to_group:
         group = {"bootstrap.servers": config.brokers, **config.kafka_conf}
         group["group.id"] = config.consumer_group or ""
-    writer = IngestWriter(
-        main,
-        dlq,
-        dlq_transforms,
-        group_config=group,
-        schema_evolution=config.schema_evolution,
-        gzipped=config.decompress_gzip,
-    )
-    stream = (
-        frame.writeStream.foreachBatch(writer)
-        .option("checkpointLocation", location)
-        .queryName(config.pipeline_id)
-    )
+    stream = None
+    if engine == "arrow":
+        try:
+            stream = _arrow_engine(spark, config, options, frame, main, dlq, group)
+        except ConfigError as exc:
+            if config.engine == "arrow":
+                raise
+            logger.info("the Arrow engine cannot run this ingest (%s): taking the Spark engine", exc)
+            engine = "spark"
+    if stream is None:
+        writer = IngestWriter(
+            main,
+            dlq,
+            dlq_transforms,
+            group_config=group,
+            schema_evolution=config.schema_evolution,
+            gzipped=config.decompress_gzip,
+        )
+        stream = frame.writeStream.foreachBatch(writer)
+    stream = stream.option("checkpointLocation", location).queryName(config.pipeline_id)
     if config.ends_at_latest_offsets:
         stream = stream.trigger(availableNow=True)
     # Otherwise Spark's default trigger, paced by the source (``batch_interval``): a batch every
     # allowed_latency seconds, or at once while a backlog drains (a processingTime trigger would
     # idle until the next interval after every capped batch).
     logger.info(
-        "ingesting %s from %s into %s%s (checkpoint %s)",
+        "ingesting %s from %s into %s%s (checkpoint %s; %s engine)",
         config.topic,
         config.brokers,
         normalize_uri(config.table_uri),
@@ -483,5 +504,36 @@ def ingest(spark: SparkSession, config: IngestConfig) -> StreamingQuery:
         if config.dlq_table_location
         else "",
         location,
+        engine,
     )
     return stream.start()
+
+
+def _arrow_engine(
+    spark: SparkSession,
+    config: IngestConfig,
+    options: Mapping[str, str],
+    frame: DataFrame,
+    main: StreamSinkOptions,
+    dlq: StreamSinkOptions | None,
+    group: Mapping[str, str] | None,
+) -> DataStreamWriter:
+    """The Arrow engine's query: tables, schemas and transforms as the Spark engine has them."""
+    from deltaflow.delta.schema import spark_to_arrow
+    from deltaflow.pipeline.arrow_ingest import ArrowIngestWriter, arrow_stream, ingest_plan
+    from deltaflow.sources.kafka_ingest import check_plan
+
+    source = spark.readStream.format("deltaflow-kafka").options(**options).load()
+    main_schema = spark_to_arrow(main_rows(frame).schema)
+    dlq_schema = spark_to_arrow(ingest_letters(frame, config.parsed_dlq_transforms()).schema) if dlq else None
+    plan = ingest_plan(
+        source_schema=spark_to_arrow(source.schema),
+        main=main,
+        main_schema=main_schema,
+        dlq=dlq,
+        dlq_schema=dlq_schema,
+        config=config,
+    )
+    check_plan(plan)  # what the Arrow engine cannot run fails here, before the query starts
+    writer = ArrowIngestWriter(main, main_schema, dlq, dlq_schema, group_config=group)
+    return arrow_stream(spark, options, plan, writer)

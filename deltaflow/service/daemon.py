@@ -39,7 +39,7 @@ from deltaflow.errors import (
     TransientError,
     brief,
 )
-from deltaflow.metrics import metrics, source_lags
+from deltaflow.metrics import metrics, progress_messages, progress_rates, source_lags
 from deltaflow.service.status import board
 
 if TYPE_CHECKING:
@@ -366,7 +366,7 @@ class _Tally:
             if stamp > self._reported:  # every report once, even those between two polls
                 self._reported = stamp
                 board.progress(self.name, progress)
-            rows = int(progress.get("numInputRows") or 0)
+            rows = progress_messages(progress)
             run, batch = str(progress["runId"]), int(progress["batchId"])
             # Idle triggers report the next batch id with no rows: count only batches with rows.
             if rows and batch > self._counted.get(run, -1):
@@ -374,7 +374,7 @@ class _Tally:
                 new_batches += 1
                 new_messages += rows
         lag = sum(sum(source_lags(source).values()) for source in last.get("sources") or [])
-        rate = float(last.get("processedRowsPerSecond") or 0.0)
+        rate = progress_rates(last)[1]
         if new_batches:
             self.batches += new_batches
             self.messages += new_messages

@@ -76,17 +76,18 @@ class StatusBoard:
 
     def progress(self, name: str, progress: Mapping[str, Any]) -> None:
         """Record one of Spark's ``StreamingQueryProgress`` reports (never raises)."""
-        from deltaflow.metrics import source_lags
+        from deltaflow.metrics import progress_messages, progress_rates, source_lags
 
         try:
             stamp = _epoch(str(progress["timestamp"]))
             sources = progress.get("sources") or []
             lag = sum(sum(source_lags(s).values()) for s in sources)
+            input_rps, processed_rps = progress_rates(progress)
             point = {
                 "t": stamp,
-                "rows": int(progress.get("numInputRows") or 0),
-                "input_rps": float(progress.get("inputRowsPerSecond") or 0.0),
-                "processed_rps": float(progress.get("processedRowsPerSecond") or 0.0),
+                "rows": progress_messages(progress),
+                "input_rps": input_rps,
+                "processed_rps": processed_rps,
                 "lag": lag,
             }
             durations = progress.get("durationMs") or {}

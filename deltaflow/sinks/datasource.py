@@ -125,12 +125,12 @@ class DeltaBatchWriter(DataSourceArrowWriter):
 class _DeltaSink:
     """State shared by the batch and streaming writers (options and schema, nothing else)."""
 
-    def __init__(self, options: SinkOptions, schema: StructType, overwrite: bool) -> None:
+    def __init__(self, options: SinkOptions, schema: StructType | pa.Schema, overwrite: bool) -> None:
         from deltaflow.delta.schema import spark_to_arrow
 
         self.options = options
         self.table_uri = normalize_uri(options.table_uri)
-        self.schema = spark_to_arrow(schema)
+        self.schema = schema if isinstance(schema, pa.Schema) else spark_to_arrow(schema)
         self.overwrite = overwrite or options.write_mode == "overwrite"
         if self.options.partition_columns:
             from deltaflow.delta.schema import check_partition_columns

@@ -359,14 +359,15 @@ class KafkaDataSource(DataSource):
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Plans micro-batches on the driver; :meth:`read` runs on executors."""
 
-    def __init__(self, options: KafkaSourceOptions, schema: StructType) -> None:
+    def __init__(self, options: KafkaSourceOptions, schema: StructType | pa.Schema) -> None:
+        import pyarrow as pa
+
         from deltaflow.delta.schema import spark_to_arrow
 
         self._options = options
-        self._schema = schema
         self._decoding = Decoding(
             value_format=options.value_format,
-            arrow_schema=spark_to_arrow(schema),
+            arrow_schema=schema if isinstance(schema, pa.Schema) else spark_to_arrow(schema),
             compression=options.value_compression,
             keep_value=options.keep_value,
             metadata=frozenset(options.metadata),

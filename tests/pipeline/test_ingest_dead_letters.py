@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import gzip
 import json
@@ -17,62 +16,11 @@ import pytest
 from deltalake import DeltaTable
 
 from deltaflow.config.ingest import IngestConfig
-from deltaflow.pipeline.dead_letters import KAFKA_COLUMNS as DLQ_COLUMNS
 from deltaflow.pipeline.ingest import ingest
+from tests.fixtures.ingest_messages import SCHEMA, TRANSFORMS, _assert_split, _bad, _good, _message
 from tests.fixtures.registry import AVRO_V1, AVRO_V2
 
 ROOT = Path(__file__).resolve().parents[2]
-SCHEMA = "id LONG, user STRING, at STRING"
-TRANSFORMS = ("at_iso: epoch_millis_to_iso8601(at)", "src_offset: kafka.offset")
-BASE_MS = 1_795_000_000_000
-
-
-def _message(i: int) -> bytes:
-    """Messages 3, 5, 7 (mod 10) fail: broken JSON, a wrong type, a failing transform."""
-    if i % 10 == 3:
-        return b'{"id": %d, "user": ' % i
-    if i % 10 == 5:
-        return json.dumps({"id": f"id-{i}", "user": "u"}).encode()
-    record = {"id": i, "user": f"u{i % 4}", "at": "soon" if i % 10 == 7 else str(BASE_MS + i)}
-    if i % 25 == 0:
-        record["extra"] = True  # a field the table lacks: stored nowhere, reported
-    return json.dumps(record).encode()
-
-
-def _good(n: int) -> list[int]:
-    return [i for i in range(n) if i % 10 not in (3, 5, 7)]
-
-
-def _bad(n: int) -> list[int]:
-    return [i for i in range(n) if i % 10 in (3, 5, 7)]
-
-
-def _assert_split(table: Path, dlq: Path, produced: int, partitions: int, second_produce: int = 0) -> None:
-    """Exactly the good messages in ``table``, the bad ones in ``dlq``. Keys count from 0 in
-    each ``produce`` call; the second one starts at message ``second_produce``."""
-    main = DeltaTable(str(table)).to_pyarrow_table().to_pylist()
-    assert sorted(r["id"] for r in main) == _good(produced)
-    for r in main:
-        assert (
-            r["at_iso"]
-            == dt.datetime.fromtimestamp((BASE_MS + r["id"]) / 1000, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[
-                :-3
-            ]
-            + "Z"
-        )
-        assert r["src_offset"] == r["id"] // partitions
-    dead = DeltaTable(str(dlq)).to_pyarrow_table().to_pylist()
-    assert len(main) + len(dead) == produced
-    by_value = {base64.b64decode(r["value_base64"]): r for r in dead}
-    assert len(by_value) == len(dead)
-    for i in _bad(produced):
-        row = by_value[_message(i)]  # the raw bytes, intact
-        assert (row["partition"], row["offset"]) == (i % partitions, i // partitions)
-        key = i - second_produce if second_produce and i >= second_produce else i
-        assert base64.b64decode(row["key_base64"]) == str(key).encode()
-        expected = {3: "JSON:", 5: "JSON: id: expected int64", 7: "transform 'at_iso': at is not a number"}
-        assert row["error"].startswith(expected[i % 10]), row["error"]
-    assert list(DeltaTable(str(dlq)).schema().to_arrow().names) == list(DLQ_COLUMNS)
 
 
 @pytest.mark.parametrize("write_path", ["spark", "arrow"])

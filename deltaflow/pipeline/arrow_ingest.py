@@ -1,0 +1,218 @@
+"""``deltaflow ingest`` on the Arrow engine: the tasks write the files, the driver commits them.
+
+The query is ``deltaflow-kafka-ingest`` (:mod:`deltaflow.sources.kafka_ingest`) into
+``foreachBatch``: Spark's offset log, triggers, scheduling and task retries as for any
+streaming query, but the rows stay in Arrow inside the source's tasks (step 0 there) and the
+micro-batch Spark hands the driver is one small row per task: the files it wrote. The driver
+then commits them, dead letters first, with the sink's steps 1-5 (DESIGN.md, "The Arrow ingest
+path"). Runs that need Spark SQL (``sql:`` transforms) or schema evolution take the Spark
+engine (:func:`choose_engine`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Literal
+
+from deltaflow.config.ingest import IngestConfig
+from deltaflow.config.sink import StreamSinkOptions
+from deltaflow.errors import ConfigError
+from deltaflow.io import arrow_transforms
+from deltaflow.metrics import metrics
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
+
+    from deltaflow.sinks.datasource import DeltaCommitMessage
+    from deltaflow.sources.kafka_ingest import IngestPlan, TaskResult
+
+__all__ = ["ArrowIngestWriter", "arrow_blockers", "choose_engine", "arrow_stream"]
+
+logger = logging.getLogger(__name__)
+
+
+def arrow_blockers(config: IngestConfig) -> list[str]:
+    """Why ``config`` needs the Spark engine (empty: the Arrow engine can run it)."""
+    reasons = []
+    sql = arrow_transforms.unsupported([*config.parsed_transforms(), *config.parsed_dlq_transforms()])
+    if sql:
+        reasons.append(f"Spark SQL transforms ({'; '.join(sql)})")
+    if config.schema_evolution:
+        reasons.append("--schema-evolution (new columns are typed by Spark)")
+    return reasons
+
+
+def choose_engine(config: IngestConfig) -> Literal["spark", "arrow"]:
+    """The engine a run takes: the one asked for, or with ``auto`` the Arrow engine whenever it
+    can run the configuration.
+
+    Raises:
+        ConfigError: ``--engine arrow`` for a configuration only Spark can run.
+    """
+    blockers = arrow_blockers(config)
+    if config.engine == "spark":
+        return "spark"
+    if config.engine == "arrow" and blockers:
+        raise ConfigError(
+            f"--engine arrow cannot run this ingest: it uses {', and '.join(blockers)}; use "
+            "--engine spark (or auto, which picks Spark for it)",
+            pipeline_id=config.pipeline_id,
+        )
+    return "arrow" if not blockers else "spark"
+
+
+def ingest_plan(
+    *,
+    source_schema: pa.Schema,
+    main: StreamSinkOptions,
+    main_schema: pa.Schema,
+    dlq: StreamSinkOptions | None,
+    dlq_schema: pa.Schema | None,
+    config: IngestConfig,
+) -> IngestPlan:
+    """What every task does, from the tables' options and schemas (on the driver)."""
+    from deltaflow.config.locations import normalize_uri
+    from deltaflow.sources.kafka_ingest import IngestPlan, TableFiles
+
+    def files(options: StreamSinkOptions, schema: pa.Schema) -> TableFiles:
+        return TableFiles.of(
+            normalize_uri(options.table_uri),
+            schema,
+            partition_columns=tuple(options.partition_columns),
+            compression=options.compression,
+            target_file_size=options.target_file_size_bytes,
+            max_records_per_file=options.max_records_per_file,
+            storage_options=dict(options.storage_options),
+        )
+
+    return IngestPlan(
+        source_schema_ipc=source_schema.serialize().to_pybytes(),
+        main=files(main, main_schema),
+        dead_letters=files(dlq, dlq_schema) if dlq is not None and dlq_schema is not None else None,
+        transforms=tuple(config.transforms),
+        dlq_transforms=tuple(config.dlq_transforms),
+        dlq_pipeline_id=dlq.pipeline_id if dlq is not None else None,
+    )
+
+
+def arrow_stream(
+    spark: SparkSession,
+    source_options: Mapping[str, str],
+    plan: IngestPlan,
+    writer: ArrowIngestWriter,
+) -> DataStreamWriter:
+    """The Arrow engine's streaming query (not started)."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    from deltaflow.metrics import MESSAGES_OBSERVATION
+    from deltaflow.sources.kafka_ingest import FORMAT_NAME
+
+    results = (
+        spark.readStream.format(FORMAT_NAME)
+        .options(**source_options)
+        .option("ingest_plan", plan.to_option())
+        .load()
+    )
+    # Spark counts the task rows; the messages they stand for are reported beside them.
+    observed = results.observe(MESSAGES_OBSERVATION, F.coalesce(F.sum("rows"), F.lit(0)).alias("messages"))
+    return observed.writeStream.foreachBatch(writer)
+
+
+class ArrowIngestWriter:
+    """``foreachBatch`` function of the Arrow engine: commit what the tasks wrote.
+
+    The micro-batch holds one row per task (:class:`TaskResult`); it is read once. Then, as
+    on the Spark engine: counts and warnings, the dead letters' commit, the main table's
+    commit (each with its per-partition txns; a crash between them is a replay that skips the
+    former), and with ``group_config`` the offsets to the consumer group.
+    """
+
+    def __init__(
+        self,
+        main: StreamSinkOptions,
+        main_schema: pa.Schema,
+        dlq: StreamSinkOptions | None,
+        dlq_schema: pa.Schema | None,
+        *,
+        group_config: Mapping[str, str] | None = None,
+    ) -> None:
+        from deltaflow.sinks.datasource import _DeltaSink
+
+        self._main_options = main
+        self._main = _DeltaSink(main, main_schema, overwrite=False)
+        self._dlq = _DeltaSink(dlq, dlq_schema, overwrite=False) if dlq and dlq_schema else None
+        self._group_config = dict(group_config) if group_config else None
+        self.failed_total = 0
+        self.unknown_total = 0
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        from deltaflow.sources.kafka_ingest import TaskResult
+
+        started = time.monotonic()
+        results = [TaskResult.from_row(row.asDict()) for row in batch.collect()]  # the one action
+        written = time.monotonic() - started  # the tasks' read, decode, transform and write
+        main_files = [f for r in results for f in r.main]
+        pipeline = self._main_options.pipeline_id
+        metrics.batch_written(pipeline=pipeline, table=self._main.table_uri, seconds=written)
+        try:
+            self._report(results, batch_id)
+            failed = sum(r.failed for r in results)
+            if failed and self._dlq is not None:
+                dlq = self._dlq.options.pipeline_id or ""
+                metrics.batch_written(pipeline=dlq, table=self._dlq.table_uri, seconds=written)
+                self._dlq.commit_batch(_messages(results, dead=True), batch_id)
+        except BaseException:
+            self._main.delete_uncommitted(main_files)  # in no commit: nothing references them
+            raise
+        self._main.commit_batch(_messages(results, dead=False), batch_id)
+        if self._group_config is not None:
+            # After the Delta commit, for lag monitoring only: progress is read from the table.
+            from deltaflow.sinks.spark_checkpoint import read_batch_offsets
+            from deltaflow.sources.kafka import commit_to_group
+
+            commit_to_group(self._group_config, read_batch_offsets(self._main_options, batch_id))
+
+    def _report(self, results: list[TaskResult], batch_id: int) -> None:
+        pipeline, table = self._main_options.pipeline_id, self._main.table_uri
+        unknown = sum(r.unknown for r in results)
+        if unknown:
+            names = sorted(set().union(*(r.unknown_names for r in results)))
+            self.unknown_total += unknown
+            metrics.unknown_fields_seen(pipeline=pipeline, table=table, count=unknown)
+            logger.warning(
+                "batch %s: %d message(s) carry fields the table lacks, not stored: %s (enable "
+                "them by adding the columns to the table or to --schema)",
+                batch_id,
+                unknown,
+                ", ".join(names[:20]),
+            )
+        failed = sum(r.failed for r in results)
+        if not failed:
+            return
+        self.failed_total += failed
+        metrics.records_failed(pipeline=pipeline, table=table, count=failed)
+        first = next((r.first_error for r in results if r.first_error), "")
+        if self._dlq is None:
+            logger.warning(
+                "batch %s: %d message(s) could not be decoded or transformed and are skipped (no "
+                "dead-letter table; set --dlq_table_location to keep them). First error: %s",
+                batch_id,
+                failed,
+                first,
+            )
+        else:
+            logger.info(
+                "batch %s: %d message(s) to the dead-letter table; first error: %s", batch_id, failed, first
+            )
+
+
+def _messages(results: list[TaskResult], *, dead: bool) -> list[DeltaCommitMessage]:
+    from deltaflow.sinks.datasource import DeltaCommitMessage
+
+    return [
+        DeltaCommitMessage(r.dead_letters if dead else r.main, partition_id=i) for i, r in enumerate(results)
+    ]
