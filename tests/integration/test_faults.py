@@ -208,8 +208,12 @@ def _assert_stream(uri: str, options: dict[str, str], rows: int) -> None:
     assert on_disk == referenced
 
 
-@pytest.mark.parametrize("write_path", ["spark", "arrow"])
-def test_lost_responses_with_kafka_offsets_and_dead_letters(spark, kafka, tmp_path, write_path):
+@pytest.mark.parametrize(
+    ("engine", "write_path"),
+    [("spark", "spark"), ("spark", "arrow"), ("arrow", "auto")],
+    ids=["spark-engine-spark-writes", "spark-engine-arrow-writes", "arrow-engine"],
+)
+def test_lost_responses_with_kafka_offsets_and_dead_letters(spark, kafka, tmp_path, engine, write_path):
     topic = kafka.create_topic(partitions=2)
     good = [b'{"id": %d}' % i for i in range(200)]
     messages = [m if i % 10 else b"not json" for i, m in enumerate(good)]
@@ -224,6 +228,7 @@ def test_lost_responses_with_kafka_offsets_and_dead_letters(spark, kafka, tmp_pa
         ends_at_latest_offsets=True,
         max_messages_per_batch=60,
         write_path=write_path,
+        engine=engine,
     )
     with lose_commit_responses(times=-1) as lost:
         assert ingest(spark, config).awaitTermination(300)

@@ -23,8 +23,12 @@ from tests.fixtures.registry import AVRO_V1, AVRO_V2
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("write_path", ["spark", "arrow"])
-def test_bad_messages_go_to_the_dead_letter_table(spark, kafka, tmp_path, write_path, caplog):
+@pytest.mark.parametrize(
+    ("engine", "write_path"),
+    [("spark", "spark"), ("spark", "arrow"), ("arrow", "auto")],
+    ids=["spark-engine-spark-writes", "spark-engine-arrow-writes", "arrow-engine"],
+)
+def test_bad_messages_go_to_the_dead_letter_table(spark, kafka, tmp_path, engine, write_path, caplog):
     topic = kafka.create_topic(partitions=3)
     kafka.produce(topic, [_message(i) for i in range(300)], partitions=3)
     config = IngestConfig(
@@ -38,6 +42,7 @@ def test_bad_messages_go_to_the_dead_letter_table(spark, kafka, tmp_path, write_
         ends_at_latest_offsets=True,
         max_messages_per_batch=120,
         write_path=write_path,
+        engine=engine,
     )
     with caplog.at_level("WARNING", logger="deltaflow.pipeline.ingest"):
         assert ingest(spark, config).awaitTermination(300)
