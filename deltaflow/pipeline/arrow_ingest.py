@@ -21,6 +21,7 @@ from deltaflow.config.sink import StreamSinkOptions
 from deltaflow.errors import ConfigError
 from deltaflow.io import arrow_transforms
 from deltaflow.metrics import metrics
+from deltaflow.pipeline.dead_letters import log_failed, log_unknown_fields
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -142,7 +143,7 @@ class ArrowIngestWriter:
     ) -> None:
         from deltaflow.sinks.datasource import _DeltaSink
 
-        self._main_options = main
+        self._pipeline = main.pipeline_id
         self._main = _DeltaSink(main, main_schema, overwrite=False)
         self._dlq = _DeltaSink(dlq, dlq_schema, overwrite=False) if dlq and dlq_schema else None
         self._group_config = dict(group_config) if group_config else None
@@ -155,18 +156,16 @@ class ArrowIngestWriter:
         started = time.monotonic()
         results = [TaskResult.from_row(row.asDict()) for row in batch.collect()]  # the one action
         written = time.monotonic() - started  # the tasks' read, decode, transform and write
-        main_files = [f for r in results for f in r.main]
-        pipeline = self._main_options.pipeline_id
-        metrics.batch_written(pipeline=pipeline, table=self._main.table_uri, seconds=written)
+        metrics.batch_written(pipeline=self._pipeline, table=self._main.table_uri, seconds=written)
         try:
-            self._report(results, batch_id)
-            failed = sum(r.failed for r in results)
+            failed = self._report(results, batch_id)
             if failed and self._dlq is not None:
                 dlq = self._dlq.options.pipeline_id or ""
                 metrics.batch_written(pipeline=dlq, table=self._dlq.table_uri, seconds=written)
                 self._dlq.commit_batch(_messages(results, dead=True), batch_id)
         except BaseException:
-            self._main.delete_uncommitted(main_files)  # in no commit: nothing references them
+            # In no commit, so nothing references them.
+            self._main.delete_uncommitted([f for r in results for f in r.main])
             raise
         self._main.commit_batch(_messages(results, dead=False), batch_id)
         if self._group_config is not None:
@@ -174,40 +173,23 @@ class ArrowIngestWriter:
             from deltaflow.sinks.spark_checkpoint import read_batch_offsets
             from deltaflow.sources.kafka import commit_to_group
 
-            commit_to_group(self._group_config, read_batch_offsets(self._main_options, batch_id))
+            commit_to_group(self._group_config, read_batch_offsets(self._main.options, batch_id))
 
-    def _report(self, results: list[TaskResult], batch_id: int) -> None:
-        pipeline, table = self._main_options.pipeline_id, self._main.table_uri
+    def _report(self, results: list[TaskResult], batch_id: int) -> int:
+        """Count, meter and log the batch's unknown fields and failed messages; the failed count."""
+        table = self._main.table_uri
         unknown = sum(r.unknown for r in results)
         if unknown:
-            names = sorted(set().union(*(r.unknown_names for r in results)))
             self.unknown_total += unknown
-            metrics.unknown_fields_seen(pipeline=pipeline, table=table, count=unknown)
-            logger.warning(
-                "batch %s: %d message(s) carry fields the table lacks, not stored: %s (enable "
-                "them by adding the columns to the table or to --schema)",
-                batch_id,
-                unknown,
-                ", ".join(names[:20]),
-            )
+            metrics.unknown_fields_seen(pipeline=self._pipeline, table=table, count=unknown)
+            log_unknown_fields(batch_id, unknown, set().union(*(r.unknown_names for r in results)))
         failed = sum(r.failed for r in results)
-        if not failed:
-            return
-        self.failed_total += failed
-        metrics.records_failed(pipeline=pipeline, table=table, count=failed)
-        first = next((r.first_error for r in results if r.first_error), "")
-        if self._dlq is None:
-            logger.warning(
-                "batch %s: %d message(s) could not be decoded or transformed and are skipped (no "
-                "dead-letter table; set --dlq_table_location to keep them). First error: %s",
-                batch_id,
-                failed,
-                first,
-            )
-        else:
-            logger.info(
-                "batch %s: %d message(s) to the dead-letter table; first error: %s", batch_id, failed, first
-            )
+        if failed:
+            self.failed_total += failed
+            metrics.records_failed(pipeline=self._pipeline, table=table, count=failed)
+            first = next((r.first_error for r in results if r.first_error), "")
+            log_failed(batch_id, failed, first, dead_letter_table=self._dlq is not None)
+        return failed
 
 
 def _messages(results: list[TaskResult], *, dead: bool) -> list[DeltaCommitMessage]:

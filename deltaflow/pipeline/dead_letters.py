@@ -15,7 +15,8 @@ never leaves a main row whose failed neighbours are lost.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from deltaflow.config.transforms import Transform
@@ -24,7 +25,17 @@ from deltaflow.pipeline.transforms import apply_transforms
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["INGEST_META", "KAFKA_COLUMNS", "PIPELINE_SCHEMA", "ingest_letters", "pipeline_letters"]
+__all__ = [
+    "INGEST_META",
+    "KAFKA_COLUMNS",
+    "PIPELINE_SCHEMA",
+    "ingest_letters",
+    "log_failed",
+    "log_unknown_fields",
+    "pipeline_letters",
+]
+
+logger = logging.getLogger(__name__)
 
 #: The struct an ingest frame carries per message: its decode error, key, value, unknown fields.
 INGEST_META = "_deltaflow"
@@ -76,3 +87,32 @@ def pipeline_letters(
         record.alias("record"),
         F.current_timestamp().alias("dead_lettered_at"),
     )
+
+
+def log_unknown_fields(batch_id: int, count: int, names: Iterable[str]) -> None:
+    """What ``deltaflow ingest`` says of a batch's messages with fields the table lacks (both
+    engines): they are not stored."""
+    logger.warning(
+        "batch %s: %d message(s) carry fields the table lacks, not stored: %s (enable "
+        "them by adding the columns to the table or to --schema)",
+        batch_id,
+        count,
+        ", ".join(sorted(names)[:20]),
+    )
+
+
+def log_failed(batch_id: int, failed: int, first_error: str | None, *, dead_letter_table: bool) -> None:
+    """What ``deltaflow ingest`` says of a batch's failed messages (both engines): dead letters,
+    or skipped when there is no dead-letter table."""
+    if not dead_letter_table:
+        logger.warning(
+            "batch %s: %d message(s) could not be decoded or transformed and are skipped (no "
+            "dead-letter table; set --dlq_table_location to keep them). First error: %s",
+            batch_id,
+            failed,
+            first_error,
+        )
+    else:
+        logger.info(
+            "batch %s: %d message(s) to the dead-letter table; first error: %s", batch_id, failed, first_error
+        )

@@ -27,7 +27,7 @@ from deltaflow.config.transforms import Transform
 from deltaflow.errors import ConfigError
 from deltaflow.metrics import metrics
 from deltaflow.pipeline.dead_letters import INGEST_META as META
-from deltaflow.pipeline.dead_letters import ingest_letters
+from deltaflow.pipeline.dead_letters import ingest_letters, log_failed, log_unknown_fields
 from deltaflow.pipeline.transforms import apply_transforms, failure
 
 if TYPE_CHECKING:
@@ -198,20 +198,23 @@ def source_options(spark: SparkSession, config: IngestConfig) -> dict[str, str]:
     return options
 
 
-def build_ingest_frame(
-    spark: SparkSession, config: IngestConfig, options: Mapping[str, str] | None = None
-) -> DataFrame:
-    """The streaming DataFrame ``ingest`` writes on the Spark engine: decoded, transformed rows
-    with the ``kafka`` struct and the ``_deltaflow`` struct (error, unknown_fields, raw key and
-    value). ``options``: the source's (:func:`source_options`), if already built."""
-    from pyspark.sql import functions as F  # noqa: N812
-
+def kafka_source(spark: SparkSession, options: Mapping[str, str]) -> DataFrame:
+    """The ``deltaflow-kafka`` source with ``options`` (:func:`source_options`) as a stream."""
     from deltaflow.pipeline.api import register
 
     register(spark)
+    return spark.readStream.format("deltaflow-kafka").options(**options).load()
+
+
+def build_ingest_frame(spark: SparkSession, config: IngestConfig, raw: DataFrame | None = None) -> DataFrame:
+    """The streaming DataFrame ``ingest`` writes on the Spark engine: decoded, transformed rows
+    with the ``kafka`` struct and the ``_deltaflow`` struct (error, unknown_fields, raw key and
+    value). ``raw``: the source (:func:`kafka_source`), if already loaded."""
+    from pyspark.sql import functions as F  # noqa: N812
+
     transforms = config.parsed_transforms()
-    reader = spark.readStream.format("deltaflow-kafka").options(**(options or source_options(spark, config)))
-    raw = reader.load()
+    if raw is None:
+        raw = kafka_source(spark, source_options(spark, config))
     kafka = F.struct(
         "partition", "offset", "topic", "timestamp", F.col("key").cast("string").alias("key"), "headers"
     ).alias("kafka")
@@ -312,13 +315,7 @@ class IngestWriter:
                 metrics.unknown_fields_seen(pipeline=pipeline, table=table, count=stats["unknown"])
                 if self._evolve:
                     self._evolve_schema(batch, batch_id, sorted(stats["names"]))
-                logger.warning(
-                    "batch %s: %d message(s) carry fields the table lacks, not stored: %s (enable "
-                    "them by adding the columns to the table or to --schema)",
-                    batch_id,
-                    stats["unknown"],
-                    ", ".join(sorted(stats["names"])[:20]),
-                )
+                log_unknown_fields(batch_id, stats["unknown"], stats["names"])
             if stats["failed"]:
                 self.failed_total += stats["failed"]
                 metrics.records_failed(pipeline=pipeline, table=table, count=stats["failed"])
@@ -388,13 +385,7 @@ class IngestWriter:
 
     def _dead_letter(self, batch: DataFrame, batch_id: int, failed: int, first_error: str) -> None:
         if self._dlq is None or self._dlq_options is None:
-            logger.warning(
-                "batch %s: %d message(s) could not be decoded or transformed and are skipped (no "
-                "dead-letter table; set --dlq_table_location to keep them). First error: %s",
-                batch_id,
-                failed,
-                first_error,
-            )
+            log_failed(batch_id, failed, first_error, dead_letter_table=False)
             return
         from pyspark.sql import Observation
         from pyspark.sql import functions as F  # noqa: N812
@@ -406,9 +397,7 @@ class IngestWriter:
         source = batch.observe(again, F.count(F.col(f"{META}.error")).alias("failed"))
         seen = _already_dead_lettered(self._dlq_options, batch_id)
         rows = ingest_letters(source if seen is None else source.filter(~seen), self._dlq_transforms)
-        logger.info(
-            "batch %s: %d message(s) to the dead-letter table; first error: %s", batch_id, failed, first_error
-        )
+        log_failed(batch_id, failed, first_error, dead_letter_table=True)
         pending = self._dlq.write_files(rows, batch_id)
         if pending is None:
             return
@@ -454,7 +443,8 @@ def ingest(spark: SparkSession, config: IngestConfig) -> StreamingQuery:
 
     engine = choose_engine(config)
     options = source_options(spark, config)
-    frame = build_ingest_frame(spark, config, options)
+    raw = kafka_source(spark, options)
+    frame = build_ingest_frame(spark, config, raw)
     location = config.checkpoint_location or default_checkpoint_location(config.sink_options(None))
     main = config.sink_options(location)
     _prepare_table(main_rows(frame), main)
@@ -473,7 +463,7 @@ def ingest(spark: SparkSession, config: IngestConfig) -> StreamingQuery:
     stream = None
     if engine == "arrow":
         try:
-            stream = _arrow_engine(spark, config, options, frame, main, dlq, group)
+            stream = _arrow_engine(spark, config, options, raw, frame, main, dlq, group)
         except ConfigError as exc:
             if config.engine == "arrow":
                 raise
@@ -513,6 +503,7 @@ def _arrow_engine(
     spark: SparkSession,
     config: IngestConfig,
     options: Mapping[str, str],
+    raw: DataFrame,
     frame: DataFrame,
     main: StreamSinkOptions,
     dlq: StreamSinkOptions | None,
@@ -523,11 +514,10 @@ def _arrow_engine(
     from deltaflow.pipeline.arrow_ingest import ArrowIngestWriter, arrow_stream, ingest_plan
     from deltaflow.sources.kafka_ingest import check_plan
 
-    source = spark.readStream.format("deltaflow-kafka").options(**options).load()
     main_schema = spark_to_arrow(main_rows(frame).schema)
     dlq_schema = spark_to_arrow(ingest_letters(frame, config.parsed_dlq_transforms()).schema) if dlq else None
     plan = ingest_plan(
-        source_schema=spark_to_arrow(source.schema),
+        source_schema=spark_to_arrow(raw.schema),
         main=main,
         main_schema=main_schema,
         dlq=dlq,

@@ -105,10 +105,12 @@ def classify_failure(error: BaseException) -> DeltaflowError:
         query, a :class:`TerminalError` stops it. Anything else is a
         :class:`QueryFailedError` (terminal): deltaflow does not know it to be transient.
     """
+    from confluent_kafka import KafkaException
+
     for exc in _python_chain(error):
         if isinstance(exc, (TransientError, TerminalError)):
             return exc
-        if type(exc).__name__ == "KafkaException" and type(exc).__module__.startswith(("cimpl", "confluent")):
+        if isinstance(exc, KafkaException):
             from deltaflow.sources.kafka import kafka_failure
 
             return kafka_failure(exc, brief(error) if exc is not error else "a Kafka request")

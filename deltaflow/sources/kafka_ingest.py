@@ -250,7 +250,8 @@ def check_plan(plan: IngestPlan) -> None:
     rows, _, _ = _decoded(empty)
     arrow_transforms.check(rows.schema, [parse_transform(t) for t in plan.transforms])
     if plan.dead_letters is not None:
-        letters = _dead_letters(empty, pa.chunked_array([pa.array([], pa.string())]))
+        no_errors = pa.chunked_array([pa.array([], pa.string())])
+        letters = _dead_letters(empty, no_errors, rows.column(arrow_transforms.KAFKA_COLUMN))
         arrow_transforms.check(letters.schema, [parse_transform(t) for t in plan.dlq_transforms])
 
 
@@ -277,6 +278,7 @@ def write_range(task: IngestRange) -> pa.RecordBatch:
             table = pa.Table.from_batches([batch])
             result.rows += table.num_rows
             rows, decode_error, unknown = _decoded(table)
+            kafka = rows.column(arrow_transforms.KAFKA_COLUMN)
             # Step 0.2. Transforms; failed messages are dead letters.
             rows, failed = arrow_transforms.apply(rows, transforms)
             error = decode_error if failed is None else pc.coalesce(decode_error, failed)
@@ -287,13 +289,14 @@ def write_range(task: IngestRange) -> pa.RecordBatch:
             if good.num_rows:
                 for part in _conform(good, main_schema).to_batches():
                     main.write(part)
-            bad = int(pc.sum(pc.invert(ok)).as_py() or 0)
-            if bad:
-                result.failed += bad
+            bad = pc.invert(ok)
+            count = int(pc.sum(bad).as_py() or 0)
+            if count:
+                result.failed += count
                 if result.first_error is None:
                     result.first_error = pc.drop_null(error)[0].as_py()
                 if dead is not None and plan.dead_letters is not None:
-                    letters = _dead_letters(table.filter(pc.invert(ok)), error.filter(pc.invert(ok)))
+                    letters = _dead_letters(table.filter(bad), error.filter(bad), kafka.filter(bad))
                     letters = letters.filter(pc.greater(letters.column("offset"), task.dead_lettered_through))
                     letters, _ = arrow_transforms.apply(letters, dlq_transforms)
                     if letters.num_rows:
@@ -301,15 +304,12 @@ def write_range(task: IngestRange) -> pa.RecordBatch:
                             dead.write(part)
         result.main = main.close()
         result.dead_letters = dead.close() if dead is not None else []
-    except OSError as exc:
+    except BaseException as exc:
         main.discard()
         if dead is not None:
             dead.discard()
-        raise storage_error(exc, plan.main.table_uri, "writing data files of") from exc
-    except BaseException:
-        main.discard()
-        if dead is not None:
-            dead.discard()
+        if isinstance(exc, OSError):  # the store failed: a classified error the daemon can act on
+            raise storage_error(exc, plan.main.table_uri, "writing data files of") from exc
         raise
     maybe_crash("write", batch_id)
     # Step 0.4. Describe.
@@ -359,10 +359,9 @@ def _count_unknown(
             result.unknown_names.update(kept)
 
 
-def _dead_letters(failed: pa.Table, errors: pa.ChunkedArray) -> pa.Table:
+def _dead_letters(failed: pa.Table, errors: pa.ChunkedArray, kafka: pa.ChunkedArray) -> pa.Table:
     """kafka-delta-ingest's dead-letter rows (``pipeline.dead_letters.KAFKA_COLUMNS``) plus the
-    ``kafka`` struct for ``--dlq_transform`` sources."""
-    rows, _, _ = _decoded(failed)
+    ``kafka`` struct (as :func:`_decoded` built it) for ``--dlq_transform`` sources."""
     now = pa.scalar(dt.datetime.now(dt.UTC), pa.timestamp("us", tz="UTC"))
     n = failed.num_rows
     return pa.table(
@@ -375,7 +374,7 @@ def _dead_letters(failed: pa.Table, errors: pa.ChunkedArray) -> pa.Table:
             "value_base64": _base64(failed.column("value")),
             "error": errors,
             "dead_lettered_at": pa.array([now.as_py()] * n, pa.timestamp("us", tz="UTC")),
-            arrow_transforms.KAFKA_COLUMN: rows.column(arrow_transforms.KAFKA_COLUMN),
+            arrow_transforms.KAFKA_COLUMN: kafka,
         }
     )
 
