@@ -12,7 +12,12 @@ tansu broker, then lands that topic, in one process and on the same machine, wit
   while a backlog drains), ``--max-messages-per-batch`` (the CLI's default 500,000). Timed
   from calling ``ingest()`` (query start) until the table's per-partition txns cover every
   offset of the topic (polled every 0.2 s). The Spark session is created before
-  the clock starts (its start-up time is printed separately).
+  the clock starts (its start-up time is printed separately), with ``jit="quick"`` as
+  ``deltaflow ingest`` creates it for the Arrow engine (``--jit full`` for the JVM's default).
+
+Each round also prints the CPU-seconds per 1M messages of both (``cpu.py``: user + system of
+this process and its children; the reference's without the idle JVM, deltaflow's with the JVM
+and Spark's Python workers, split by kind; the broker's never).
 
 Rounds alternate reference, deltaflow on fresh tables over the same topic, in one Spark
 session: round 1's query is the first in a fresh JVM (cold Python workers), later rounds are
@@ -44,6 +49,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.json as pajson
+from cpu import TreeCpu
 
 SCHEMA_DDL = (
     "id LONG, user_id LONG, session_id STRING, event_type STRING, page STRING, referrer STRING, "
@@ -233,6 +239,10 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=2, help="reference + deltaflow rounds")
     parser.add_argument(
+        "--jit", choices=["quick", "full"], default="quick",
+        help="spark_session(jit=...): quick is what `deltaflow ingest` takes for the Arrow engine",
+    )  # fmt: skip
+    parser.add_argument(
         "--spark-jobs", action="store_true", help="enable the Spark UI and print each round's Spark jobs"
     )
     args = parser.parse_args()
@@ -261,24 +271,32 @@ def main() -> None:
                 ui_port = sock.getsockname()[1]
             conf = {"spark.ui.enabled": "true", "spark.ui.port": str(ui_port)}
         t0 = time.perf_counter()
-        spark = deltaflow.spark_session(**conf)
-        print(f"Spark session started in {time.perf_counter() - t0:.1f} s", flush=True)
+        spark = deltaflow.spark_session(jit=args.jit, **conf)
+        print(f"Spark session (jit={args.jit}) started in {time.perf_counter() - t0:.1f} s", flush=True)
+        jvm = spark.sparkContext._gateway.proc.pid
         job = -1
         results = []
         for r in range(1, args.rounds + 1):
             ref_table, df_table = str(work / f"reference-{r}"), str(work / f"deltaflow-{r}")
             print(f"round {r}: load average {os.getloadavg()[0]:.2f}", flush=True)
+            cpu = TreeCpu(exclude=(broker.process.pid, jvm)).start()  # the idle JVM is not the reference's
             ref_s = run_reference(broker.bootstrap, topic, total, ref_table)
-            print(f"round {r} reference (no Spark): {ref_s:7.2f} s  {total / ref_s:10,.0f} msgs/s")
+            ref_cpu = cpu.stop() * 1e6 / total
+            print(f"round {r} reference (no Spark): {ref_s:7.2f} s  {total / ref_s:10,.0f} msgs/s  "
+                  f"{ref_cpu:5.1f} CPU-s per 1M")  # fmt: skip
+            cpu = TreeCpu(exclude=(broker.process.pid,)).start()
             df_s, _ = run_deltaflow(
                 spark, broker.bootstrap, topic, last, df_table, args.trigger, args.max_messages_per_batch
             )
-            print(f"round {r} deltaflow ingest    : {df_s:7.2f} s  {total / df_s:10,.0f} msgs/s", flush=True)
+            df_cpu = cpu.stop() * 1e6 / total
+            split = ", ".join(f"{k} {v * 1e6 / total:.1f}" for k, v in sorted(cpu.by_kind().items()))
+            print(f"round {r} deltaflow ingest    : {df_s:7.2f} s  {total / df_s:10,.0f} msgs/s  "
+                  f"{df_cpu:5.1f} CPU-s per 1M ({split})", flush=True)  # fmt: skip
             if args.spark_jobs:
                 job = spark_jobs(ui_port, job)
             check_exactly_once(ref_table, total)
             check_exactly_once(df_table, total)
-            results.append((ref_s, df_s))
+            results.append((ref_s, df_s, ref_cpu, df_cpu))
             shutil.rmtree(ref_table, ignore_errors=True)
             shutil.rmtree(df_table, ignore_errors=True)
         print()
@@ -290,10 +308,12 @@ def main() -> None:
             f"{total:,} messages, {PARTITIONS} partitions; deltaflow trigger {args.trigger} s, "
             f"max_messages_per_batch {args.max_messages_per_batch:,}; exactly once: checked"
         )
-        for r, (ref_s, df_s) in enumerate(results, 1):
+        for r, (ref_s, df_s, ref_cpu, df_cpu) in enumerate(results, 1):
             print(
                 f"round {r}{' (cold)' if r == 1 else ' (warm)'}: reference {total / ref_s:,.0f} msgs/s, "
-                f"deltaflow {total / df_s:,.0f} msgs/s, ratio {ref_s / df_s:.2f}  (target >= 0.7)"
+                f"deltaflow {total / df_s:,.0f} msgs/s, ratio {ref_s / df_s:.2f} "
+                f"(target >= {0.6 if r == 1 else 1.0}); CPU-s per 1M: reference {ref_cpu:.1f}, "
+                f"deltaflow {df_cpu:.1f}, ratio {df_cpu / ref_cpu:.2f} (target <= 1.2)"
             )
         spark.stop()
     finally:

@@ -356,7 +356,11 @@ def ingest(
 
     board.register(pipeline_id, table_uri=table_uri, source=f"kafka {topic} @ {brokers}")
     serve(metrics_port, status_port)
-    spark = deltaflow.spark_session(spark_master)
+    from deltaflow.pipeline.arrow_ingest import choose_engine
+
+    # The Arrow engine's rows never enter the JVM: its quick compiler is enough (and cheaper).
+    arrow = choose_engine(config) == "arrow"
+    spark = deltaflow.spark_session(spark_master, jit="quick" if arrow else "full")
     from deltaflow.service.daemon import run_until_stopped
 
     try:

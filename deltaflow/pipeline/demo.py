@@ -227,7 +227,6 @@ def run_kafka_demo(
         broker.produce(topic, values, partitions=partitions, batched=True)
         produced = events
         echo("starting Spark (embedded, local[*]) and `deltaflow ingest` ...")
-        spark = deltaflow.spark_session(master)
         started = time.monotonic()
         config = IngestConfig(
             topic=topic,
@@ -241,7 +240,9 @@ def run_kafka_demo(
             max_messages_per_batch=max(10_000, events // 4),
             ends_at_latest_offsets=True,
         )
-        echo(f"  engine: {choose_engine(config)} (the rows stay in Arrow inside Spark's tasks)")
+        engine = choose_engine(config)
+        echo(f"  engine: {engine} (the rows stay in Arrow inside Spark's tasks)")
+        spark = deltaflow.spark_session(master, jit="quick" if engine == "arrow" else "full")
         query = ingest(spark, config)
         query.awaitTermination()
         seconds = time.monotonic() - started

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import logging
 import os
@@ -9,19 +10,23 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from deltaflow.errors import ConfigError
+from deltaflow.pipeline.class_cache import class_cache
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["DEFAULT_MASTER", "default_conf", "spark_session", "worker_python"]
+__all__ = ["DEFAULT_MASTER", "QUICK_JIT", "Jit", "default_conf", "spark_session", "worker_python"]
 
 logger = logging.getLogger(__name__)
 
 #: The embedded default: every core of this machine, in one JVM.
 DEFAULT_MASTER = "local[*]"
+#: ``spark_session(jit=...)``: the JVM's full tiered compilation, or its quick compiler only.
+Jit = Literal["full", "quick"]
+QUICK_JIT = ("-XX:TieredStopAtLevel=1",)
 
 
 def default_conf(master: str) -> dict[str, str]:
@@ -47,11 +52,19 @@ def default_conf(master: str) -> dict[str, str]:
     }
 
 
-def spark_session(master: str | None = None, **conf: Any) -> SparkSession:
+def spark_session(master: str | None = None, *, jit: Jit = "full", **conf: Any) -> SparkSession:
     """Get or create a SparkSession for deltaflow, with the ``deltaflow`` format registered.
+
+    A driver JVM this call starts maps a class-data sharing archive
+    (:mod:`deltaflow.pipeline.class_cache`): it starts seconds sooner from the second run on.
 
     Args:
         master: Any Spark master URL; defaults to ``$DELTAFLOW_SPARK_MASTER`` or ``local[*]``.
+        jit: ``full`` (the JVM's default) or ``quick``: only the JVM's quick compiler (C1). The
+            JVM then starts and warms up with about half the CPU, but rows that go through
+            Spark SQL move at about half the speed (BENCHMARKS.md). For runs whose rows stay in
+            Arrow (the Arrow ingest engine), where the JVM only plans and schedules. Applies
+            only to a JVM this call starts.
         **conf: Spark settings (``**{"spark.executor.memory": "4g"}``); they win over the
             defaults of :func:`default_conf`.
 
@@ -82,12 +95,23 @@ def spark_session(master: str | None = None, **conf: Any) -> SparkSession:
         for key in ("spark.pyspark.python", "spark.pyspark.driver.python", "spark.driver.memory"):
             settings.pop(key)
     settings.update({k: str(v) for k, v in conf.items()})
+    from pyspark import SparkContext
+
+    # Only a JVM this call starts takes the class archive (DESIGN.md: class_cache).
+    started_here = not submitted and SparkContext._active_spark_context is None
+    cache = class_cache(settings) if started_here else None
+    ours = [*(cache.java_options() if cache else ()), *(QUICK_JIT if started_here and jit == "quick" else ())]
+    if ours:  # before the caller's own options: the JVM takes the last of a repeated flag
+        options = settings.get("spark.driver.extraJavaOptions", "")
+        settings["spark.driver.extraJavaOptions"] = " ".join([*ours, options]).strip()
     builder = SparkSession.builder.appName(settings.pop("spark.app.name", "deltaflow"))
     if master is not None:
         builder = builder.master(master)
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    if cache is not None and cache.writes:
+        atexit.register(cache.finish, getattr(spark.sparkContext._gateway, "proc", None))
     spark.sparkContext.setLogLevel(os.environ.get("DELTAFLOW_SPARK_LOG_LEVEL", "WARN"))
     from deltaflow.pipeline.api import register
 

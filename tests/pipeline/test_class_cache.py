@@ -1,0 +1,107 @@
+"""The driver JVM's class-data sharing archive: made only by a JVM that exited cleanly, then mapped."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from deltaflow.pipeline.class_cache import ENV_VAR, ClassCache, class_cache
+
+
+def test_off_by_environment_or_when_the_options_name_an_archive(tmp_path, monkeypatch):
+    assert class_cache({}, cache_dir=tmp_path) is not None
+    monkeypatch.setenv(ENV_VAR, "off")
+    assert class_cache({}, cache_dir=tmp_path) is None
+    monkeypatch.delenv(ENV_VAR)
+    for flag in ("-Xshare:off", "-XX:SharedArchiveFile=/x.jsa", "-XX:ArchiveClassesAtExit=/y.jsa"):
+        assert class_cache({"spark.driver.extraJavaOptions": f"-Xmx1g {flag}"}, cache_dir=tmp_path) is None
+
+
+def test_one_archive_per_class_path_written_once_then_mapped(tmp_path):
+    first = class_cache({}, cache_dir=tmp_path)
+    assert first is not None and first.writes
+    assert first.java_options()[0] == f"-XX:ArchiveClassesAtExit={first.partial}"
+    assert first.partial.name.endswith(f".{os.getpid()}.partial")
+    other = class_cache({"spark.driver.extraClassPath": "/opt/extra.jar"}, cache_dir=tmp_path)
+    assert other is not None and other.archive != first.archive
+    first.archive.write_bytes(b"archive")
+    again = class_cache({}, cache_dir=tmp_path)
+    assert again is not None and not again.writes and again.archive == first.archive
+    assert f"-XX:SharedArchiveFile={first.archive}" in again.java_options()
+    assert "-Xshare:auto" in again.java_options()
+
+
+def _fake_jvm(partial: Path, status: int) -> subprocess.Popen[bytes]:
+    """A process that, like pyspark's gateway JVM, ends at the end of its input and writes its
+    archive on the way out."""
+    code = (
+        "import sys; sys.stdin.read(); "
+        f"open({str(partial)!r}, 'wb').write(b'classes'); sys.exit({status})"
+    )
+    return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
+
+
+def test_the_archive_is_published_only_after_a_clean_exit(tmp_path):
+    cache = ClassCache(tmp_path / "spark-classes-k.jsa", writes=True)
+    cache.finish(_fake_jvm(cache.partial, status=0))
+    assert cache.archive.read_bytes() == b"classes" and not cache.partial.exists()
+
+    failed = ClassCache(tmp_path / "spark-classes-f.jsa", writes=True)
+    failed.finish(_fake_jvm(failed.partial, status=1))  # it may be cut short: never mapped
+    assert not failed.archive.exists() and not failed.partial.exists()
+
+
+def test_tidying_drops_abandoned_partials_and_old_archives(tmp_path):
+    old = time.time() - 3600
+    gone = tmp_path / "spark-classes-a.999999999.partial"  # no such process
+    running = tmp_path / f"spark-classes-a.{os.getpid()}.partial"
+    fresh = tmp_path / "spark-classes-b.999999998.partial"
+    for path in (gone, running, fresh):
+        path.write_bytes(b"x")
+    for path in (gone, running):
+        os.utime(path, (old, old))
+    archives = [tmp_path / f"spark-classes-{i}.jsa" for i in range(4)]
+    for i, path in enumerate(archives):
+        path.write_bytes(b"x")
+        os.utime(path, (old + i, old + i))
+    cache = class_cache({}, cache_dir=tmp_path)
+    assert cache is not None
+    assert not gone.exists() and running.exists() and fresh.exists()
+    # The two newest archives of other installations stay; the current one is not made yet.
+    assert [p.exists() for p in archives] == [False, False, True, True]
+
+
+_SESSION = """
+import sys
+import deltaflow
+spark = deltaflow.spark_session(jit=sys.argv[1])
+assert spark.range(1000).selectExpr("sum(id)").first()[0] == 499500
+print(spark.sparkContext.getConf().get("spark.driver.extraJavaOptions"))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_real_driver_jvm_writes_the_archive_and_the_next_one_maps_it(tmp_path):
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    env.pop(ENV_VAR, None)
+    folder = tmp_path / "deltaflow" / "jvm"
+
+    def run(jit: str = "full") -> str:
+        out = subprocess.run(
+            [sys.executable, "-c", _SESSION, jit], env=env, capture_output=True, text=True, timeout=240
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out.stdout.strip().splitlines()[-1]
+
+    options = run()
+    assert "-XX:ArchiveClassesAtExit=" in options and "TieredStopAtLevel" not in options
+    (archive,) = folder.glob("*.jsa")
+    assert archive.stat().st_size > 10_000_000 and not list(folder.glob("*.partial"))
+    options = run(jit="quick")  # and the quick compiler only: both are JVM flags deltaflow adds
+    assert f"-XX:SharedArchiveFile={archive}" in options and "-XX:TieredStopAtLevel=1" in options
+    assert list(folder.glob("*.jsa")) == [archive]
