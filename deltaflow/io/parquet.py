@@ -25,7 +25,7 @@ import pyarrow.types as pat
 
 from deltaflow.config.locations import join
 
-__all__ = ["PartitionedFileWriter", "WrittenFile", "partition_dir", "stats_json"]
+__all__ = ["PartitionedFileWriter", "WrittenFile", "partition_dir", "stats_json", "writer_process"]
 
 #: Hive's default directory name for a NULL partition value (Spark and delta-rs use it too).
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
@@ -76,6 +76,15 @@ class WrittenFile:
     num_records: int
     stats: str
     modification_time: int  # ms since the epoch
+
+
+def writer_process() -> str:
+    """The executor process a task writes from: its host and its Python daemon (one per
+    executor). Commits record how many wrote their files (``deltaflow.writers``)."""
+    import os
+    import socket
+
+    return f"{socket.gethostname()}:{os.getppid()}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -196,5 +196,6 @@ def _messages(results: list[TaskResult], *, dead: bool) -> list[DeltaCommitMessa
     from deltaflow.sinks.datasource import DeltaCommitMessage
 
     return [
-        DeltaCommitMessage(r.dead_letters if dead else r.main, partition_id=i) for i, r in enumerate(results)
+        DeltaCommitMessage(r.dead_letters if dead else r.main, partition_id=i, writer=r.writer)
+        for i, r in enumerate(results)
     ]

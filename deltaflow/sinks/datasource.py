@@ -40,7 +40,7 @@ from deltaflow.errors import (
     storage_error,
 )
 from deltaflow.io.faults import maybe_crash
-from deltaflow.io.parquet import PartitionedFileWriter, WrittenFile, delete_files
+from deltaflow.io.parquet import PartitionedFileWriter, WrittenFile, delete_files, writer_process
 from deltaflow.io.storage import filesystem
 from deltaflow.metrics import metrics
 from deltaflow.sinks.spark_checkpoint import read_batch_offsets
@@ -174,7 +174,7 @@ class _DeltaSink:
         except OSError as exc:  # the store failed: a classified error the daemon can act on
             raise storage_error(exc, self.table_uri, "writing data files of") from exc
         maybe_crash("write", batch_id)
-        return DeltaCommitMessage(files, partition_id, attempt, query_id, _writer_id())
+        return DeltaCommitMessage(files, partition_id, attempt, query_id, writer_process())
 
     # -- driver ------------------------------------------------------------------------------
 
@@ -536,14 +536,6 @@ def _trim_stats(f: WrittenFile, keep: frozenset[str]) -> WrittenFile:
     for key in ("minValues", "maxValues", "nullCount"):
         stats[key] = {k: v for k, v in stats.get(key, {}).items() if k in keep}
     return replace(f, stats=json.dumps(stats, separators=(",", ":")))
-
-
-def _writer_id() -> str:
-    """The executor process a task runs in: its host and its Python daemon (one per executor)."""
-    import os
-    import socket
-
-    return f"{socket.gethostname()}:{os.getppid()}"
 
 
 def _local_int(ctx: Any, key: str) -> int | None:

@@ -37,7 +37,7 @@ from deltaflow.config.transforms import parse_transform
 from deltaflow.errors import storage_error
 from deltaflow.io import arrow_transforms
 from deltaflow.io.faults import maybe_crash
-from deltaflow.io.parquet import PartitionedFileWriter, WrittenFile
+from deltaflow.io.parquet import PartitionedFileWriter, WrittenFile, writer_process
 from deltaflow.io.storage import filesystem
 from deltaflow.sources.kafka import (
     KafkaDataSource,
@@ -65,7 +65,7 @@ FORMAT_NAME = "deltaflow-kafka-ingest"
 #: One row per task: its files (pickled :class:`WrittenFile` lists) and what it saw.
 RESULT_SCHEMA = (
     "main BINARY, dead_letters BINARY, rows BIGINT, failed BIGINT, first_error STRING, "
-    "unknown BIGINT, unknown_names ARRAY<STRING>"
+    "unknown BIGINT, unknown_names ARRAY<STRING>, writer STRING"
 )
 _RESULT = pa.schema(
     [
@@ -76,6 +76,7 @@ _RESULT = pa.schema(
         ("first_error", pa.string()),
         ("unknown", pa.int64()),
         ("unknown_names", pa.list_(pa.string())),
+        ("writer", pa.string()),
     ]
 )
 #: The message's coordinates the transforms and dead letters read (``kafka.<field>``).
@@ -164,6 +165,8 @@ class TaskResult:
     first_error: str | None = None
     unknown: int = 0
     unknown_names: set[str] = field(default_factory=set)
+    #: The executor process that wrote the files (:func:`~deltaflow.io.parquet.writer_process`).
+    writer: str = ""
 
     def to_batch(self) -> pa.RecordBatch:
         return pa.RecordBatch.from_pylist(
@@ -176,6 +179,7 @@ class TaskResult:
                     "first_error": self.first_error,
                     "unknown": self.unknown,
                     "unknown_names": sorted(self.unknown_names),
+                    "writer": self.writer,
                 }
             ],
             schema=_RESULT,
@@ -191,6 +195,7 @@ class TaskResult:
             first_error=row["first_error"],
             unknown=int(row["unknown"]),
             unknown_names=set(row["unknown_names"] or ()),
+            writer=row["writer"] or "",
         )
 
 
@@ -271,7 +276,7 @@ def write_range(task: IngestRange) -> pa.RecordBatch:
     main_schema = plan.main.schema
     main = plan.main.writer(prefix)
     dead = plan.dead_letters.writer(prefix) if plan.dead_letters is not None else None
-    result = TaskResult()
+    result = TaskResult(writer=writer_process())
     try:
         # Step 0.1. Read and decode (the Kafka source's own reader).
         for batch in read_range(task.range):

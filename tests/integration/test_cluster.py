@@ -63,3 +63,38 @@ def test_a_pipeline_submitted_to_two_executors_commits_files_from_both_exactly_o
     assert sorted(h["deltaflow.epoch"] for h in commits) == [0, 1]
     # A batch's files came from both executors (4 tasks over 2 single-core executors).
     assert max(h.get("deltaflow.writers", 0) for h in commits) == 2, commits
+
+
+def test_arrow_ingest_on_two_executors_commits_files_from_both_exactly_once(tmp_path, kafka):
+    """``spark-submit ... deltaflow ingest --engine arrow`` on ``local-cluster``: each executor's
+    tasks read, decode, transform and write their partitions' files, dead letters included; a
+    commit holds files of both executors, and every message is in one of the two tables once."""
+    from tests.fixtures.ingest_messages import SCHEMA, TRANSFORMS, _assert_split, _message
+
+    topic = kafka.create_topic(partitions=4)
+    produced = 400
+    kafka.produce(topic, [_message(i) for i in range(produced)], partitions=4, batched=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DELTAFLOW_")}
+    env["PYSPARK_PYTHON"] = sys.executable
+    env["PYTHONPATH"] = str(ROOT)  # the driver and its planners run the code under test
+    import deltaflow.cli
+
+    submit = Path(sys.executable).with_name("spark-submit")
+    args = [str(submit), "--master", "local-cluster[2,1,1024]", "--conf", "spark.executor.memory=1g"]
+    args += ["--conf", "spark.scheduler.minRegisteredResourcesRatio=1.0"]
+    args += ["--conf", f"spark.executorEnv.PYTHONPATH={ROOT}"]  # the executors run the code under test
+    args += [str(Path(deltaflow.cli.__file__).with_name("__main__.py")), "ingest", topic, str(tmp_path / "t")]
+    args += ["--kafka", kafka.bootstrap, "--engine", "arrow", "--ends-at-latest-offsets", "--schema", SCHEMA]
+    args += ["--dlq-table-location", str(tmp_path / "dlq"), "--max-messages-per-batch", "200"]
+    args += ["--checkpoint-location", str(tmp_path / "cp")]
+    for t in TRANSFORMS:
+        args += ["-t", t]
+    done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "session on local-cluster[2,1,1024]" in done.stderr + done.stdout
+    assert "; arrow engine)" in done.stderr + done.stdout
+    _assert_split(tmp_path / "t", tmp_path / "dlq", produced, partitions=4)
+    for table in ("t", "dlq"):
+        commits = [h for h in DeltaTable(str(tmp_path / table)).history() if "deltaflow.epoch" in h]
+        assert sorted(h["deltaflow.epoch"] for h in commits) == [0, 1], commits
+        assert max(h.get("deltaflow.writers", 0) for h in commits) == 2, commits
