@@ -368,7 +368,7 @@ def ingest(
         bar = ProgressLine() if ends_at_latest_offsets and sys.stderr.isatty() else None
         try:
             summary = run_until_stopped(
-                lambda: start_ingest(spark, config),
+                lambda: start_ingest(spark, config, on_engine=lambda e: board.set_engine(pipeline_id, e)),
                 name=pipeline_id,
                 poll_s=STOP_POLL_S,
                 on_progress=bar.show if bar else None,

@@ -83,7 +83,8 @@ def _print_daemon_status(data: dict[str, Any]) -> None:
     for p in data["pipelines"]:
         batch = p["last_batch"]
         click.echo(f"{p['name']}: {p['state']} since {p['since']} ({p['restarts']} restart(s))")
-        click.echo(f"  source {p['source']} -> {p['table_uri']}")
+        engine = f" ({p['engine']} engine)" if p.get("engine") else ""
+        click.echo(f"  source {p['source']} -> {p['table_uri']}{engine}")
         click.echo(
             "  last batch "
             + (f"{batch['batch_id']}: {batch['rows']} rows at {batch['at']}" if batch else "-")

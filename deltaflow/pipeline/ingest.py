@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -436,8 +436,13 @@ def _already_dead_lettered(options: SinkOptions, batch_id: int) -> Column | None
     return F.col("kafka.offset") <= F.coalesce(lookup[key], F.lit(-1))
 
 
-def ingest(spark: SparkSession, config: IngestConfig) -> StreamingQuery:
-    """Start ingesting ``config.topic`` into ``config.table_uri``; returns the running query."""
+def ingest(
+    spark: SparkSession, config: IngestConfig, *, on_engine: Callable[[str], None] | None = None
+) -> StreamingQuery:
+    """Start ingesting ``config.topic`` into ``config.table_uri``; returns the running query.
+
+    ``on_engine`` is told the engine the query runs on (``arrow`` or ``spark``) before it starts.
+    """
     from deltaflow.pipeline.api import _claim, _prepare_table, default_checkpoint_location
     from deltaflow.pipeline.arrow_ingest import choose_engine
 
@@ -485,6 +490,8 @@ def ingest(spark: SparkSession, config: IngestConfig) -> StreamingQuery:
     # Otherwise Spark's default trigger, paced by the source (``batch_interval``): a batch every
     # allowed_latency seconds, or at once while a backlog drains (a processingTime trigger would
     # idle until the next interval after every capped batch).
+    if on_engine is not None:
+        on_engine(engine)
     logger.info(
         "ingesting %s from %s into %s%s (checkpoint %s; %s engine)",
         config.topic,

@@ -474,6 +474,7 @@ def run_pipelines(
 
     for spec in pipelines:
         board.register(spec.pipeline_id, table_uri=spec.sinks[0].table_uri, source=describe_source(spec))
+        board.set_engine(spec.pipeline_id, "spark")  # YAML pipelines run through Spark SQL
 
     def starter(spec: PipelineSpec) -> Callable[[], StreamingQuery]:
         def start() -> StreamingQuery:

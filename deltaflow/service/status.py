@@ -48,6 +48,8 @@ class _Pipeline:
     points: deque[dict[str, Any]] = field(default_factory=deque)
     health: dict[str, Any] | None = None
     health_at: float = 0.0
+    #: ``arrow`` or ``spark``: the engine the pipeline's query runs on (None: not known yet).
+    engine: str | None = None
 
 
 class StatusBoard:
@@ -62,6 +64,11 @@ class StatusBoard:
         with self._lock:
             if name not in self._pipelines:
                 self._pipelines[name] = _Pipeline(name, table_uri, source)
+
+    def set_engine(self, name: str, engine: str) -> None:
+        """The engine the pipeline's query took (``arrow`` or ``spark``)."""
+        with self._lock:
+            self._pipelines.setdefault(name, _Pipeline(name, None, None)).engine = engine
 
     def set_state(self, name: str, state: str, error: str | None = None) -> None:
         """``starting``, ``running``, ``restarting``, ``stopped`` or ``failed``."""
@@ -132,6 +139,7 @@ class StatusBoard:
                     "error": p.error,
                     "table_uri": p.table_uri,
                     "source": p.source,
+                    "engine": p.engine,
                     "last_batch": p.last_batch,
                     "rows_last_minute": sum(x["rows"] for x in recent),
                     "lag": points[-1]["lag"] if points else None,

@@ -39,10 +39,7 @@ def test_one_archive_per_class_path_written_once_then_mapped(tmp_path):
 def _fake_jvm(partial: Path, status: int) -> subprocess.Popen[bytes]:
     """A process that, like pyspark's gateway JVM, ends at the end of its input and writes its
     archive on the way out."""
-    code = (
-        "import sys; sys.stdin.read(); "
-        f"open({str(partial)!r}, 'wb').write(b'classes'); sys.exit({status})"
-    )
+    code = f"import sys; sys.stdin.read(); open({str(partial)!r}, 'wb').write(b'classes'); sys.exit({status})"
     return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
 
 

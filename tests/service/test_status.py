@@ -42,6 +42,8 @@ def _progress(batch: int, at: str, rows: int, lag: int) -> dict:
 def test_board_keeps_states_restarts_and_a_window_of_progress():
     board = StatusBoard(window_minutes=1)
     board.register("p", table_uri=None, source="kafka t")
+    assert board.snapshot()["pipelines"][0]["engine"] is None
+    board.set_engine("p", "spark")
     board.set_state("p", "running")
     now = time.time()
 
@@ -56,7 +58,7 @@ def test_board_keeps_states_restarts_and_a_window_of_progress():
     board.set_state("p", "restarting", error="TransientError: broker gone")
     board.set_state("p", "running")
     (p,) = board.snapshot()["pipelines"]
-    assert (p["state"], p["restarts"], p["error"]) == ("running", 1, None)
+    assert (p["state"], p["restarts"], p["error"], p["engine"]) == ("running", 1, None, "spark")
     assert [x["rows"] for x in p["series"]] == [200, 0]
     assert p["last_batch"]["batch_id"] == 1 and p["last_batch"]["rows"] == 200
     assert (p["lag"], p["rows_last_minute"]) == (3, 200)
@@ -117,6 +119,7 @@ def test_status_page_of_a_running_ingest_in_chromium(kafka, tmp_path):
         assert p["name"] == "page" and p["source"].startswith(f"kafka {topic}")
         assert p["table_uri"] == str(table) and p["restarts"] == 0 and p["error"] is None
         assert len(p["series"]) >= 3 and p["last_batch"]["rows"] > 0
+        assert p["engine"] == "arrow"  # plain ingest: the engine the query took
 
         # The page as a browser renders it: the pipeline's card, its state and both charts.
         flags = ["--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000"]
@@ -127,7 +130,7 @@ def test_status_page_of_a_running_ingest_in_chromium(kafka, tmp_path):
             timeout=120,
             check=True,
         ).stdout
-        assert 'data-pipeline="page"' in dom and 'data-state="running"' in dom
+        assert 'data-pipeline="page"' in dom and 'data-state="running"' in dom and ">arrow<" in dom
         assert "data-rendered=" in dom
         polylines = re.findall(r'<polyline points="([^"]*)"[^>]*data-series="(\w+)"', dom)
         series = {name: points.split() for points, name in polylines}
@@ -146,6 +149,7 @@ def test_status_page_of_a_running_ingest_in_chromium(kafka, tmp_path):
         out = CliRunner().invoke(cli, ["status", "--url", base])
         assert out.exit_code == 0, out.output
         assert "page: running since" in out.stdout and "last batch" in out.stdout
+        assert "(arrow engine)" in out.stdout
         daemon.send_signal(signal.SIGTERM)
         daemon.communicate(timeout=120)
     finally:
