@@ -243,6 +243,40 @@ def test_lost_responses_with_kafka_offsets_and_dead_letters(spark, kafka, tmp_pa
         assert dlq.transaction_version(f"lossy-kafka-dlq-{topic}-{p}") == 99
 
 
+def test_lost_responses_of_arrow_ingest_on_s3(kafka, s3, proxy, tmp_path):
+    """``deltaflow ingest`` on the Arrow engine into S3, every Delta log PUT answered with 500
+    after it landed: its tasks write both tables' files through the proxy, its driver commits
+    them; each commit is resolved by reading the log, and every message is in one of the two
+    tables once."""
+    topic = kafka.create_topic(partitions=2)
+    messages = [b'{"id": %d}' % i if i % 10 else b"not json" for i in range(200)]
+    kafka.produce(topic, messages, partitions=2, batched=True)
+    uri, dlq_uri = s3.uri("arrow-lossy"), s3.uri("arrow-lossy-dlq")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "DELTAFLOW_TEST_"))}
+    env.update({**s3.env(), "AWS_ENDPOINT_URL": proxy.endpoint})  # the tasks' writes too
+    proxy.lose_response("PUT", LOG_ENTRY, 500, times=-1)
+    args = [sys.executable, "-m", "deltaflow.cli", "ingest", topic, uri, "--kafka", kafka.bootstrap]
+    args += ["--app_id", "lossy-s3", "--schema", "id LONG", "--engine", "arrow", "--ends-at-latest-offsets"]
+    args += ["--dlq-table-location", dlq_uri, "--max-messages-per-batch", "60"]
+    args += ["--checkpoint-location", str(tmp_path / "cp")]
+    done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert proxy.counts["lose_response"] >= 6  # creates, claims, each batch's two commits
+
+    main = _assert_sound(uri, s3.storage_options)
+    dlq = _assert_sound(dlq_uri, s3.storage_options)
+    assert sorted(main.to_pyarrow_table()["id"].to_pylist()) == [i for i in range(200) if i % 10]
+    assert dlq.to_pyarrow_table().num_rows == 20
+    for p in range(2):
+        assert main.transaction_version(f"lossy-s3-{topic}-{p}") == 99
+        assert dlq.transaction_version(f"lossy-s3-dlq-{topic}-{p}") == 99
+    for table, options_uri in ((main, uri), (dlq, dlq_uri)):  # no file left outside the log
+        objects = _objects(options_uri, s3.storage_options)
+        on_disk = {p for p in objects if p.endswith(".parquet") and not p.startswith("_")}
+        referenced = {a["path"] for a in pa.table(table.get_add_actions(flatten=True)).to_pylist()}
+        assert on_disk == referenced
+
+
 def _ingest(kafka, topic: str, uri: str, checkpoint: Path, env: dict[str, str]) -> subprocess.Popen[str]:  # type: ignore[no-untyped-def]
     args = [sys.executable, "-m", "deltaflow.cli", "ingest", topic, uri, "--kafka", kafka.bootstrap]
     args += ["--app_id", "zombie", "--schema", "id LONG", "--checkpoint_location", str(checkpoint)]
