@@ -28,8 +28,14 @@ prints its
 micro-batches' ``durationMs``; ``--spark-jobs`` also enables the Spark UI and prints the Spark
 jobs of each round (duration, tasks, executor run time) from its REST API.
 
+Variants: ``--s3`` puts every table in S3 (a moto server on 127.0.0.1, storage options from the
+environment as a deployment would set them); ``--bad-every 100`` makes 1% of the messages
+broken JSON: deltaflow writes them to a dead-letter table (checked: exactly the bad ones), the
+reference drops them (re-parsing a block without the messages ``json`` cannot read).
+
     .venv/bin/python benchmarks/kafka_ingest.py [--messages 1000000] [--trigger 5] \
-        [--max-messages-per-batch 500000] [--rounds 2] [--spark-jobs]
+        [--max-messages-per-batch 500000] [--rounds 2] [--spark-jobs] [--jit quick|full] \
+        [--s3] [--bad-every N]
 """
 
 from __future__ import annotations
@@ -65,11 +71,23 @@ PARTITIONS = 4
 REFERENCE_ROWS_PER_COMMIT = 1_000_000
 
 
-def messages(count: int) -> list[bytes]:
+#: Storage options of the tables (``--s3``: the moto server's; empty: local files).
+STORAGE: dict[str, str] = {}
+
+
+def is_bad(i: int, bad_every: int) -> bool:
+    return bool(bad_every) and i % bad_every == bad_every - 1
+
+
+def messages(count: int, bad_every: int = 0) -> list[bytes]:
+    """``count`` JSON messages; with ``bad_every`` N, every Nth is cut short (not JSON)."""
     rng = random.Random(1)
     start = dt.datetime(2026, 11, 20, tzinfo=dt.UTC)
     out = []
     for i in range(count):
+        if is_bad(i, bad_every):
+            out.append(b'{"id": %d, "user_id": ' % i)
+            continue
         out.append(
             json.dumps(
                 {
@@ -130,18 +148,39 @@ def run_reference(bootstrap: str, topic: str, total: int, table: str) -> float:
         buffer.extend(v for m in batch if m.error() is None and (v := m.value()) is not None)
         seen += len(batch)
         if len(buffer) >= REFERENCE_ROWS_PER_COMMIT or (seen >= total and buffer):
-            data = pajson.read_json(
-                io.BytesIO(b"\n".join(buffer)),
-                parse_options=pajson.ParseOptions(explicit_schema=ARROW_SCHEMA),
-            )
-            write_deltalake(table, data, mode="append")
+            try:
+                data = _parse(buffer)
+            except pa.ArrowInvalid:  # a bad message: drop the ones json cannot read, parse again
+                data = _parse([v for v in buffer if _is_json(v)])
+            write_deltalake(table, data, mode="append", storage_options=STORAGE or None)
             buffer = []
     consumer.close()
     return time.perf_counter() - started
 
 
+def _parse(values: list[bytes]) -> pa.Table:
+    return pajson.read_json(
+        io.BytesIO(b"\n".join(values)), parse_options=pajson.ParseOptions(explicit_schema=ARROW_SCHEMA)
+    )
+
+
+def _is_json(value: bytes) -> bool:
+    try:
+        json.loads(value)
+    except ValueError:
+        return False
+    return True
+
+
 def run_deltaflow(
-    spark, bootstrap: str, topic: str, last: dict[int, int], table: str, trigger: float, max_per_batch: int
+    spark,
+    bootstrap: str,
+    topic: str,
+    last: dict[int, int],
+    table: str,
+    trigger: float,
+    max_per_batch: int,
+    dlq: str | None = None,
 ) -> tuple[float, list[dict]]:
     """Seconds from ``ingest()`` until the txns cover ``last``; the query's batch progress."""
     from deltalake import DeltaTable
@@ -151,7 +190,7 @@ def run_deltaflow(
 
     config = IngestConfig(
         topic=topic, table_uri=table, brokers=bootstrap, pipeline_id="bench", allowed_latency=trigger,
-        max_messages_per_batch=max_per_batch, value_schema=SCHEMA_DDL,
+        max_messages_per_batch=max_per_batch, value_schema=SCHEMA_DDL, dlq_table_location=dlq,
     )  # fmt: skip
     wall_start = time.time()
     started = time.perf_counter()
@@ -161,7 +200,7 @@ def run_deltaflow(
         if query.exception() is not None:
             raise RuntimeError(query.exception())
         try:
-            t = DeltaTable(table)
+            t = DeltaTable(table, storage_options=STORAGE or None)
         except Exception:  # noqa: BLE001 - not created yet
             continue
         versions = [t.transaction_version(f"bench-{topic}-{p}") for p in range(PARTITIONS)]
@@ -169,12 +208,15 @@ def run_deltaflow(
             break
     elapsed = time.perf_counter() - started
     stop_quietly(query)
-    progress = [p for p in query.recentProgress if p["numInputRows"]]
+    from deltaflow.metrics import progress_messages
+
+    progress = [p for p in query.recentProgress if progress_messages(p)]
     for p in progress:
         began = dt.datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp() - wall_start
         d = p["durationMs"]
         print(
-            f"    batch {p['batchId']}: {p['numInputRows']:,} rows, trigger at +{began:.1f} s, "
+            f"    batch {p['batchId']}: {progress_messages(p):,} messages in {p['numInputRows']} task rows, "
+            f"trigger at +{began:.1f} s, "
             f"triggerExecution {d['triggerExecution']} ms (addBatch {d.get('addBatch', 0)}, "
             f"latestOffset {d.get('latestOffset', 0)}, queryPlanning {d.get('queryPlanning', 0)}, "
             f"walCommit {d.get('walCommit', 0)}, commitOffsets {d.get('commitOffsets', 0)})",
@@ -191,10 +233,12 @@ def stop_quietly(query) -> None:
     query.stop()
 
 
-def check_exactly_once(table: str, total: int) -> None:
+def check_exactly_once(table: str, total: int, bad_every: int = 0) -> None:
+    """``table`` holds each good message's id once (the bad ones: none)."""
     from deltalake import DeltaTable
 
-    ids = DeltaTable(table).to_pyarrow_table(columns=["id"])["id"]
+    total -= sum(1 for i in range(total) if is_bad(i, bad_every))
+    ids = DeltaTable(table, storage_options=STORAGE or None).to_pyarrow_table(columns=["id"])["id"]
     distinct = len(ids.unique())
     assert len(ids) == total and distinct == total and ids.null_count == 0, (
         f"{table}: {len(ids)} rows, {distinct} distinct ids, expected {total}"
@@ -239,6 +283,12 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=2, help="reference + deltaflow rounds")
     parser.add_argument(
+        "--bad-every", type=int, default=0,
+        help="every Nth message is not JSON (100: 1%%); deltaflow writes them to a dead-letter table, "
+        "the reference drops them",
+    )  # fmt: skip
+    parser.add_argument("--s3", action="store_true", help="all tables in S3 (a local moto server)")
+    parser.add_argument(
         "--jit", choices=["quick", "full"], default="quick",
         help="spark_session(jit=...): quick is what `deltaflow ingest` takes for the Arrow engine",
     )  # fmt: skip
@@ -253,9 +303,16 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="deltaflow-kbench-"))
     broker = start_broker()
+    s3 = None
+    if args.s3:
+        from deltaflow.testing import start_s3
+
+        s3 = start_s3("bench")
+        STORAGE.update(s3.storage_options)
+        os.environ.update(s3.storage_options)  # before Spark starts: its Python workers inherit it
     try:
         topic = broker.create_topic(partitions=PARTITIONS)
-        payload = messages(total)
+        payload = messages(total, args.bad_every)
         print(f"producing {total:,} messages of ~{sum(map(len, payload)) // total} bytes ...", flush=True)
         t0 = time.perf_counter()
         broker.produce(topic, payload, partitions=PARTITIONS, keys=False, batched=True)
@@ -277,7 +334,9 @@ def main() -> None:
         job = -1
         results = []
         for r in range(1, args.rounds + 1):
-            ref_table, df_table = str(work / f"reference-{r}"), str(work / f"deltaflow-{r}")
+            base = f"s3://{s3.bucket}/{work.name}" if s3 else str(work)
+            ref_table, df_table = f"{base}/reference-{r}", f"{base}/deltaflow-{r}"
+            dlq_table = f"{base}/dead-letters-{r}" if args.bad_every else None
             print(f"round {r}: load average {os.getloadavg()[0]:.2f}", flush=True)
             cpu = TreeCpu(exclude=(broker.process.pid, jvm)).start()  # the idle JVM is not the reference's
             ref_s = run_reference(broker.bootstrap, topic, total, ref_table)
@@ -286,16 +345,22 @@ def main() -> None:
                   f"{ref_cpu:5.1f} CPU-s per 1M")  # fmt: skip
             cpu = TreeCpu(exclude=(broker.process.pid,)).start()
             df_s, _ = run_deltaflow(
-                spark, broker.bootstrap, topic, last, df_table, args.trigger, args.max_messages_per_batch
-            )
+                spark, broker.bootstrap, topic, last, df_table, args.trigger, args.max_messages_per_batch,
+                dlq_table,
+            )  # fmt: skip
             df_cpu = cpu.stop() * 1e6 / total
             split = ", ".join(f"{k} {v * 1e6 / total:.1f}" for k, v in sorted(cpu.by_kind().items()))
             print(f"round {r} deltaflow ingest    : {df_s:7.2f} s  {total / df_s:10,.0f} msgs/s  "
                   f"{df_cpu:5.1f} CPU-s per 1M ({split})", flush=True)  # fmt: skip
             if args.spark_jobs:
                 job = spark_jobs(ui_port, job)
-            check_exactly_once(ref_table, total)
-            check_exactly_once(df_table, total)
+            check_exactly_once(ref_table, total, args.bad_every)
+            check_exactly_once(df_table, total, args.bad_every)
+            if dlq_table:
+                from deltalake import DeltaTable
+
+                letters = DeltaTable(dlq_table, storage_options=STORAGE or None).to_pyarrow_table(["offset"])
+                assert letters.num_rows == total // args.bad_every, letters.num_rows
             results.append((ref_s, df_s, ref_cpu, df_cpu))
             shutil.rmtree(ref_table, ignore_errors=True)
             shutil.rmtree(df_table, ignore_errors=True)
@@ -305,6 +370,8 @@ def main() -> None:
             f"Spark {spark.version}; {dt.date.today()}"
         )
         print(
+            f"tables {'in S3 (moto)' if s3 else 'on local disk'}; "
+            f"{f'every {args.bad_every}th message bad (dead letters); ' if args.bad_every else ''}"
             f"{total:,} messages, {PARTITIONS} partitions; deltaflow trigger {args.trigger} s, "
             f"max_messages_per_batch {args.max_messages_per_batch:,}; exactly once: checked"
         )
@@ -319,6 +386,8 @@ def main() -> None:
     finally:
         broker.stop()
         shutil.rmtree(work, ignore_errors=True)
+        if s3 is not None:
+            s3.stop()
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from deltaflow._version import __version__
-from deltaflow.config.sink import SinkOptions
 from deltaflow.errors import (
     CheckpointMismatchError,
     CommitError,
@@ -29,11 +28,15 @@ from deltaflow.errors import (
 )
 
 if TYPE_CHECKING:
+    from deltaflow.config.sink import SinkOptions
     from deltaflow.pipeline.api import register, write, write_stream
     from deltaflow.pipeline.session import spark_session
 
-# pyspark is imported on first use of these, so `import deltaflow` (and the CLI) stay fast.
+# pyspark (and pydantic's larger models) are imported on first use of these, so `import
+# deltaflow` stays fast: the CLI, and every Python process Spark starts that unpickles a
+# deltaflow object (source planners, task workers) import it.
 _LAZY = {
+    "SinkOptions": "deltaflow.config.sink",
     "register": "deltaflow.pipeline.api",
     "write": "deltaflow.pipeline.api",
     "write_stream": "deltaflow.pipeline.api",

@@ -42,8 +42,6 @@ def arrow_blockers(config: IngestConfig) -> list[str]:
     sql = arrow_transforms.unsupported([*config.parsed_transforms(), *config.parsed_dlq_transforms()])
     if sql:
         reasons.append(f"Spark SQL transforms ({'; '.join(sql)})")
-    if config.schema_evolution:
-        reasons.append("--schema-evolution (new columns are typed by Spark)")
     return reasons
 
 
@@ -77,6 +75,7 @@ def ingest_plan(
 ) -> IngestPlan:
     """What every task does, from the tables' options and schemas (on the driver)."""
     from deltaflow.config.locations import normalize_uri
+    from deltaflow.pipeline.evolution import SCHEMA_SAMPLE_PER_PARTITION
     from deltaflow.sources.kafka_ingest import IngestPlan, TableFiles
 
     def files(options: StreamSinkOptions, schema: pa.Schema) -> TableFiles:
@@ -97,6 +96,7 @@ def ingest_plan(
         transforms=tuple(config.transforms),
         dlq_transforms=tuple(config.dlq_transforms),
         dlq_pipeline_id=dlq.pipeline_id if dlq is not None else None,
+        sample_unknown=SCHEMA_SAMPLE_PER_PARTITION if config.schema_evolution else 0,
     )
 
 
@@ -140,9 +140,13 @@ class ArrowIngestWriter:
         dlq_schema: pa.Schema | None,
         *,
         group_config: Mapping[str, str] | None = None,
+        schema_evolution: bool = False,
+        gzipped: bool = False,
     ) -> None:
         from deltaflow.sinks.datasource import _DeltaSink
 
+        self._evolve = schema_evolution
+        self._gzipped = gzipped
         self._pipeline = main.pipeline_id
         self._main = _DeltaSink(main, main_schema, overwrite=False)
         self._dlq = _DeltaSink(dlq, dlq_schema, overwrite=False) if dlq and dlq_schema else None
@@ -157,15 +161,24 @@ class ArrowIngestWriter:
         results = [TaskResult.from_row(row.asDict()) for row in batch.collect()]  # the one action
         written = time.monotonic() - started  # the tasks' read, decode, transform and write
         metrics.batch_written(pipeline=self._pipeline, table=self._main.table_uri, seconds=written)
+        dlq_attempted = False
         try:
             failed = self._report(results, batch_id)
+            if self._evolve:
+                self._evolve_schema(batch.sparkSession, results, batch_id)  # raises if it added columns
             if failed and self._dlq is not None:
                 dlq = self._dlq.options.pipeline_id or ""
                 metrics.batch_written(pipeline=dlq, table=self._dlq.table_uri, seconds=written)
+                dlq_attempted = True
                 self._dlq.commit_batch(_messages(results, dead=True), batch_id)
         except BaseException:
-            # In no commit, so nothing references them.
-            self._main.delete_uncommitted([f for r in results for f in r.main])
+            # In no commit, so nothing references them (a dead-letter commit that was tried may
+            # have landed: its files stay, the commit rule).
+            deleted = self._main.delete_uncommitted([f for r in results for f in r.main])
+            if self._dlq is not None and not dlq_attempted:
+                deleted += self._dlq.delete_uncommitted([f for r in results for f in r.dead_letters])
+            if deleted:
+                logger.info("batch %s: %d uncommitted file(s) deleted", batch_id, deleted)
             raise
         self._main.commit_batch(_messages(results, dead=False), batch_id)
         if self._group_config is not None:
@@ -174,6 +187,18 @@ class ArrowIngestWriter:
             from deltaflow.sources.kafka import commit_to_group
 
             commit_to_group(self._group_config, read_batch_offsets(self._main.options, batch_id))
+
+    def _evolve_schema(self, spark: SparkSession, results: list[TaskResult], batch_id: int) -> None:
+        """New top-level fields become columns, typed by Spark from the tasks' samples (as on
+        the Spark engine), and the query restarts (``SchemaEvolvedError``)."""
+        from deltaflow.pipeline.evolution import evolve_schema, new_top_level_fields, sample_texts
+
+        names = sorted(set().union(*(r.unknown_names for r in results)))
+        top = new_top_level_fields(self._main.options, names) if names else set()
+        if not top:
+            return
+        texts = sample_texts([v for r in results for v in r.samples], self._gzipped)
+        evolve_schema(spark, self._main.options, batch_id, top, spark.sparkContext.parallelize(texts))
 
     def _report(self, results: list[TaskResult], batch_id: int) -> int:
         """Count, meter and log the batch's unknown fields and failed messages; the failed count."""

@@ -28,6 +28,12 @@ from deltaflow.errors import ConfigError
 from deltaflow.metrics import metrics
 from deltaflow.pipeline.dead_letters import INGEST_META as META
 from deltaflow.pipeline.dead_letters import ingest_letters, log_failed, log_unknown_fields
+from deltaflow.pipeline.evolution import (
+    SCHEMA_SAMPLE_PER_PARTITION,
+    evolve_schema,
+    new_top_level_fields,
+    sample_text,
+)
 from deltaflow.pipeline.transforms import apply_transforms, failure
 
 if TYPE_CHECKING:
@@ -40,8 +46,6 @@ __all__ = ["IngestWriter", "build_ingest_frame", "ingest"]
 
 logger = logging.getLogger(__name__)
 
-#: Messages sampled per partition to infer the JSON schema of a table that does not exist yet.
-SCHEMA_SAMPLE_PER_PARTITION = 1000
 #: The column carrying each row's decoding/transform outcome until the rows are split.
 #: Columns of the dead-letter table (before ``--dlq_transform``s).
 
@@ -128,23 +132,11 @@ def _sample(config: IngestConfig, consumer: Any) -> list[str]:
                 values += [
                     text
                     for m in batch
-                    if m.error() is None and (text := _sample_text(m.value(), config.decompress_gzip))
+                    if m.error() is None and (text := sample_text(m.value(), config.decompress_gzip))
                 ]
         return values
     finally:
         consumer.close()
-
-
-def _sample_text(value: bytes | None, gzipped: bool) -> str | None:
-    if not value:
-        return None
-    if gzipped:
-        from deltaflow.sources.decode import decompress
-
-        (value,), _errors = decompress([value], "gzip")
-        if value is None:
-            return None  # a dead letter, not a sample
-    return value.decode("utf-8", "replace")
 
 
 def source_options(spark: SparkSession, config: IngestConfig) -> dict[str, str]:
@@ -332,27 +324,11 @@ class IngestWriter:
             commit_to_group(self._group_config, read_batch_offsets(self._main_options, batch_id))
 
     def _evolve_schema(self, batch: DataFrame, batch_id: int, names: list[str]) -> None:
-        """Add the new top-level fields as columns, typed from the messages, then restart.
-
-        Raises:
-            SchemaEvolvedError: columns were added; nothing of this batch is committed, and the
-                restarted query decodes the batch again with the new columns.
-        """
+        """Add the new top-level fields as columns, typed from the messages, then restart
+        (:func:`~deltaflow.pipeline.evolution.evolve_schema`)."""
         from pyspark.sql import functions as F  # noqa: N812
-        from pyspark.sql.pandas.types import to_arrow_type
 
-        from deltaflow.delta import commit
-        from deltaflow.delta import log as delta_log
-        from deltaflow.errors import SchemaEvolvedError
-
-        uri = normalize_uri(self._main_options.table_uri)
-        table = delta_log.load(uri, self._main_options.storage_options)
-        if table is None:
-            return
-        have = {name.lower() for name in table.schema().to_arrow().names}
-        # Nested new fields are reported only (Delta cannot add them to a struct in place); a
-        # name the table has in another case would clash (Delta names are case-insensitive).
-        top = {n for n in names if "." not in n and n.lower() not in have}
+        top = new_top_level_fields(self._main_options, names)
         if not top:
             return
         gzipped = self._gzipped
@@ -361,27 +337,8 @@ class IngestWriter:
             .select(F.col(f"{META}.value").alias("v"))
             .limit(SCHEMA_SAMPLE_PER_PARTITION)
         )
-        texts = sample.rdd.map(lambda r: _sample_text(r.v, gzipped) or "")
-        inferred = batch.sparkSession.read.json(texts).schema
-        new = [f for f in inferred.fields if f.name in top]
-        if not new:
-            return
-        import pyarrow as pa
-
-        commit.add_columns(
-            uri,
-            self._main_options.storage_options,
-            [pa.field(f.name, to_arrow_type(f.dataType), True) for f in new],
-            policy=commit.RetryPolicy(max_retries=self._main_options.max_commit_retries),
-        )
-        added = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in new)
-        raise SchemaEvolvedError(
-            f"batch {batch_id}: added column(s) {added} "
-            f"to {uri} for new message fields; restarting the query to decode them (nothing of the "
-            "batch was committed)",
-            batch_id=batch_id,
-            table_uri=uri,
-        )
+        texts = sample.rdd.map(lambda r: sample_text(r.v, gzipped) or "")
+        evolve_schema(batch.sparkSession, self._main_options, batch_id, top, texts)
 
     def _dead_letter(self, batch: DataFrame, batch_id: int, failed: int, first_error: str) -> None:
         if self._dlq is None or self._dlq_options is None:
@@ -532,5 +489,13 @@ def _arrow_engine(
         config=config,
     )
     check_plan(plan)  # what the Arrow engine cannot run fails here, before the query starts
-    writer = ArrowIngestWriter(main, main_schema, dlq, dlq_schema, group_config=group)
+    writer = ArrowIngestWriter(
+        main,
+        main_schema,
+        dlq,
+        dlq_schema,
+        group_config=group,
+        schema_evolution=config.schema_evolution,
+        gzipped=config.decompress_gzip,
+    )
     return arrow_stream(spark, options, plan, writer)

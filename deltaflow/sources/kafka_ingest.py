@@ -65,7 +65,7 @@ FORMAT_NAME = "deltaflow-kafka-ingest"
 #: One row per task: its files (pickled :class:`WrittenFile` lists) and what it saw.
 RESULT_SCHEMA = (
     "main BINARY, dead_letters BINARY, rows BIGINT, failed BIGINT, first_error STRING, "
-    "unknown BIGINT, unknown_names ARRAY<STRING>, writer STRING"
+    "unknown BIGINT, unknown_names ARRAY<STRING>, writer STRING, samples ARRAY<BINARY>"
 )
 _RESULT = pa.schema(
     [
@@ -77,6 +77,7 @@ _RESULT = pa.schema(
         ("unknown", pa.int64()),
         ("unknown_names", pa.list_(pa.string())),
         ("writer", pa.string()),
+        ("samples", pa.list_(pa.binary())),
     ]
 )
 #: The message's coordinates the transforms and dead letters read (``kafka.<field>``).
@@ -129,6 +130,8 @@ class IngestPlan:
     dlq_transforms: tuple[str, ...] = ()
     #: The pipeline id of the dead-letter table's txns (its progress per partition).
     dlq_pipeline_id: str | None = None
+    #: Schema evolution: return up to this many raw values of good messages with unknown fields.
+    sample_unknown: int = 0
 
     def to_option(self) -> str:
         return base64.b64encode(pickle.dumps(self)).decode()
@@ -167,6 +170,8 @@ class TaskResult:
     unknown_names: set[str] = field(default_factory=set)
     #: The executor process that wrote the files (:func:`~deltaflow.io.parquet.writer_process`).
     writer: str = ""
+    #: Raw values of good messages with unknown fields (``IngestPlan.sample_unknown``).
+    samples: list[bytes] = field(default_factory=list)
 
     def to_batch(self) -> pa.RecordBatch:
         return pa.RecordBatch.from_pylist(
@@ -180,6 +185,7 @@ class TaskResult:
                     "unknown": self.unknown,
                     "unknown_names": sorted(self.unknown_names),
                     "writer": self.writer,
+                    "samples": self.samples,
                 }
             ],
             schema=_RESULT,
@@ -196,6 +202,7 @@ class TaskResult:
             unknown=int(row["unknown"]),
             unknown_names=set(row["unknown_names"] or ()),
             writer=row["writer"] or "",
+            samples=list(row["samples"] or ()),
         )
 
 
@@ -289,6 +296,8 @@ def write_range(task: IngestRange) -> pa.RecordBatch:
             error = decode_error if failed is None else pc.coalesce(decode_error, failed)
             ok = pc.is_null(error)
             _count_unknown(result, unknown, ok, produced)
+            if unknown is not None and len(result.samples) < plan.sample_unknown:
+                _sample_unknown(result, table.column("value"), unknown, ok, plan.sample_unknown)
             # Step 0.3. Write.
             good = rows.filter(ok)
             if good.num_rows:
@@ -362,6 +371,15 @@ def _count_unknown(
         if kept:
             result.unknown += 1
             result.unknown_names.update(kept)
+
+
+def _sample_unknown(
+    result: TaskResult, values: pa.ChunkedArray, unknown: pa.ChunkedArray, ok: pa.ChunkedArray, limit: int
+) -> None:
+    """Keep raw values of good messages with unknown fields, up to ``limit`` per task."""
+    has_unknown = pc.fill_null(pc.greater(pc.list_value_length(unknown), 0), False)
+    picked = values.filter(pc.and_(ok, has_unknown))
+    result.samples.extend(v for v in picked[: limit - len(result.samples)].to_pylist() if v)
 
 
 def _dead_letters(failed: pa.Table, errors: pa.ChunkedArray, kafka: pa.ChunkedArray) -> pa.Table:

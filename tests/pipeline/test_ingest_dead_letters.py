@@ -155,7 +155,8 @@ def test_avro_with_a_schema_registry_end_to_end(kafka, schema_registry, tmp_path
     assert "HTTP 404" in dead["error"]
 
 
-def test_schema_evolution_adds_new_fields_as_columns_and_restarts(kafka, tmp_path):
+@pytest.mark.parametrize("engine", ["spark", "arrow"])
+def test_schema_evolution_adds_new_fields_as_columns_and_restarts(kafka, tmp_path, engine):
     topic = kafka.create_topic(partitions=2)
     values = []
     for i in range(30):
@@ -169,10 +170,12 @@ def test_schema_evolution_adds_new_fields_as_columns_and_restarts(kafka, tmp_pat
     args = [sys.executable, "-m", "deltaflow.cli", "ingest", topic, str(tmp_path / "t")]
     args += ["--kafka", kafka.bootstrap, "--app_id", "evolve", "--schema", "id LONG, meta STRUCT<a: INT>"]
     args += ["--schema_evolution", "--ends_at_latest_offsets", "--max_messages_per_batch", "10"]
+    args += ["--engine", engine]
     out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "added column(s) score double, tag string" in out.stderr
     assert "meta.deep" in out.stderr  # reported
+    assert f"; {engine} engine)" in out.stderr
 
     table = DeltaTable(str(tmp_path / "t"))
     assert table.schema().to_arrow().names == ["id", "meta", "score", "tag"]

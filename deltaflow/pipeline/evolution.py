@@ -1,0 +1,99 @@
+"""Schema evolution of ``deltaflow ingest``: new top-level message fields become table columns.
+
+Both engines use it the same way: a micro-batch with unknown fields names them; the ones the
+table lacks at the top level are typed by Spark's JSON inference over sampled message texts,
+added to the table in a commit of their own, and the query restarts
+(:class:`~deltaflow.errors.SchemaEvolvedError`) to decode the batch again with them. Nothing of
+that batch is committed. The samples come from the batch's rows on the Spark engine and from
+the source tasks' results on the Arrow engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from deltaflow.config.locations import normalize_uri
+from deltaflow.config.sink import SinkOptions
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = [
+    "SCHEMA_SAMPLE_PER_PARTITION",
+    "evolve_schema",
+    "new_top_level_fields",
+    "sample_text",
+    "sample_texts",
+]
+
+#: Messages sampled per partition (or task) to infer the types of a JSON schema.
+SCHEMA_SAMPLE_PER_PARTITION = 1000
+
+
+def sample_text(value: bytes | None, gzipped: bool) -> str | None:
+    """A message value as text for schema inference (gunzipped; None: nothing to sample)."""
+    if not value:
+        return None
+    if gzipped:
+        from deltaflow.sources.decode import decompress
+
+        (value,), _errors = decompress([value], "gzip")
+        if value is None:
+            return None  # a dead letter, not a sample
+    return value.decode("utf-8", "replace")
+
+
+def sample_texts(values: Sequence[bytes | None], gzipped: bool) -> list[str]:
+    """:func:`sample_text` of each value, the empty ones left out."""
+    return [t for v in values if (t := sample_text(v, gzipped))]
+
+
+def new_top_level_fields(options: SinkOptions, names: Sequence[str]) -> set[str]:
+    """The unknown field names evolution adds: top-level ones the table lacks. Nested new fields
+    are reported only (Delta cannot add them to a struct in place); a name the table has in
+    another case would clash (Delta names are case-insensitive)."""
+    from deltaflow.delta import log as delta_log
+
+    table = delta_log.load(normalize_uri(options.table_uri), options.storage_options)
+    if table is None:
+        return set()
+    have = {name.lower() for name in table.schema().to_arrow().names}
+    return {n for n in names if "." not in n and n.lower() not in have}
+
+
+def evolve_schema(
+    spark: SparkSession, options: SinkOptions, batch_id: int, top: set[str], texts: Any
+) -> None:
+    """Add the ``top`` fields as columns, typed by Spark's JSON inference over ``texts`` (an RDD
+    of message texts), then ask for a restart.
+
+    Raises:
+        SchemaEvolvedError: columns were added; nothing of this batch is committed, and the
+            restarted query decodes the batch again with the new columns.
+    """
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    from deltaflow.delta import commit
+    from deltaflow.errors import SchemaEvolvedError
+
+    inferred = spark.read.json(texts).schema
+    new = [f for f in inferred.fields if f.name in top]
+    if not new:
+        return
+    uri = normalize_uri(options.table_uri)
+    commit.add_columns(
+        uri,
+        options.storage_options,
+        [pa.field(f.name, to_arrow_type(f.dataType), True) for f in new],
+        policy=commit.RetryPolicy(max_retries=options.max_commit_retries),
+    )
+    added = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in new)
+    raise SchemaEvolvedError(
+        f"batch {batch_id}: added column(s) {added} "
+        f"to {uri} for new message fields; restarting the query to decode them (nothing of the "
+        "batch was committed)",
+        batch_id=batch_id,
+        table_uri=uri,
+    )
