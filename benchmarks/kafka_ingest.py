@@ -181,6 +181,7 @@ def run_deltaflow(
     trigger: float,
     max_per_batch: int,
     dlq: str | None = None,
+    checkpoint: str | None = None,
 ) -> tuple[float, list[dict]]:
     """Seconds from ``ingest()`` until the txns cover ``last``; the query's batch progress."""
     from deltalake import DeltaTable
@@ -191,6 +192,7 @@ def run_deltaflow(
     config = IngestConfig(
         topic=topic, table_uri=table, brokers=bootstrap, pipeline_id="bench", allowed_latency=trigger,
         max_messages_per_batch=max_per_batch, value_schema=SCHEMA_DDL, dlq_table_location=dlq,
+        checkpoint_location=checkpoint,
     )  # fmt: skip
     wall_start = time.time()
     started = time.perf_counter()
@@ -346,7 +348,7 @@ def main() -> None:
             cpu = TreeCpu(exclude=(broker.process.pid,)).start()
             df_s, _ = run_deltaflow(
                 spark, broker.bootstrap, topic, last, df_table, args.trigger, args.max_messages_per_batch,
-                dlq_table,
+                dlq_table, str(work / f"checkpoint-{r}"),
             )  # fmt: skip
             df_cpu = cpu.stop() * 1e6 / total
             split = ", ".join(f"{k} {v * 1e6 / total:.1f}" for k, v in sorted(cpu.by_kind().items()))
@@ -359,7 +361,7 @@ def main() -> None:
             if dlq_table:
                 from deltalake import DeltaTable
 
-                letters = DeltaTable(dlq_table, storage_options=STORAGE or None).to_pyarrow_table(["offset"])
+                letters = DeltaTable(dlq_table, storage_options=STORAGE or None).to_pyarrow_table(columns=["offset"])
                 assert letters.num_rows == total // args.bad_every, letters.num_rows
             results.append((ref_s, df_s, ref_cpu, df_cpu))
             shutil.rmtree(ref_table, ignore_errors=True)

@@ -12,11 +12,14 @@ How the archive is made safe to use:
   class path settings): another Java or Spark gets an archive of its own. The JVM also checks
   the class path itself and ignores an archive that does not match (``-Xshare:auto``).
 * A JVM writes the archive when it exits. An archive cut short (a JVM killed while writing)
-  crashes the next JVM that maps it, so a JVM writes ``<name>.<pid>.partial``, and only the
-  process that started it renames it to ``<name>.jsa``, after the JVM exited with status 0
-  (:meth:`ClassCache.finish`, at interpreter exit). A partial file is never mapped.
+  crashes the next JVM that maps it, so a JVM writes ``<name>.<pid>-<random>.partial``, and
+  only the process that started it renames it to ``<name>.jsa``, after the JVM exited with
+  status 0 and the file was synced to disk (:meth:`ClassCache.finish`, at interpreter exit). A
+  partial file is never mapped.
 * ``DELTAFLOW_JVM_CLASS_CACHE=off`` turns it off; it is never used when the JVM was started by
-  someone else (spark-submit) or the Java options already name a CDS archive.
+  someone else (spark-submit), the Java options already name a CDS archive, or the driver's
+  class path holds a non-empty folder (a ``SPARK_CONF_DIR`` with files: the JVM archives only
+  classes from jars, and refuses otherwise).
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ import os
 import shutil
 import subprocess
 import time
+import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["ENV_VAR", "ClassCache", "class_cache"]
@@ -45,6 +49,8 @@ _STALE_PARTIAL_S = 120.0
 #: How long the interpreter's exit waits for the JVM to write the archive.
 _EXIT_WAIT_S = 60.0
 _QUIET = ("-Xlog:cds=off", "-Xlog:cds+dynamic=off")
+#: Smaller than any archive of a Spark driver (~100-170 MB measured): not one.
+_MIN_SIZE = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -54,10 +60,13 @@ class ClassCache:
     archive: Path
     #: True when this start writes the archive (none existed when it was planned).
     writes: bool
+    #: Names this start's partial archive: ``<pid>-<random>`` (pids repeat across containers
+    #: that share a cache folder).
+    token: str = field(default_factory=lambda: f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
     @property
     def partial(self) -> Path:
-        return self.archive.with_name(f"{self.archive.stem}.{os.getpid()}.partial")
+        return self.archive.with_name(f"{self.archive.stem}.{self.token}.partial")
 
     def java_options(self) -> list[str]:
         if self.writes:
@@ -80,11 +89,16 @@ class ClassCache:
         except (OSError, subprocess.TimeoutExpired) as exc:
             logger.debug("no JVM class archive: the JVM did not exit (%s)", exc)
             status = None
-        if status == 0 and partial.exists() and partial.stat().st_size > 0:
-            partial.replace(self.archive)
-            logger.info("saved the JVM class archive %s: later Spark starts are faster", self.archive)
-        else:
-            partial.unlink(missing_ok=True)
+        try:
+            if status == 0 and partial.exists() and partial.stat().st_size >= _MIN_SIZE:
+                _sync(partial)  # a power cut must not leave a named archive cut short
+                partial.replace(self.archive)
+                _sync(self.archive.parent)
+                logger.info("saved the JVM class archive %s: later Spark starts are faster", self.archive)
+            else:
+                partial.unlink(missing_ok=True)
+        except OSError as exc:
+            logger.info("no JVM class archive (%s)", exc)
 
 
 def class_cache(settings: Mapping[str, str], *, cache_dir: Path | None = None) -> ClassCache | None:
@@ -97,6 +111,10 @@ def class_cache(settings: Mapping[str, str], *, cache_dir: Path | None = None) -
     key = _key(settings)
     if key is None:
         return None
+    folder_on_path = _non_empty_folder_on_class_path(settings)
+    if folder_on_path is not None:  # the JVM refuses to archive then, and says so on stdout
+        logger.info("no JVM class archive: the driver's class path holds the folder %s", folder_on_path)
+        return None
     cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     folder = cache_dir or cache_home / "deltaflow" / "jvm"
     try:
@@ -106,6 +124,9 @@ def class_cache(settings: Mapping[str, str], *, cache_dir: Path | None = None) -
         logger.info("no JVM class archive (%s)", exc)
         return None
     archive = folder / f"spark-classes-{key}.jsa"
+    if any(c.isspace() or c in "'\"\\" for c in str(archive)):
+        logger.info("no JVM class archive: Spark splits Java options at blanks, and %s has one", folder)
+        return None
     return ClassCache(archive, writes=not archive.exists())
 
 
@@ -128,11 +149,29 @@ def _key(settings: Mapping[str, str]) -> str | None:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
+def _non_empty_folder_on_class_path(settings: Mapping[str, str]) -> str | None:
+    """A non-empty folder on the driver's class path (Spark's conf folder, extra entries)."""
+    import pyspark
+
+    home = os.environ.get("SPARK_HOME") or str(Path(pyspark.__file__).parent)
+    entries = [os.environ.get("SPARK_CONF_DIR") or os.path.join(home, "conf")]
+    entries += settings.get("spark.driver.extraClassPath", "").split(os.pathsep)
+    for entry in filter(None, entries):
+        path = Path(entry)
+        try:
+            if path.is_dir() and any(path.iterdir()):
+                return entry
+        except OSError:
+            return entry
+    return None
+
+
 def _tidy(folder: Path, keep: str) -> None:
     """Drop partial archives of processes long gone and all but the newest other archives."""
     now = time.time()
     for partial in folder.glob("*.partial"):
-        pid = partial.suffixes[-2].lstrip(".") if len(partial.suffixes) >= 2 else ""
+        token = partial.suffixes[-2].lstrip(".") if len(partial.suffixes) >= 2 else ""
+        pid = token.split("-")[0]
         if now - partial.stat().st_mtime > _STALE_PARTIAL_S and not _alive(pid):
             partial.unlink(missing_ok=True)
     others = sorted(
@@ -142,6 +181,14 @@ def _tidy(folder: Path, keep: str) -> None:
     )
     for old in others[_KEEP_OTHERS:]:
         old.unlink(missing_ok=True)
+
+
+def _sync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _alive(pid: str) -> bool:

@@ -198,6 +198,13 @@ def kafka_source(spark: SparkSession, options: Mapping[str, str]) -> DataFrame:
     return spark.readStream.format("deltaflow-kafka").options(**options).load()
 
 
+def empty_source(spark: SparkSession, options: Mapping[str, str]) -> DataFrame:
+    """An empty (batch) frame with the rows the ``deltaflow-kafka`` source would give."""
+    from deltaflow.sources.kafka import KafkaSourceOptions
+
+    return spark.createDataFrame([], KafkaSourceOptions.from_spark_options(options).source_schema())
+
+
 def build_ingest_frame(spark: SparkSession, config: IngestConfig, raw: DataFrame | None = None) -> DataFrame:
     """The streaming DataFrame ``ingest`` writes on the Spark engine: decoded, transformed rows
     with the ``kafka`` struct and the ``_deltaflow`` struct (error, unknown_fields, raw key and
@@ -405,7 +412,9 @@ def ingest(
 
     engine = choose_engine(config)
     options = source_options(spark, config)
-    raw = kafka_source(spark, options)
+    # The Arrow engine reads with a source of its own and needs the Kafka rows' schema only
+    # here: an empty frame of that schema spares Spark a Python planner process.
+    raw = kafka_source(spark, options) if engine == "spark" else empty_source(spark, options)
     frame = build_ingest_frame(spark, config, raw)
     location = config.checkpoint_location or default_checkpoint_location(config.sink_options(None))
     main = config.sink_options(location)
@@ -431,6 +440,7 @@ def ingest(
                 raise
             logger.info("the Arrow engine cannot run this ingest (%s): taking the Spark engine", exc)
             engine = "spark"
+            frame = build_ingest_frame(spark, config, kafka_source(spark, options))
     if stream is None:
         writer = IngestWriter(
             main,

@@ -6,6 +6,7 @@ import atexit
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,15 @@ from deltaflow.pipeline.class_cache import class_cache
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["DEFAULT_MASTER", "QUICK_JIT", "Jit", "default_conf", "spark_session", "worker_python"]
+__all__ = [
+    "DEFAULT_MASTER",
+    "QUICK_JIT",
+    "Jit",
+    "default_conf",
+    "spark_defaults",
+    "spark_session",
+    "worker_python",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -97,13 +106,17 @@ def spark_session(master: str | None = None, *, jit: Jit = "full", **conf: Any) 
     settings.update({k: str(v) for k, v in conf.items()})
     from pyspark import SparkContext
 
-    # Only a JVM this call starts takes the class archive (DESIGN.md: class_cache).
-    started_here = not submitted and SparkContext._active_spark_context is None
+    # Only a JVM this call starts takes deltaflow's JVM flags (pyspark keeps the first JVM of
+    # the process after a stop: DESIGN.md, "The driver JVM deltaflow starts").
+    started_here = not submitted and SparkContext._gateway is None
     cache = class_cache(settings) if started_here else None
     ours = [*(cache.java_options() if cache else ()), *(QUICK_JIT if started_here and jit == "quick" else ())]
-    if ours:  # before the caller's own options: the JVM takes the last of a repeated flag
-        options = settings.get("spark.driver.extraJavaOptions", "")
-        settings["spark.driver.extraJavaOptions"] = " ".join([*ours, options]).strip()
+    if ours:
+        # First ours, then spark-defaults.conf's (a --conf would replace it), then the caller's:
+        # the JVM takes the last of a repeated flag.
+        options = [spark_defaults().get("spark.driver.extraJavaOptions", "")]
+        options.append(settings.get("spark.driver.extraJavaOptions", ""))
+        settings["spark.driver.extraJavaOptions"] = " ".join([*ours, *filter(None, options)])
     builder = SparkSession.builder.appName(settings.pop("spark.app.name", "deltaflow"))
     if master is not None:
         builder = builder.master(master)
@@ -118,6 +131,28 @@ def spark_session(master: str | None = None, *, jit: Jit = "full", **conf: Any) 
     register(spark)
     logger.info("Spark %s session on %s", spark.version, spark.sparkContext.master)
     return spark
+
+
+def spark_defaults() -> dict[str, str]:
+    """The settings of the ``spark-defaults.conf`` spark-submit reads (Java properties: ``key
+    value``, ``key=value`` or ``key: value`` per line; ``#``/``!`` comments)."""
+    from pyspark.find_spark_home import _find_spark_home
+
+    folder = os.environ.get("SPARK_CONF_DIR") or os.path.join(_find_spark_home(), "conf")
+    try:
+        text = Path(folder, "spark-defaults.conf").read_text()
+    except (OSError, UnicodeDecodeError):
+        return {}
+    settings = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#!":
+            continue
+        # The key ends at the first "=", ":" or blank; the value may hold any of them.
+        match = re.match(r"([^=:\s]+)\s*[=:\s]\s*(.*)", line)
+        if match:
+            settings[match.group(1)] = match.group(2).strip()
+    return settings
 
 
 _WORKER_SCRIPT = """#!/bin/sh

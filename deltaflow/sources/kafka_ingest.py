@@ -80,6 +80,8 @@ _RESULT = pa.schema(
         ("samples", pa.list_(pa.binary())),
     ]
 )
+#: Bytes of message values a task samples for schema evolution at most.
+SAMPLE_BYTES = 1024 * 1024
 #: The message's coordinates the transforms and dead letters read (``kafka.<field>``).
 _KAFKA_FIELDS = ("partition", "offset", "topic", "timestamp", "key", "headers")
 
@@ -297,7 +299,7 @@ def write_range(task: IngestRange) -> pa.RecordBatch:
             ok = pc.is_null(error)
             _count_unknown(result, unknown, ok, produced)
             if unknown is not None and len(result.samples) < plan.sample_unknown:
-                _sample_unknown(result, table.column("value"), unknown, ok, plan.sample_unknown)
+                _sample_unknown(result, table.column("value"), unknown, ok, produced, plan.sample_unknown)
             # Step 0.3. Write.
             good = rows.filter(ok)
             if good.num_rows:
@@ -374,12 +376,25 @@ def _count_unknown(
 
 
 def _sample_unknown(
-    result: TaskResult, values: pa.ChunkedArray, unknown: pa.ChunkedArray, ok: pa.ChunkedArray, limit: int
+    result: TaskResult,
+    values: pa.ChunkedArray,
+    unknown: pa.ChunkedArray,
+    ok: pa.ChunkedArray,
+    produced: set[str],
+    limit: int,
 ) -> None:
-    """Keep raw values of good messages with unknown fields, up to ``limit`` per task."""
+    """Keep raw values of good messages with a new top-level field (the ones schema evolution
+    can add: not nested, not made by a transform), up to ``limit`` values and
+    :data:`SAMPLE_BYTES` per task (they travel to the driver)."""
     has_unknown = pc.fill_null(pc.greater(pc.list_value_length(unknown), 0), False)
-    picked = values.filter(pc.and_(ok, has_unknown))
-    result.samples.extend(v for v in picked[: limit - len(result.samples)].to_pylist() if v)
+    mask = pc.and_(ok, has_unknown)
+    size = sum(len(v) for v in result.samples)
+    for names, value in zip(unknown.filter(mask).to_pylist(), values.filter(mask).to_pylist(), strict=True):
+        if len(result.samples) >= limit or size >= SAMPLE_BYTES:
+            return
+        if value and any("." not in n and n.lower() not in produced for n in names or ()):
+            result.samples.append(value)
+            size += len(value)
 
 
 def _dead_letters(failed: pa.Table, errors: pa.ChunkedArray, kafka: pa.ChunkedArray) -> pa.Table:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from deltaflow.pipeline.class_cache import ENV_VAR, ClassCache, class_cache
+from deltaflow.pipeline.session import spark_defaults
 
 
 def test_off_by_environment_or_when_the_options_name_an_archive(tmp_path, monkeypatch):
@@ -22,11 +23,35 @@ def test_off_by_environment_or_when_the_options_name_an_archive(tmp_path, monkey
         assert class_cache({"spark.driver.extraJavaOptions": f"-Xmx1g {flag}"}, cache_dir=tmp_path) is None
 
 
+def test_no_archive_where_spark_would_split_its_path(tmp_path):
+    # Spark splits spark.driver.extraJavaOptions at blanks: such a path would break the JVM.
+    assert class_cache({}, cache_dir=tmp_path / "my cache") is None
+    assert class_cache({}, cache_dir=tmp_path / "it's") is None
+
+
+def test_spark_defaults_are_read_as_java_properties(tmp_path, monkeypatch):
+    (tmp_path / "spark-defaults.conf").write_text(
+        "# comment\n! also a comment\n\n"
+        "spark.driver.extraJavaOptions   -Da=1 -Db=x:y\n"
+        "spark.executor.memory=2g\n"
+        "spark.app.name: my app\n"
+    )
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    assert spark_defaults() == {
+        "spark.driver.extraJavaOptions": "-Da=1 -Db=x:y",
+        "spark.executor.memory": "2g",
+        "spark.app.name": "my app",
+    }
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path / "none"))
+    assert spark_defaults() == {}
+
+
 def test_one_archive_per_class_path_written_once_then_mapped(tmp_path):
     first = class_cache({}, cache_dir=tmp_path)
     assert first is not None and first.writes
     assert first.java_options()[0] == f"-XX:ArchiveClassesAtExit={first.partial}"
-    assert first.partial.name.endswith(f".{os.getpid()}.partial")
+    assert first.partial.name.startswith(f"{first.archive.stem}.{os.getpid()}-")
+    assert ClassCache(first.archive, writes=True).partial != first.partial  # a token of its own
     other = class_cache({"spark.driver.extraClassPath": "/opt/extra.jar"}, cache_dir=tmp_path)
     assert other is not None and other.archive != first.archive
     first.archive.write_bytes(b"archive")
@@ -39,14 +64,15 @@ def test_one_archive_per_class_path_written_once_then_mapped(tmp_path):
 def _fake_jvm(partial: Path, status: int) -> subprocess.Popen[bytes]:
     """A process that, like pyspark's gateway JVM, ends at the end of its input and writes its
     archive on the way out."""
-    code = f"import sys; sys.stdin.read(); open({str(partial)!r}, 'wb').write(b'classes'); sys.exit({status})"
+    write = f"open({str(partial)!r}, 'wb').write(b'c' * 2_000_000)"
+    code = f"import sys; sys.stdin.read(); {write}; sys.exit({status})"
     return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
 
 
 def test_the_archive_is_published_only_after_a_clean_exit(tmp_path):
     cache = ClassCache(tmp_path / "spark-classes-k.jsa", writes=True)
     cache.finish(_fake_jvm(cache.partial, status=0))
-    assert cache.archive.read_bytes() == b"classes" and not cache.partial.exists()
+    assert cache.archive.stat().st_size == 2_000_000 and not cache.partial.exists()
 
     failed = ClassCache(tmp_path / "spark-classes-f.jsa", writes=True)
     failed.finish(_fake_jvm(failed.partial, status=1))  # it may be cut short: never mapped
@@ -78,19 +104,29 @@ import sys
 import deltaflow
 spark = deltaflow.spark_session(jit=sys.argv[1])
 assert spark.range(1000).selectExpr("sum(id)").first()[0] == 499500
-print(spark.sparkContext.getConf().get("spark.driver.extraJavaOptions"))
+# spark-defaults.conf's Java options reach the JVM beside deltaflow's.
+assert str(spark._jvm.java.lang.System.getProperty("deltaflow.test")) == sys.argv[2]
+options = spark.sparkContext.getConf().get("spark.driver.extraJavaOptions")
+spark.stop()
+# pyspark keeps the JVM after a stop: a new session adds no JVM flags (they would not apply);
+# its conf shows the flags the JVM really has.
+again = deltaflow.spark_session(jit="quick" if sys.argv[1] == "full" else "full")
+assert again.sparkContext.getConf().get("spark.driver.extraJavaOptions") == options, "flags claimed"
+print(options)
 """
 
 
 @pytest.mark.timeout(300)
 def test_a_real_driver_jvm_writes_the_archive_and_the_next_one_maps_it(tmp_path):
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "SPARK_CONF_DIR": str(conf)}
     env.pop(ENV_VAR, None)
     folder = tmp_path / "deltaflow" / "jvm"
 
-    def run(jit: str = "full") -> str:
+    def run(jit: str = "full", prop: str = "None") -> str:
         out = subprocess.run(
-            [sys.executable, "-c", _SESSION, jit], env=env, capture_output=True, text=True, timeout=240
+            [sys.executable, "-c", _SESSION, jit, prop], env=env, capture_output=True, text=True, timeout=240
         )
         assert out.returncode == 0, out.stderr[-3000:]
         return out.stdout.strip().splitlines()[-1]
@@ -102,3 +138,10 @@ def test_a_real_driver_jvm_writes_the_archive_and_the_next_one_maps_it(tmp_path)
     options = run(jit="quick")  # and the quick compiler only: both are JVM flags deltaflow adds
     assert f"-XX:SharedArchiveFile={archive}" in options and "-XX:TieredStopAtLevel=1" in options
     assert list(folder.glob("*.jsa")) == [archive]
+
+    # A spark-defaults.conf's Java options are kept beside deltaflow's. Its folder is on the
+    # class path and not empty: the JVM would refuse to archive, so no archive is used.
+    (conf / "spark-defaults.conf").write_text("spark.driver.extraJavaOptions -Ddeltaflow.test=kept\n")
+    options = run(jit="quick", prop="kept")
+    assert "-Ddeltaflow.test=kept" in options and "-XX:TieredStopAtLevel=1" in options
+    assert "Archive" not in options and not list(folder.glob("*.partial"))

@@ -71,6 +71,28 @@ def test_json_one_bad_message_in_a_large_chunk_is_isolated():
     assert [i for i, e in enumerate(out.errors) if e] == [1234]
 
 
+def test_json_many_bad_messages_in_a_large_chunk_decode_as_one_by_one():
+    """1% broken JSON, a few wrong types and unknown fields among 5,000 messages: the same rows,
+    errors and unknown fields as decoding each message alone (the block is screened with
+    ``json`` first, then parsed whole; what pyarrow still refuses is halved as before)."""
+    values = [json.dumps({"id": i, "user": f"u{i}"}).encode() for i in range(5000)]
+    for i in range(37, 5000, 100):
+        values[i] = b'{"id": %d, "user": ' % i
+    for i in (50, 2500):
+        values[i] = json.dumps({"id": f"id-{i}"}).encode()  # JSON, but not the column's type
+    for i in (60, 4000):
+        values[i] = json.dumps({"id": i, "new": True}).encode()
+    values[70] = b"[1, 2]"
+    decoder = JsonDecoder(SCHEMA)
+    out = decoder.decode(values)
+    alone = [decoder.decode([v]) for v in values]
+    assert out.data.to_pylist() == [a.data.to_pylist()[0] for a in alone]
+    assert out.errors == [a.errors[0] for a in alone]
+    assert out.unknown_fields == [a.unknown_fields[0] for a in alone]
+    assert sum(e is not None for e in out.errors) == 50 + 2 + 1
+    assert out.errors[70] == "JSON: not a JSON object but an array"
+
+
 def test_json_clean_chunk_checks_each_message_still():
     # Every message starts with "{" and holds no newline: decoded as one block without looking
     # at messages one by one, and still one row per message, each error its own.

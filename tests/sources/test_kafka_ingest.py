@@ -106,3 +106,25 @@ def test_auto_takes_spark_for_what_only_spark_runs(tmp_path):
         choose_engine(IngestConfig.build(**base, transforms=("x: sql: upper(user)",), engine="arrow"))
     evolving = IngestConfig.build(**base, schema_evolution=True)
     assert choose_engine(evolving) == "arrow"  # the driver types new fields with Spark
+
+
+def test_evolution_samples_only_what_can_become_a_column_and_stay_small():
+    """A task returns values of good messages with a new top-level field (not nested, not made
+    by a transform), at most ``limit`` of them and about ``SAMPLE_BYTES``."""
+    import pyarrow as pa
+
+    from deltaflow.sources.kafka_ingest import SAMPLE_BYTES, TaskResult, _sample_unknown
+
+    unknown = pa.chunked_array([[["meta.deep"], ["made"], None, ["tag"], ["Tag", "meta.x"], ["tag"]]])
+    values = pa.chunked_array([[b"nested", b"produced", b"known", b"bad", b"new", b"new2"]])
+    ok = pa.chunked_array([[True, True, True, False, True, True]])
+    result = TaskResult()
+    _sample_unknown(result, values, unknown, ok, produced={"made"}, limit=10)
+    assert result.samples == [b"new", b"new2"]
+    capped = TaskResult()
+    _sample_unknown(capped, values, unknown, ok, produced={"made"}, limit=1)
+    assert capped.samples == [b"new"]
+    big = pa.chunked_array([[b"x" * (SAMPLE_BYTES // 2 + 1)] * 6])
+    sized = TaskResult()
+    _sample_unknown(sized, big, pa.chunked_array([[["tag"]] * 6]), pa.chunked_array([[True] * 6]), set(), 10)
+    assert len(sized.samples) == 2  # stops once the bytes reach the cap
