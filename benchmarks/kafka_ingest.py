@@ -17,7 +17,7 @@ tansu broker, then lands that topic, in one process and on the same machine, wit
 
 Each round also prints the CPU-seconds per 1M messages of both (``cpu.py``: user + system of
 this process and its children; the reference's without the idle JVM, deltaflow's with the JVM
-and Spark's Python workers, split by kind; the broker's never).
+and Spark's Python workers, split by kind; the broker's and the S3 server's never).
 
 Rounds alternate reference, deltaflow on fresh tables over the same topic, in one Spark
 session: round 1's query is the first in a fresh JVM (cold Python workers), later rounds are
@@ -340,12 +340,13 @@ def main() -> None:
             ref_table, df_table = f"{base}/reference-{r}", f"{base}/deltaflow-{r}"
             dlq_table = f"{base}/dead-letters-{r}" if args.bad_every else None
             print(f"round {r}: load average {os.getloadavg()[0]:.2f}", flush=True)
-            cpu = TreeCpu(exclude=(broker.process.pid, jvm)).start()  # the idle JVM is not the reference's
+            services = (broker.process.pid, *((s3.process.pid,) if s3 else ()))  # neither side's
+            cpu = TreeCpu(exclude=(*services, jvm)).start()  # the idle JVM is not the reference's
             ref_s = run_reference(broker.bootstrap, topic, total, ref_table)
             ref_cpu = cpu.stop() * 1e6 / total
             print(f"round {r} reference (no Spark): {ref_s:7.2f} s  {total / ref_s:10,.0f} msgs/s  "
                   f"{ref_cpu:5.1f} CPU-s per 1M")  # fmt: skip
-            cpu = TreeCpu(exclude=(broker.process.pid,)).start()
+            cpu = TreeCpu(exclude=services).start()
             df_s, _ = run_deltaflow(
                 spark, broker.bootstrap, topic, last, df_table, args.trigger, args.max_messages_per_batch,
                 dlq_table, str(work / f"checkpoint-{r}"),
@@ -361,7 +362,8 @@ def main() -> None:
             if dlq_table:
                 from deltalake import DeltaTable
 
-                letters = DeltaTable(dlq_table, storage_options=STORAGE or None).to_pyarrow_table(columns=["offset"])
+                dead = DeltaTable(dlq_table, storage_options=STORAGE or None)
+                letters = dead.to_pyarrow_table(columns=["offset"])
                 assert letters.num_rows == total // args.bad_every, letters.num_rows
             results.append((ref_s, df_s, ref_cpu, df_cpu))
             shutil.rmtree(ref_table, ignore_errors=True)
