@@ -23,6 +23,20 @@ def test_off_by_environment_or_when_the_options_name_an_archive(tmp_path, monkey
         assert class_cache({"spark.driver.extraJavaOptions": f"-Xmx1g {flag}"}, cache_dir=tmp_path) is None
 
 
+def test_another_installation_of_the_same_jars_has_an_archive_of_its_own(tmp_path, monkeypatch):
+    # A JVM refuses an archive made with another class path, and then starts slower than
+    # without one: two virtualenvs with the same pyspark must not share an archive.
+    names = []
+    for home in (tmp_path / "venv-a", tmp_path / "venv-b"):
+        (home / "jars").mkdir(parents=True)
+        (home / "jars" / "spark-core.jar").write_bytes(b"same")
+        monkeypatch.setenv("SPARK_HOME", str(home))
+        cache = class_cache({}, cache_dir=tmp_path / "cache")
+        assert cache is not None
+        names.append(cache.archive.name)
+    assert names[0] != names[1]
+
+
 def test_no_archive_where_spark_would_split_its_path(tmp_path):
     # Spark splits spark.driver.extraJavaOptions at blanks: such a path would break the JVM.
     assert class_cache({}, cache_dir=tmp_path / "my cache") is None
