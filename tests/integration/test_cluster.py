@@ -43,6 +43,8 @@ def test_a_pipeline_submitted_to_two_executors_commits_files_from_both_exactly_o
             "spark.executor.memory=1g",
             "--conf",
             "spark.scheduler.minRegisteredResourcesRatio=1.0",  # wait for both executors
+            "--conf",
+            "spark.scheduler.maxRegisteredResourcesWaitingTime=180s",  # however long they take
             str(Path(deltaflow.cli.__file__).with_name("__main__.py")),
             "run",
             str(path),
@@ -81,11 +83,13 @@ def test_arrow_ingest_on_two_executors_commits_files_from_both_exactly_once(tmp_
 
     submit = Path(sys.executable).with_name("spark-submit")
     args = [str(submit), "--master", "local-cluster[2,1,1024]", "--conf", "spark.executor.memory=1g"]
+    # Both executors before the first batch (on a loaded machine they take long to start).
     args += ["--conf", "spark.scheduler.minRegisteredResourcesRatio=1.0"]
+    args += ["--conf", "spark.scheduler.maxRegisteredResourcesWaitingTime=180s"]
     args += ["--conf", f"spark.executorEnv.PYTHONPATH={ROOT}"]  # the executors run the code under test
     args += [str(Path(deltaflow.cli.__file__).with_name("__main__.py")), "ingest", topic, str(tmp_path / "t")]
     args += ["--kafka", kafka.bootstrap, "--engine", "arrow", "--ends-at-latest-offsets", "--schema", SCHEMA]
-    args += ["--dlq-table-location", str(tmp_path / "dlq"), "--max-messages-per-batch", "200"]
+    args += ["--dlq-table-location", str(tmp_path / "dlq"), "--max-messages-per-batch", "100"]
     args += ["--checkpoint-location", str(tmp_path / "cp")]
     for t in TRANSFORMS:
         args += ["-t", t]
@@ -96,5 +100,5 @@ def test_arrow_ingest_on_two_executors_commits_files_from_both_exactly_once(tmp_
     _assert_split(tmp_path / "t", tmp_path / "dlq", produced, partitions=4)
     for table in ("t", "dlq"):
         commits = [h for h in DeltaTable(str(tmp_path / table)).history() if "deltaflow.epoch" in h]
-        assert sorted(h["deltaflow.epoch"] for h in commits) == [0, 1], commits
+        assert sorted(h["deltaflow.epoch"] for h in commits) == [0, 1, 2, 3], commits
         assert max(h.get("deltaflow.writers", 0) for h in commits) == 2, commits
