@@ -129,8 +129,19 @@ def _describe_pipelines(name: str, file: Any) -> None:
         )
         extra = f"; {len(spec.expectations)} expectation(s)" if spec.expectations else ""
         off = "" if spec.enabled else " (disabled)"
-        click.echo(f"{spec.pipeline_id}{off}: {describe_source(spec)} => {routes}{extra}")
+        click.echo(f"{spec.pipeline_id}{off}: {describe_source(spec)} => {routes}{extra}{_engine(spec)}")
     click.echo(f"{name}: {len(file.pipelines)} pipeline(s), valid")
+
+
+def _engine(spec: Any) -> str:
+    """What ``engine`` makes of the pipeline (the tables' progress can still keep ``auto`` on
+    Spark: decided at start)."""
+    if spec.engine == "spark":
+        return ""
+    blockers = spec.arrow_blockers()
+    if spec.engine == "auto" and blockers:
+        return f"; engine auto: spark ({'; '.join(blockers)})"
+    return f"; engine {spec.engine}: arrow"
 
 
 def _run_file(

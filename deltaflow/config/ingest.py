@@ -19,6 +19,25 @@ from deltaflow.errors import ConfigError
 
 __all__ = ["IngestConfig"]
 
+#: Sink options ingest sets itself (progress, schema handling, who writes, the claim).
+_INGEST_OWNED = frozenset(
+    {
+        "table_uri",
+        "pipeline_id",
+        "kafka_offsets",
+        "schema_mode",
+        "write_path",
+        "checkpoint_location",
+        "txn_version",
+        "writer_epoch",
+        "write_mode",
+        "key_columns",
+        "cdc_format",
+        "op_column",
+        "sequence_by",
+    }
+)
+
 
 class IngestConfig(BaseModel):
     """What ``deltaflow ingest`` runs (the CLI flags, validated).
@@ -33,6 +52,11 @@ class IngestConfig(BaseModel):
             engine whenever it can run the configuration (no ``sql:`` transforms, no schema
             evolution).
         kafka_settings: librdkafka settings (``-K key=value``); values are secrets (masked).
+        avro_schema: The Avro reader schema as text (a YAML pipeline's ``avro_schema``); with
+            ``avro`` a registry URL it replaces the registry's latest schema as reader schema.
+        table_options / dlq_table_options: Further sink options of the main / dead-letter
+            table (:class:`~deltaflow.config.sink.SinkOptions` names: ``compression``,
+            ``storage_options``, ``table_properties``, ...), as a YAML pipeline's sink sets them.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -49,6 +73,7 @@ class IngestConfig(BaseModel):
     value_format: Literal["json", "raw", "avro"] = "json"
     value_schema: str | None = Field(default=None, validation_alias=AliasChoices("value_schema", "schema"))
     avro: str | None = None
+    avro_schema: str | None = None
     decompress_gzip: bool = False
     dlq_table_location: str | None = None
     dlq_transforms: tuple[str, ...] = ()
@@ -65,6 +90,8 @@ class IngestConfig(BaseModel):
     auto_compact: bool = True
     auto_compact_min_files: int = Field(default=50, ge=2)
     vacuum_interval_hours: float = Field(default=0.0, ge=0)
+    table_options: dict[str, Any] = Field(default_factory=dict)
+    dlq_table_options: dict[str, Any] = Field(default_factory=dict)
 
     @classmethod
     def build(cls, **values: Any) -> Self:
@@ -77,7 +104,7 @@ class IngestConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
-        if self.value_format == "avro" and not self.avro:
+        if self.value_format == "avro" and not (self.avro or self.avro_schema):
             raise ValueError("Avro values need --avro <schema registry URL or .avsc file>")
         if self.decompress_gzip and self.value_format == "raw":
             raise ValueError("--decompress-gzip applies to decoded values (--json or --avro), not --raw")
@@ -91,6 +118,9 @@ class IngestConfig(BaseModel):
             raise ValueError("--schema-evolution applies to JSON values (Avro columns follow the registry)")
         if self.commit_to_group and not self.consumer_group:
             raise ValueError("committing offsets to the consumer group needs --consumer-group-id")
+        for key in (*self.table_options, *self.dlq_table_options):
+            if key in _INGEST_OWNED or key not in StreamSinkOptions.model_fields:
+                raise ValueError(f"table option {key!r} is not one ingest takes from its caller")
         for text in (*self.transforms, *self.dlq_transforms):
             try:
                 parse_transform(text).check()
@@ -114,15 +144,16 @@ class IngestConfig(BaseModel):
         extra: dict[str, Any] = {"partition_columns": list(self.partition_by)}
         if self.min_bytes_per_file:
             extra["target_file_size_mb"] = max(1, self.min_bytes_per_file // (1024 * 1024))
+        extra.update(self.table_options)
         return self._table_options(self.table_uri, self.pipeline_id, checkpoint_location, extra)
 
     def dlq_options(self, checkpoint_location: str) -> StreamSinkOptions | None:
         """The dead-letter table's sink options (its own txn app id)."""
         if not self.dlq_table_location:
             return None
-        return self._table_options(
-            self.dlq_table_location, f"{self.pipeline_id}-dlq", checkpoint_location, {}
-        )
+        app_id = f"{self.pipeline_id}-dlq"
+        extra = dict(self.dlq_table_options)
+        return self._table_options(self.dlq_table_location, app_id, checkpoint_location, extra)
 
     def _table_options(
         self, table_uri: str, pipeline_id: str, checkpoint_location: str | None, extra: dict[str, Any]

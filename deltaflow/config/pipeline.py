@@ -42,6 +42,7 @@ from pydantic import (
 )
 
 from deltaflow.config.identity import PipelineId
+from deltaflow.config.ingest import IngestConfig
 from deltaflow.config.locations import normalize_uri
 from deltaflow.config.models import problem
 from deltaflow.config.sink import SinkOptions
@@ -311,6 +312,13 @@ class PipelineSpec(_Model):
         checkpoint_location: Spark's checkpoint; default
             ``<first sink>/_deltaflow/checkpoints/<pipeline_id>``.
         enabled: ``false`` keeps a pipeline in the file without running it.
+        engine: ``spark`` (the default) runs every micro-batch through Spark SQL (the steps of
+            :mod:`deltaflow.pipeline.runner`). ``arrow`` runs a plain Kafka pipeline (one topic,
+            kafka-delta-ingest transforms, one append sink, no filter/select/query/expectations)
+            as ``deltaflow ingest`` runs it: rows stay in Arrow inside Spark's tasks, progress is
+            one txn per Kafka partition and dead letters have ingest's layout
+            (:mod:`deltaflow.pipeline.dead_letters`). ``auto`` takes ``arrow`` whenever it can,
+            and ``spark`` for a pipeline whose tables already hold its Spark-engine progress.
     """
 
     pipeline_id: PipelineId = Field(validation_alias=AliasChoices("pipeline_id", "id"))
@@ -326,6 +334,7 @@ class PipelineSpec(_Model):
     trigger_interval: float | None = None
     checkpoint_location: str | None = None
     enabled: bool = True
+    engine: Literal["spark", "arrow", "auto"] = "spark"
 
     @field_validator("trigger_interval", mode="before")
     @classmethod
@@ -371,12 +380,87 @@ class PipelineSpec(_Model):
         dupes = sorted({n for n in expectation_names if expectation_names.count(n) > 1})
         if dupes:
             problems.append(f"expectation name(s) used twice: {', '.join(dupes)}")
+        if self.engine == "arrow" and self.arrow_blockers():
+            problems.append(
+                f"engine arrow cannot run this pipeline: it uses {'; '.join(self.arrow_blockers())} "
+                "(use engine: spark, or auto, which picks Spark for it)"
+            )
         if problems:
             raise ValueError("; ".join(problems))
         return self
 
     def sink_names(self) -> list[str]:
         return [s.name or f"sink{i}" for i, s in enumerate(self.sinks)]
+
+    def arrow_blockers(self) -> list[str]:
+        """Why the Arrow engine cannot run this pipeline (empty: it can)."""
+        src = self.source
+        if not isinstance(src, KafkaSourceSpec):
+            return [f"a {src.type} source (the Arrow engine reads Kafka)"]
+        reasons = []
+        if src.topic_pattern or len(src.topics) != 1:
+            reasons.append("several topics or a topic_pattern (the Arrow engine reads one topic)")
+        if isinstance(src.starting_offsets, dict) and set(src.starting_offsets) - set(src.topics):
+            reasons.append("starting_offsets for another topic")
+        mappings = [f"{k}: {v}" for k, v in self.transforms.items()]
+        sql = [m for m in mappings if parse_transform(m).sql is not None]
+        if sql:
+            reasons.append(f"Spark SQL transforms ({', '.join(sql)})")
+        used = [key for key in ("filter", "select", "query", "expectations") if getattr(self, key)]
+        if used:
+            reasons.append(f"{', '.join(used)} (Spark SQL)")
+        if len(self.sinks) > 1 or self.sinks[0].when:
+            reasons.append("routing to several sinks or a sink's when (Spark SQL)")
+        if self.sinks[0].write_mode != "append":
+            reasons.append(f"write_mode {self.sinks[0].write_mode} (the Arrow engine appends)")
+        return reasons
+
+    def ingest_config(self, *, available_now: bool = False) -> IngestConfig:
+        """This pipeline as ``deltaflow ingest`` runs it (the Arrow engine; see ``engine``).
+
+        Raises:
+            ConfigError: :meth:`arrow_blockers` names something only Spark can run.
+        """
+        blockers = self.arrow_blockers()
+        if blockers:
+            raise ConfigError(
+                f"pipeline {self.pipeline_id!r}: the Arrow engine cannot run it: {'; '.join(blockers)}",
+                pipeline_id=self.pipeline_id,
+            )
+        src = self.source
+        assert isinstance(src, KafkaSourceSpec)
+        sink = self.sinks[0]
+        topic = src.topics[0]
+        # Ingest owns the progress, schema handling and writer; append is the only mode here.
+        owned = {"table_uri", "schema_mode", "write_path", "write_mode"}
+        table = sink.model_dump(exclude={"name", "connector", "when", *owned}, exclude_defaults=True)
+        values: dict[str, Any] = {
+            "topic": topic,
+            "table_uri": sink.table_uri,
+            "brokers": src.bootstrap_servers,
+            "pipeline_id": self.pipeline_id,
+            "allowed_latency": self.trigger_interval,
+            "max_messages_per_batch": src.max_messages_per_batch,
+            "transforms": tuple(f"{k}: {v}" for k, v in self.transforms.items()),
+            "value_format": src.format,
+            "value_schema": src.schema_,
+            "avro": src.schema_registry_url,
+            "avro_schema": src.avro_schema,
+            "decompress_gzip": src.decompress_gzip,
+            "ends_at_latest_offsets": available_now,
+            "checkpoint_location": self.checkpoint_location,
+            "kafka_settings": src.kafka_settings,
+            "engine": "arrow",
+            "table_options": table,
+        }
+        if isinstance(src.starting_offsets, dict):
+            values["seek_offsets"] = src.starting_offsets.get(topic, {})
+        else:
+            values["auto_offset_reset"] = src.starting_offsets
+        if self.dead_letter is not None:
+            values["dlq_table_location"] = self.dead_letter.table_uri
+            values["dlq_table_options"] = self.dead_letter.model_dump(exclude=owned, exclude_defaults=True)
+        return IngestConfig.build(**values)
 
 
 class PipelineFile(_Model):

@@ -174,15 +174,19 @@ def source_options(spark: SparkSession, config: IngestConfig) -> dict[str, str]:
         options["value_schema"] = _value_schema(spark, config).json()
     elif config.value_format == "avro":
         options["value_format"] = "avro"
-        assert config.avro is not None
-        if config.avro.startswith(("http://", "https://")):
+        if config.avro and config.avro.startswith(("http://", "https://")):
             from deltaflow.sources.decode import SchemaRegistry
 
-            # The reader schema, fixed once for the query (the source and its tasks share it).
-            _id, latest = SchemaRegistry(config.avro).latest(f"{config.topic}-value")
             options["schema_registry_url"] = config.avro
-            options["avro_schema"] = latest
+            # The reader schema, fixed once for the query (the source and its tasks share it).
+            if config.avro_schema:
+                options["avro_schema"] = config.avro_schema
+            else:
+                _id, options["avro_schema"] = SchemaRegistry(config.avro).latest(f"{config.topic}-value")
+        elif config.avro_schema:
+            options["avro_schema"] = config.avro_schema
         else:
+            assert config.avro is not None
             try:
                 options["avro_schema"] = Path(config.avro).read_text()
             except OSError as exc:

@@ -21,7 +21,7 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from deltaflow.config.locations import normalize_uri
 from deltaflow.config.pipeline import (
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
 
 
-__all__ = ["PipelineWriter", "describe_source", "process", "start_pipeline"]
+__all__ = ["PipelineWriter", "choose_engine", "describe_source", "process", "start_pipeline"]
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +129,12 @@ def _kafka(spark: SparkSession, src: KafkaSourceSpec) -> DataFrame:
 
     from deltaflow.sources.kafka import FORMAT_NAME
 
+    raw = spark.readStream.format(FORMAT_NAME).options(**_kafka_options(src)).load()
+    meta = F.struct(*(F.col(c) for c in ("topic", "partition", "offset", "timestamp", "key", "headers")))
+    return raw.select("data.*", meta.alias("kafka"), F.col("error").alias(_ERROR), F.col("value").alias(_RAW))
+
+
+def _kafka_options(src: KafkaSourceSpec) -> dict[str, str]:
     options: dict[str, str] = {
         "bootstrap_servers": src.bootstrap_servers,
         "value_format": src.format,
@@ -154,9 +160,7 @@ def _kafka(spark: SparkSession, src: KafkaSourceSpec) -> DataFrame:
         options["kafka_settings"] = json.dumps(
             {k: v.get_secret_value() for k, v in src.kafka_settings.items()}
         )
-    raw = spark.readStream.format(FORMAT_NAME).options(**options).load()
-    meta = F.struct(*(F.col(c) for c in ("topic", "partition", "offset", "timestamp", "key", "headers")))
-    return raw.select("data.*", meta.alias("kafka"), F.col("error").alias(_ERROR), F.col("value").alias(_RAW))
+    return options
 
 
 def _first_line(exc: BaseException) -> str:
@@ -347,10 +351,98 @@ def _kafka_letters(failed: DataFrame, pipeline_id: str, batch_id: int) -> DataFr
 # -- starting and running ----------------------------------------------------------------------
 
 
-def start_pipeline(spark: SparkSession, spec: PipelineSpec, *, available_now: bool = False) -> StreamingQuery:
-    """Start one pipeline's streaming query (tables are created or checked first)."""
+def choose_engine(spec: PipelineSpec) -> Literal["spark", "arrow"]:
+    """The engine ``spec`` runs on (its ``engine``; ``auto``: Arrow whenever it can).
+
+    The two engines record a Kafka pipeline's progress differently (a txn per batch, a txn per
+    partition), so a pipeline keeps the engine its tables were written with: switching would
+    start it over from ``starting_offsets``, duplicating rows.
+
+    Raises:
+        ConfigError: the engine asked for is not the one the tables' progress was written by.
+    """
+    if spec.engine == "spark" or (spec.engine == "auto" and spec.arrow_blockers()):
+        written_by_arrow = _partition_progress(spec)
+        if written_by_arrow:
+            raise ConfigError(
+                f"pipeline {spec.pipeline_id!r}: {written_by_arrow} holds its progress per Kafka partition, "
+                "written by the Arrow engine; the Spark engine records it per batch and would start over "
+                "from starting_offsets. Set engine: arrow (it can run only plain ingest: "
+                f"{'; '.join(spec.arrow_blockers()) or 'this pipeline qualifies'}), or give the pipeline "
+                "a new id and table",
+                pipeline_id=spec.pipeline_id,
+            )
+        return "spark"
+    written_by_spark = _batch_progress(spec)
+    if written_by_spark is None:
+        return "arrow"
+    if spec.engine == "auto":
+        logger.info(
+            "pipeline %r: %s holds its Spark-engine progress (a txn per batch): staying on the Spark engine",
+            spec.pipeline_id,
+            written_by_spark,
+        )
+        return "spark"
+    raise ConfigError(
+        f"pipeline {spec.pipeline_id!r}: {written_by_spark} holds its progress per batch, written by the "
+        "Spark engine; the Arrow engine records it per Kafka partition and would start over from "
+        "starting_offsets. Keep engine: spark (or auto), or give the pipeline a new id and table",
+        pipeline_id=spec.pipeline_id,
+    )
+
+
+def _batch_progress(spec: PipelineSpec) -> str | None:
+    """The table (a sink or the dead-letter table) holding ``txn(pipeline_id, batch)``, if any."""
+    from deltaflow.delta import log as delta_log
+    from deltaflow.delta.progress import transaction_version
+
+    tables = [*spec.sinks, *([spec.dead_letter] if spec.dead_letter else [])]
+    for sink in tables:
+        uri = normalize_uri(sink.table_uri)
+        if transaction_version(delta_log.load(uri, sink.storage_options), spec.pipeline_id) is not None:
+            return uri
+    return None
+
+
+def _partition_progress(spec: PipelineSpec) -> str | None:
+    """The first sink's table when it holds Arrow-engine progress (a txn per Kafka partition)."""
+    from deltaflow.delta import log as delta_log
+    from deltaflow.delta.progress import kafka_progress, transaction_version
+    from deltaflow.sources.kafka import KafkaSourceOptions, topic_partitions
+
+    src = spec.source
+    if not isinstance(src, KafkaSourceSpec) or not src.topics:
+        return None  # the Arrow engine reads one named topic
+    sink = spec.sinks[0]
+    uri = normalize_uri(sink.table_uri)
+    table = delta_log.load(uri, sink.storage_options)
+    if table is None or transaction_version(table, spec.pipeline_id) is not None:
+        return None  # no table, or the Spark engine's progress
+    layout = topic_partitions(KafkaSourceOptions.from_spark_options(_kafka_options(src)))
+    return uri if kafka_progress(table, spec.pipeline_id, layout) else None
+
+
+def start_pipeline(
+    spark: SparkSession,
+    spec: PipelineSpec,
+    *,
+    available_now: bool = False,
+    on_engine: Callable[[str], None] | None = None,
+) -> StreamingQuery:
+    """Start one pipeline's streaming query (tables are created or checked first).
+
+    ``on_engine`` is told the engine it runs on (:func:`choose_engine`) before it starts.
+    """
     from deltaflow.pipeline.api import _claim, _prepare_table
 
+    engine = choose_engine(spec)
+    if on_engine is not None:
+        on_engine(engine)
+    if engine == "arrow":
+        from deltaflow.pipeline.ingest import ingest
+
+        logger.info("pipeline %r runs on the Arrow engine (plain Kafka ingest)", spec.pipeline_id)
+        return ingest(spark, spec.ingest_config(available_now=available_now))
     location = checkpoint_location(spec)
     source = read_source(spark, spec, location)
     good = source.drop(_ERROR, _RAW) if isinstance(spec.source, KafkaSourceSpec) else source

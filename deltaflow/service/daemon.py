@@ -474,13 +474,17 @@ def run_pipelines(
 
     for spec in pipelines:
         board.register(spec.pipeline_id, table_uri=spec.sinks[0].table_uri, source=describe_source(spec))
-        board.set_engine(spec.pipeline_id, "spark")  # YAML pipelines run through Spark SQL
 
     def starter(spec: PipelineSpec) -> Callable[[], StreamingQuery]:
         def start() -> StreamingQuery:
             if on_start is not None:
                 on_start(spec.pipeline_id)
-            return start_pipeline(spark, spec, available_now=available_now)
+            return start_pipeline(
+                spark,
+                spec,
+                available_now=available_now,
+                on_engine=lambda engine: board.set_engine(spec.pipeline_id, engine),
+            )
 
         return start
 

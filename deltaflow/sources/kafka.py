@@ -45,7 +45,15 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql.types import StructType
 
-__all__ = ["FORMAT_NAME", "KAFKA_SCHEMA", "KafkaDataSource", "KafkaSourceOptions", "Offsets", "kafka_errors"]
+__all__ = [
+    "FORMAT_NAME",
+    "KAFKA_SCHEMA",
+    "KafkaDataSource",
+    "KafkaSourceOptions",
+    "Offsets",
+    "kafka_errors",
+    "topic_partitions",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -397,24 +405,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._admin
 
     def _topic_partitions(self) -> dict[str, list[int]]:
-        with kafka_errors(f"reading the topics of {self._options.bootstrap_servers}"):
-            meta = self._client().list_topics(timeout=METADATA_TIMEOUT_S)
-        if self._options.topic_pattern:
-            pattern = re.compile(self._options.topic_pattern)
-            names = [t for t in meta.topics if pattern.fullmatch(t) and not t.startswith("__")]
-        else:
-            names = list(self._options.topic)
-        found: dict[str, list[int]] = {}
-        for name in names:
-            topic = meta.topics.get(name)
-            if topic is None or topic.error is not None or not topic.partitions:
-                raise ConfigError(
-                    f"Kafka topic {name!r} does not exist on {self._options.bootstrap_servers} "
-                    f"({getattr(topic, 'error', None) or 'no partitions'})",
-                    topic=name,
-                )
-            found[name] = sorted(topic.partitions)
-        return found
+        return topic_partitions(self._options, self._client())
 
     def _watermarks(self, layout: Mapping[str, Sequence[int]], which: str) -> Offsets:
         from confluent_kafka import TopicPartition
@@ -552,6 +543,38 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, KafkaPartitionRange)
         yield from read_range(partition)
+
+
+def topic_partitions(options: KafkaSourceOptions, client: Any = None) -> dict[str, list[int]]:
+    """The partitions of each topic ``options`` reads (``client``: an ``AdminClient``, made here
+    when not given).
+
+    Raises:
+        ConfigError: a topic does not exist.
+    """
+    if client is None:
+        from confluent_kafka.admin import AdminClient
+
+        with kafka_errors(f"connecting to Kafka at {options.bootstrap_servers}"):
+            client = AdminClient(options.client_config())
+    with kafka_errors(f"reading the topics of {options.bootstrap_servers}"):
+        meta = client.list_topics(timeout=METADATA_TIMEOUT_S)
+    if options.topic_pattern:
+        pattern = re.compile(options.topic_pattern)
+        names = [t for t in meta.topics if pattern.fullmatch(t) and not t.startswith("__")]
+    else:
+        names = list(options.topic)
+    found: dict[str, list[int]] = {}
+    for name in names:
+        topic = meta.topics.get(name)
+        if topic is None or topic.error is not None or not topic.partitions:
+            raise ConfigError(
+                f"Kafka topic {name!r} does not exist on {options.bootstrap_servers} "
+                f"({getattr(topic, 'error', None) or 'no partitions'})",
+                topic=name,
+            )
+        found[name] = sorted(topic.partitions)
+    return found
 
 
 def _count(start: Offsets, end: Offsets) -> int:

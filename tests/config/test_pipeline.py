@@ -192,3 +192,92 @@ def test_cli_validate_prints_each_pipeline_and_masks_secrets(tmp_path, monkeypat
     with pytest.raises(SystemExit) as exited:
         main(["validate", str(path)])
     assert exited.value.code == 2
+
+
+KAFKA = """
+    pipelines:
+      - id: k
+        engine: {engine}
+        source:
+          type: kafka
+          bootstrap_servers: broker:9092
+          topic: orders
+          schema: "id BIGINT, ts BIGINT"
+          starting_offsets: {{orders: {{"0": 5}}}}
+          max_messages_per_batch: 1000
+          kafka_settings: {{sasl.password: s3cret}}
+        transforms: {{day: "substr(ts, 0, 8)", offset: kafka.offset}}
+        trigger_interval: 2 seconds
+        dead_letter: {{table_uri: /lake/dlq, compression: zstd}}
+        sinks:
+          - {{table_uri: /lake/orders, partition_columns: [day], compression: zstd, target_file_size_mb: 64,
+              table_properties: {{delta.appendOnly: "true"}}, auto_compact: false}}
+        {extra}
+"""
+
+
+def test_a_plain_kafka_pipeline_becomes_ingest_on_the_arrow_engine(tmp_path):
+    (spec,) = load_pipelines(_write(tmp_path, KAFKA.format(engine="arrow", extra=""))).pipelines
+    assert spec.arrow_blockers() == []
+    config = spec.ingest_config(available_now=True)
+    assert (config.topic, config.table_uri, config.brokers, config.pipeline_id) == (
+        "orders",
+        "/lake/orders",
+        "broker:9092",
+        "k",
+    )
+    assert (config.engine, config.ends_at_latest_offsets, config.allowed_latency) == ("arrow", True, 2.0)
+    assert config.seek_offsets == {"0": 5} and config.max_messages_per_batch == 1000
+    assert config.transforms == ("day: substr(ts, 0, 8)", "offset: kafka.offset")
+    assert config.kafka_conf == {"sasl.password": "s3cret"}
+    main = config.sink_options("/ckpt")
+    assert (main.partition_columns, main.compression, main.target_file_size_mb, main.auto_compact) == (
+        ("day",),
+        "zstd",
+        64,
+        False,
+    )
+    assert dict(main.table_properties) == {"delta.appendOnly": "true"}
+    assert (main.kafka_offsets, main.pipeline_id) == (True, "k")  # progress per partition
+    dlq = config.dlq_options("/ckpt")
+    assert dlq is not None and (dlq.table_uri, dlq.compression, dlq.pipeline_id) == ("/lake/dlq", "zstd", "k-dlq")
+
+
+@pytest.mark.parametrize(
+    ("extra", "reason"),
+    [
+        ('filter: "id > 0"', r"filter \(Spark SQL\)"),
+        ("expectations: [{name: e, expr: id > 0}]", r"expectations \(Spark SQL\)"),
+    ],
+)
+def test_engine_arrow_refuses_what_only_spark_runs_and_auto_takes_spark(tmp_path, extra, reason):
+    with pytest.raises(PipelineConfigError, match=r"engine arrow cannot run this pipeline: it uses " + reason):
+        load_pipelines(_write(tmp_path, KAFKA.format(engine="arrow", extra=extra)))
+    (spec,) = load_pipelines(_write(tmp_path, KAFKA.format(engine="auto", extra=extra))).pipelines
+    assert spec.arrow_blockers() and spec.engine == "auto"
+    result = CliRunner().invoke(cli, ["validate", str(tmp_path / "pipelines.yaml")])
+    assert result.exit_code == 0, result.output
+    assert "engine auto: spark (" in result.output
+
+
+def test_engine_arrow_refuses_other_sources_sql_transforms_and_routing(tmp_path):
+    text = """
+        pipelines:
+          - id: f
+            engine: arrow
+            source: {type: files, path: /landing}
+            transforms: {d: "sql: to_date(ts)"}
+            sinks: [{table_uri: /a, when: "x = 1"}, {table_uri: /b}]
+    """
+    with pytest.raises(PipelineConfigError) as info:
+        load_pipelines(_write(tmp_path, text))
+    assert "a files source (the Arrow engine reads Kafka)" in str(info.value)
+    text = text.replace("source: {type: files, path: /landing}", KAFKA_SOURCE)
+    with pytest.raises(PipelineConfigError) as info:
+        load_pipelines(_write(tmp_path, text))
+    message = str(info.value)
+    assert "Spark SQL transforms (d: sql: to_date(ts))" in message
+    assert "routing to several sinks" in message
+
+
+KAFKA_SOURCE = 'source: {type: kafka, bootstrap_servers: "b:9092", topic_pattern: "o.*", schema: "id BIGINT"}'

@@ -146,41 +146,97 @@ def test_a_failing_expectation_stops_the_pipeline_with_nothing_committed(spark, 
         assert [bool(e.info.get(commit.CLAIM_KEY)) for e in entries] == [True]  # ... only claimed
 
 
-def test_kafka_source_pipeline_with_undecodable_messages_dead_lettered(spark, kafka, tmp_path):
-    topic = kafka.create_topic(partitions=2)
-    values = [json.dumps({"id": i, "name": f"n{i}"}).encode() for i in range(40)]
-    values[7] = b"{not json"
-    values[20] = b'{"id": "twenty"}'
-    kafka.produce(topic, values, partitions=2)
-    specs = _pipelines(
-        tmp_path,
-        """
-        pipelines:
-          - id: k
-            source:
-              type: kafka
-              bootstrap_servers: "${BROKER}"
-              topic: "${TOPIC}"
-              schema: "id BIGINT, name STRING"
-            transforms: {offset: kafka.offset, part: kafka.partition}
-            dead_letter: {table_uri: "${DIR}/dlq"}
-            sinks: [{table_uri: "${DIR}/t"}]
-        """,
-        BROKER=kafka.bootstrap,
-        TOPIC=topic,
-    )
-    run_pipelines(spark, specs, available_now=True)
+KAFKA_PIPELINE = """
+    pipelines:
+      - id: k
+        engine: "${ENGINE}"
+        source:
+          type: kafka
+          bootstrap_servers: "${BROKER}"
+          topic: "${TOPIC}"
+          schema: "id BIGINT, name STRING"
+        transforms: {offset: kafka.offset, part: kafka.partition}
+        dead_letter: {table_uri: "${DIR}/dlq"}
+        sinks: [{table_uri: "${DIR}/t", partition_columns: [part]}]
+"""
+
+
+def _kafka_values(first: int, count: int, bad: dict[int, bytes]) -> list[bytes]:
+    return [bad.get(i, json.dumps({"id": i, "name": f"n{i}"}).encode()) for i in range(first, first + count)]
+
+
+def _check_kafka_rows(tmp_path: Path, ids: list[int]) -> None:
     rows = _rows(tmp_path / "t", "id", "part", "offset")
-    assert [r[0] for r in rows] == [i for i in range(40) if i not in (7, 20)]
+    assert [r[0] for r in rows] == ids  # each message once, in order of id
     assert all(part == i % 2 and offset == i // 2 for i, part, offset in rows)
     assert "kafka" not in DeltaTable(str(tmp_path / "t")).schema().to_arrow().names
+
+
+def test_kafka_source_pipeline_with_undecodable_messages_dead_lettered(spark, kafka, tmp_path):
+    from deltaflow.service.status import board
+
+    topic = kafka.create_topic(partitions=2)
+    bad = {7: b"{not json", 20: b'{"id": "twenty"}'}
+    kafka.produce(topic, _kafka_values(0, 40, bad), partitions=2)
+
+    def specs(engine: str):
+        return _pipelines(tmp_path, KAFKA_PIPELINE, BROKER=kafka.bootstrap, TOPIC=topic, ENGINE=engine)
+
+    run_pipelines(spark, specs("spark"), available_now=True)
+    _check_kafka_rows(tmp_path, [i for i in range(40) if i not in bad])
     letters = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().to_pylist()
     assert len(letters) == 2
     import base64
 
     raw = sorted(base64.b64decode(json.loads(r["record"])["value_base64"]) for r in letters)
-    assert raw == sorted([b"{not json", b'{"id": "twenty"}'])
+    assert raw == sorted(bad.values())
     assert all(r["reason"] for r in letters)
+
+    # Its tables hold batch progress: the Arrow engine would start over, so it is refused
+    # before anything is written; auto stays on Spark.
+    version = DeltaTable(str(tmp_path / "t")).version()
+    with pytest.raises(ConfigError, match=r"holds its progress per batch, written by the Spark engine"):
+        run_pipelines(spark, specs("arrow"), available_now=True)
+    assert DeltaTable(str(tmp_path / "t")).version() == version
+    # Two batched partitions: message 40 goes to partition 0, as message i % 2 always does.
+    kafka.produce(topic, _kafka_values(40, 10, {}), partitions=2)
+    run_pipelines(spark, specs("auto"), available_now=True)
+    assert board.snapshot()["pipelines"][-1]["engine"] == "spark"
+    _check_kafka_rows(tmp_path, [i for i in range(50) if i not in bad])
+
+
+def test_kafka_pipeline_on_the_arrow_engine(spark, kafka, tmp_path):
+    """``engine: arrow``: the pipeline runs as ``deltaflow ingest`` (progress per partition,
+    ingest's dead-letter layout, the sink's options kept); the Spark engine is refused on its
+    tables, ``auto`` carries on with Arrow."""
+    from deltaflow.service.status import board
+
+    topic = kafka.create_topic(partitions=2)
+    bad = {3: b"[1, 2]", 12: b"{not json"}
+    kafka.produce(topic, _kafka_values(0, 30, bad), partitions=2)
+
+    def specs(engine: str):
+        return _pipelines(tmp_path, KAFKA_PIPELINE, BROKER=kafka.bootstrap, TOPIC=topic, ENGINE=engine)
+
+    run_pipelines(spark, specs("arrow"), available_now=True)
+    assert board.snapshot()["pipelines"][-1]["engine"] == "arrow"
+    _check_kafka_rows(tmp_path, [i for i in range(30) if i not in bad])
+    table = DeltaTable(str(tmp_path / "t"))
+    assert table.metadata().partition_columns == ["part"]
+    assert {p: table.transaction_version(f"k-{topic}-{p}") for p in (0, 1)} == {0: 14, 1: 14}
+    assert table.transaction_version("k") is None
+    letters = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().to_pylist()
+    assert sorted((r["partition"], r["offset"]) for r in letters) == [(0, 6), (1, 1)]
+    assert all(r["error"] and r["value_base64"] for r in letters)
+
+    version = table.version()
+    with pytest.raises(ConfigError, match=r"holds its progress per Kafka partition, written by the Arrow engine"):
+        run_pipelines(spark, specs("spark"), available_now=True)
+    assert DeltaTable(str(tmp_path / "t")).version() == version
+    kafka.produce(topic, _kafka_values(30, 10, {}), partitions=2)
+    run_pipelines(spark, specs("auto"), available_now=True)
+    assert board.snapshot()["pipelines"][-1]["engine"] == "arrow"
+    _check_kafka_rows(tmp_path, [i for i in range(40) if i not in bad])
 
 
 def _run_cli(args: list[str], **env: str) -> subprocess.Popen[str]:
