@@ -240,7 +240,8 @@ def test_a_plain_kafka_pipeline_becomes_ingest_on_the_arrow_engine(tmp_path):
     assert dict(main.table_properties) == {"delta.appendOnly": "true"}
     assert (main.kafka_offsets, main.pipeline_id) == (True, "k")  # progress per partition
     dlq = config.dlq_options("/ckpt")
-    assert dlq is not None and (dlq.table_uri, dlq.compression, dlq.pipeline_id) == ("/lake/dlq", "zstd", "k-dlq")
+    assert dlq is not None
+    assert (dlq.table_uri, dlq.compression, dlq.pipeline_id) == ("/lake/dlq", "zstd", "k-dlq")
 
 
 @pytest.mark.parametrize(
@@ -251,7 +252,8 @@ def test_a_plain_kafka_pipeline_becomes_ingest_on_the_arrow_engine(tmp_path):
     ],
 )
 def test_engine_arrow_refuses_what_only_spark_runs_and_auto_takes_spark(tmp_path, extra, reason):
-    with pytest.raises(PipelineConfigError, match=r"engine arrow cannot run this pipeline: it uses " + reason):
+    refused = r"engine arrow cannot run this pipeline: it uses " + reason
+    with pytest.raises(PipelineConfigError, match=refused):
         load_pipelines(_write(tmp_path, KAFKA.format(engine="arrow", extra=extra)))
     (spec,) = load_pipelines(_write(tmp_path, KAFKA.format(engine="auto", extra=extra))).pipelines
     assert spec.arrow_blockers() and spec.engine == "auto"

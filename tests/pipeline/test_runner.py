@@ -230,7 +230,8 @@ def test_kafka_pipeline_on_the_arrow_engine(spark, kafka, tmp_path):
     assert all(r["error"] and r["value_base64"] for r in letters)
 
     version = table.version()
-    with pytest.raises(ConfigError, match=r"holds its progress per Kafka partition, written by the Arrow engine"):
+    refused = r"holds its progress per Kafka partition, written by the Arrow engine"
+    with pytest.raises(ConfigError, match=refused):
         run_pipelines(spark, specs("spark"), available_now=True)
     assert DeltaTable(str(tmp_path / "t")).version() == version
     kafka.produce(topic, _kafka_values(30, 10, {}), partitions=2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pyspark
@@ -12,6 +13,7 @@ import pyspark
 from deltaflow.pipeline.session import default_conf, worker_python
 
 PACKAGE = Path(pyspark.__file__).parent
+ROOT = Path(__file__).resolve().parents[2]
 LIB = PACKAGE / "python" / "lib"
 
 
@@ -73,3 +75,52 @@ def test_local_python_workers_import_pyspark_from_site_packages(spark):
     assert "pyspark.zip" not in path
     assert Path(executable).resolve() == Path(sys.executable).resolve()
     assert default_conf("local[2]")["spark.pyspark.python"] == os.environ["PYSPARK_PYTHON"]
+
+
+def _static_builders(spark) -> str:
+    datasources = spark._jvm.org.apache.spark.sql.execution.datasources
+    return str(getattr(getattr(datasources, "DataSourceManager$"), "MODULE$").dataSourceBuilders())
+
+
+def test_no_search_for_static_data_sources_when_there_are_none(spark):
+    """Spark's search for ``pyspark_*`` modules (a Python process at every start) was answered
+    in-process: there are none on this interpreter's path."""
+    assert _static_builders(spark) == "Some(Map())"
+    assert "event_type" in spark.readStream.format("deltaflow-generator").load().columns  # ours are there
+
+
+def test_a_pip_installed_static_data_source_is_still_found(tmp_path):
+    """With a ``pyspark_*`` module on the path, Spark searches as usual and registers it."""
+    (tmp_path / "pyspark_dfprobe.py").write_text(
+        textwrap.dedent(
+            """
+            from pyspark.sql.datasource import DataSource, DataSourceReader
+
+            class _Reader(DataSourceReader):
+                def read(self, partition):
+                    yield (42,)
+
+            class DefaultSource(DataSource):
+                @classmethod
+                def name(cls):
+                    return "dfprobe"
+
+                def schema(self):
+                    return "x INT"
+
+                def reader(self, schema):
+                    return _Reader()
+            """
+        )
+    )
+    code = textwrap.dedent(
+        """
+        import deltaflow
+        spark = deltaflow.spark_session("local[1]")
+        print(spark.read.format("dfprobe").load().collect()[0].x)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["42"]
