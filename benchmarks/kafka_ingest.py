@@ -12,8 +12,8 @@ tansu broker, then lands that topic, in one process and on the same machine, wit
   while a backlog drains), ``--max-messages-per-batch`` (the CLI's default 500,000). Timed
   from calling ``ingest()`` (query start) until the table's per-partition txns cover every
   offset of the topic (polled every 0.2 s). The Spark session is created before
-  the clock starts (its start-up time is printed separately), with ``jit="quick"`` as
-  ``deltaflow ingest`` creates it for the Arrow engine (``--jit full`` for the JVM's default).
+  the clock starts (its start-up time is printed separately), with ``jvm="lean"`` as
+  ``deltaflow ingest`` creates it for the Arrow engine (``--jvm full`` for the JVM's defaults).
 
 Each round also prints the CPU-seconds per 1M messages of both (``cpu.py``: user + system of
 this process and its children; the reference's without the idle JVM, deltaflow's with the JVM
@@ -34,7 +34,7 @@ broken JSON: deltaflow writes them to a dead-letter table (checked: exactly the 
 reference drops them (re-parsing a block without the messages ``json`` cannot read).
 
     .venv/bin/python benchmarks/kafka_ingest.py [--messages 1000000] [--trigger 5] \
-        [--max-messages-per-batch 500000] [--rounds 2] [--spark-jobs] [--jit quick|full] \
+        [--max-messages-per-batch 500000] [--rounds 2] [--spark-jobs] [--jvm lean|full] \
         [--s3] [--bad-every N]
 """
 
@@ -291,8 +291,8 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--s3", action="store_true", help="all tables in S3 (a local moto server)")
     parser.add_argument(
-        "--jit", choices=["quick", "full"], default="quick",
-        help="spark_session(jit=...): quick is what `deltaflow ingest` takes for the Arrow engine",
+        "--jvm", choices=["lean", "full"], default="lean",
+        help="spark_session(jvm=...): lean is what `deltaflow ingest` takes for the Arrow engine",
     )  # fmt: skip
     parser.add_argument(
         "--spark-jobs", action="store_true", help="enable the Spark UI and print each round's Spark jobs"
@@ -330,8 +330,8 @@ def main() -> None:
                 ui_port = sock.getsockname()[1]
             conf = {"spark.ui.enabled": "true", "spark.ui.port": str(ui_port)}
         t0 = time.perf_counter()
-        spark = deltaflow.spark_session(jit=args.jit, **conf)
-        print(f"Spark session (jit={args.jit}) started in {time.perf_counter() - t0:.1f} s", flush=True)
+        spark = deltaflow.spark_session(jvm=args.jvm, **conf)
+        print(f"Spark session (jvm={args.jvm}) started in {time.perf_counter() - t0:.1f} s", flush=True)
         jvm = spark.sparkContext._gateway.proc.pid
         job = -1
         results = []

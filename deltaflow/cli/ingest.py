@@ -360,7 +360,7 @@ def ingest(
 
     # The Arrow engine's rows never enter the JVM: its quick compiler is enough (and cheaper).
     arrow = choose_engine(config) == "arrow"
-    spark = deltaflow.spark_session(spark_master, jit="quick" if arrow else "full")
+    spark = deltaflow.spark_session(spark_master, jvm="lean" if arrow else "full")
     from deltaflow.service.daemon import run_until_stopped
 
     try:

@@ -242,7 +242,7 @@ def run_kafka_demo(
         )
         engine = choose_engine(config)
         echo(f"  engine: {engine} (the rows stay in Arrow inside Spark's tasks)")
-        spark = deltaflow.spark_session(master, jit="quick" if engine == "arrow" else "full")
+        spark = deltaflow.spark_session(master, jvm="lean" if engine == "arrow" else "full")
         query = ingest(spark, config)
         query.awaitTermination()
         seconds = time.monotonic() - started

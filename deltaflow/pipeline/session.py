@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_MASTER",
-    "QUICK_JIT",
-    "Jit",
+    "LEAN_JVM",
+    "JvmProfile",
     "default_conf",
     "spark_defaults",
     "spark_session",
@@ -33,9 +33,10 @@ logger = logging.getLogger(__name__)
 
 #: The embedded default: every core of this machine, in one JVM.
 DEFAULT_MASTER = "local[*]"
-#: ``spark_session(jit=...)``: the JVM's full tiered compilation, or its quick compiler only.
-Jit = Literal["full", "quick"]
-QUICK_JIT = ("-XX:TieredStopAtLevel=1",)
+#: ``spark_session(jvm=...)``: the JVM's defaults, or its quick compiler only and the serial
+#: garbage collector (for a driver JVM that only plans and schedules).
+JvmProfile = Literal["full", "lean"]
+LEAN_JVM = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
 
 
 def default_conf(master: str) -> dict[str, str]:
@@ -61,7 +62,7 @@ def default_conf(master: str) -> dict[str, str]:
     }
 
 
-def spark_session(master: str | None = None, *, jit: Jit = "full", **conf: Any) -> SparkSession:
+def spark_session(master: str | None = None, *, jvm: JvmProfile = "full", **conf: Any) -> SparkSession:
     """Get or create a SparkSession for deltaflow, with the ``deltaflow`` format registered.
 
     A driver JVM this call starts maps a class-data sharing archive
@@ -69,11 +70,11 @@ def spark_session(master: str | None = None, *, jit: Jit = "full", **conf: Any) 
 
     Args:
         master: Any Spark master URL; defaults to ``$DELTAFLOW_SPARK_MASTER`` or ``local[*]``.
-        jit: ``full`` (the JVM's default) or ``quick``: only the JVM's quick compiler (C1). The
-            JVM then starts and warms up with about half the CPU, but rows that go through
-            Spark SQL move at about half the speed (BENCHMARKS.md). For runs whose rows stay in
-            Arrow (the Arrow ingest engine), where the JVM only plans and schedules. Applies
-            only to a JVM this call starts.
+        jvm: ``full`` (the JVM's defaults) or ``lean``: only the JVM's quick compiler (C1) and
+            the serial garbage collector. The JVM then starts and warms up with about half the
+            CPU, but rows that go through Spark SQL move at about half the speed
+            (BENCHMARKS.md). For runs whose rows stay in Arrow (the Arrow ingest engine), where
+            the JVM only plans and schedules. Applies only to a JVM this call starts.
         **conf: Spark settings (``**{"spark.executor.memory": "4g"}``); they win over the
             defaults of :func:`default_conf`.
 
@@ -110,7 +111,7 @@ def spark_session(master: str | None = None, *, jit: Jit = "full", **conf: Any) 
     # the process after a stop: DESIGN.md, "The driver JVM deltaflow starts").
     started_here = not submitted and SparkContext._gateway is None
     cache = class_cache(settings) if started_here else None
-    ours = [*(cache.java_options() if cache else ()), *(QUICK_JIT if started_here and jit == "quick" else ())]
+    ours = [*(cache.java_options() if cache else ()), *(LEAN_JVM if started_here and jvm == "lean" else ())]
     if ours:
         # First ours, then spark-defaults.conf's (a --conf would replace it), then the caller's:
         # the JVM takes the last of a repeated flag.

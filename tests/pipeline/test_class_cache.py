@@ -116,7 +116,7 @@ def test_tidying_drops_abandoned_partials_and_old_archives(tmp_path):
 _SESSION = """
 import sys
 import deltaflow
-spark = deltaflow.spark_session(jit=sys.argv[1])
+spark = deltaflow.spark_session(jvm=sys.argv[1])
 assert spark.range(1000).selectExpr("sum(id)").first()[0] == 499500
 # spark-defaults.conf's Java options reach the JVM beside deltaflow's.
 assert str(spark._jvm.java.lang.System.getProperty("deltaflow.test")) == sys.argv[2]
@@ -124,7 +124,7 @@ options = spark.sparkContext.getConf().get("spark.driver.extraJavaOptions")
 spark.stop()
 # pyspark keeps the JVM after a stop: a new session adds no JVM flags (they would not apply);
 # its conf shows the flags the JVM really has.
-again = deltaflow.spark_session(jit="quick" if sys.argv[1] == "full" else "full")
+again = deltaflow.spark_session(jvm="lean" if sys.argv[1] == "full" else "full")
 assert again.sparkContext.getConf().get("spark.driver.extraJavaOptions") == options, "flags claimed"
 print(options)
 """
@@ -138,9 +138,9 @@ def test_a_real_driver_jvm_writes_the_archive_and_the_next_one_maps_it(tmp_path)
     env.pop(ENV_VAR, None)
     folder = tmp_path / "deltaflow" / "jvm"
 
-    def run(jit: str = "full", prop: str = "None") -> str:
+    def run(jvm: str = "full", prop: str = "None") -> str:
         out = subprocess.run(
-            [sys.executable, "-c", _SESSION, jit, prop], env=env, capture_output=True, text=True, timeout=240
+            [sys.executable, "-c", _SESSION, jvm, prop], env=env, capture_output=True, text=True, timeout=240
         )
         assert out.returncode == 0, out.stderr[-3000:]
         return out.stdout.strip().splitlines()[-1]
@@ -149,13 +149,14 @@ def test_a_real_driver_jvm_writes_the_archive_and_the_next_one_maps_it(tmp_path)
     assert "-XX:ArchiveClassesAtExit=" in options and "TieredStopAtLevel" not in options
     (archive,) = folder.glob("*.jsa")
     assert archive.stat().st_size > 10_000_000 and not list(folder.glob("*.partial"))
-    options = run(jit="quick")  # and the quick compiler only: both are JVM flags deltaflow adds
-    assert f"-XX:SharedArchiveFile={archive}" in options and "-XX:TieredStopAtLevel=1" in options
+    options = run(jvm="lean")  # and the lean profile: all are JVM flags deltaflow adds
+    assert f"-XX:SharedArchiveFile={archive}" in options
+    assert "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC" in options
     assert list(folder.glob("*.jsa")) == [archive]
 
     # A spark-defaults.conf's Java options are kept beside deltaflow's. Its folder is on the
     # class path and not empty: the JVM would refuse to archive, so no archive is used.
     (conf / "spark-defaults.conf").write_text("spark.driver.extraJavaOptions -Ddeltaflow.test=kept\n")
-    options = run(jit="quick", prop="kept")
+    options = run(jvm="lean", prop="kept")
     assert "-Ddeltaflow.test=kept" in options and "-XX:TieredStopAtLevel=1" in options
     assert "Archive" not in options and not list(folder.glob("*.partial"))
