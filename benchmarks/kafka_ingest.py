@@ -45,7 +45,6 @@ import datetime as dt
 import io
 import json
 import os
-import platform
 import random
 import shutil
 import socket
@@ -56,6 +55,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.json as pajson
 from cpu import TreeCpu
+from machine import describe
 
 SCHEMA_DDL = (
     "id LONG, user_id LONG, session_id STRING, event_type STRING, page STRING, referrer STRING, "
@@ -369,10 +369,7 @@ def main() -> None:
             shutil.rmtree(ref_table, ignore_errors=True)
             shutil.rmtree(df_table, ignore_errors=True)
         print()
-        print(
-            f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-            f"Spark {spark.version}; {dt.date.today()}"
-        )
+        print(describe(f"Spark {spark.version}"))
         print(
             f"tables {'in S3 (moto)' if s3 else 'on local disk'}; "
             f"{f'every {args.bad_every}th message bad (dead letters); ' if args.bad_every else ''}"

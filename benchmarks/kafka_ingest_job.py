@@ -23,9 +23,7 @@ Python workers included; ``cpu.py``) and, for deltaflow, when each of its log li
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -36,6 +34,7 @@ from pathlib import Path
 
 from cpu import TreeCpu
 from kafka_ingest import PARTITIONS, SCHEMA_DDL, check_exactly_once, last_offsets, messages, run_reference
+from machine import describe
 
 HERE = Path(__file__).resolve().parent
 DELTAFLOW = Path(sys.executable).parent / "deltaflow"
@@ -132,10 +131,7 @@ def main() -> None:
         print()
         import pyspark
 
-        print(
-            f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-            f"Spark {pyspark.__version__}; {dt.date.today()}"
-        )
+        print(describe(f"Spark {pyspark.__version__}"))
         print(f"{total:,} messages, {PARTITIONS} partitions; exactly once: checked")
         for r, (ref_s, ref_cpu, df_s, df_cpu) in enumerate(results, 1):
             print(

@@ -33,7 +33,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import shutil
 import tempfile
 import threading
@@ -44,6 +43,7 @@ from urllib.parse import unquote
 import numpy as np
 import pyarrow.parquet as pq
 from kafka_ingest import PARTITIONS, SCHEMA_DDL, last_offsets, messages, stop_quietly
+from machine import describe
 
 LATENCY_SCHEMA = f"{SCHEMA_DDL}, produced_us LONG"
 BURST_EVERY_S = 0.01
@@ -267,10 +267,7 @@ def main() -> None:
         return f"{key} p50 {pct(values, 50):,.0f} / p95 {pct(values, 95):,.0f} / max {values.max():,.0f} ms"
 
     print()
-    print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
-        f"{dt.date.today()}; load average at the end {os.getloadavg()[0]:.2f}"
-    )
+    print(f"{describe()}; load average at the end {os.getloadavg()[0]:.2f}")
     print(
         f"produced {producer.count:,} messages in {duration:.1f} s: {producer.count / duration:,.0f} msgs/s "
         f"(target {args.rate:,}; worst burst {producer.max_behind_s * 1000:.0f} ms late); "

@@ -12,9 +12,6 @@ favour neither side.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
-import platform
 import shutil
 import tempfile
 import time
@@ -23,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from machine import describe
 
 
 def make_input(folder: Path, rows: int, files: int) -> None:
@@ -141,10 +139,7 @@ def main() -> None:
     batches = -(-args.files // args.files_per_batch)
     parquet_rate, delta_rate = args.rows / best["parquet"], args.rows / best["deltaflow"]
     print()
-    print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-        f"Spark {spark.version}, master {args.master}; {dt.date.today()}"
-    )
+    print(describe(f"Spark {spark.version}", f"master {args.master}"))
     print(
         f"input: {args.rows:,} rows x 10 columns, {args.files} {args.format} files, "
         f"{batches} micro-batches; best of {args.repeat}"

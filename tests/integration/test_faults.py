@@ -243,6 +243,47 @@ def test_lost_responses_with_kafka_offsets_and_dead_letters(spark, kafka, tmp_pa
         assert dlq.transaction_version(f"lossy-kafka-dlq-{topic}-{p}") == 99
 
 
+def test_schema_evolution_with_every_commit_response_lost(spark, kafka, tmp_path):
+    """Arrow engine, schema evolution, every commit's response lost after it landed (the
+    add-columns commit too): each is resolved by reading the log, the query restarts with
+    the new columns, and every message is in the table once with its new fields."""
+    import json
+
+    from deltaflow.service.daemon import run_until_stopped
+
+    topic = kafka.create_topic(partitions=2)
+    values = [json.dumps({"id": i, **({"tag": f"t{i}"} if i >= 10 else {})}).encode() for i in range(30)]
+    kafka.produce(topic, values, partitions=2)
+    config = IngestConfig(
+        topic=topic,
+        table_uri=str(tmp_path / "t"),
+        brokers=kafka.bootstrap,
+        pipeline_id="lossy-evolve",
+        value_schema="id LONG",
+        schema_evolution=True,
+        ends_at_latest_offsets=True,
+        max_messages_per_batch=10,
+        engine="arrow",
+        checkpoint_location=str(tmp_path / "cp"),
+    )
+    with lose_commit_responses(times=-1) as lost:
+        summary = run_until_stopped(lambda: ingest(spark, config), name="lossy-evolve", poll_s=1)
+    assert any("adding column(s) ['tag']" in w for w in lost.lost), lost.lost
+    assert any("lossy-evolve'" in w for w in lost.lost)
+    assert summary.signal is None
+
+    table = _assert_sound(str(tmp_path / "t"), {})
+    assert table.schema().to_arrow().names == ["id", "tag"]
+    rows = sorted(table.to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
+    assert [r["id"] for r in rows] == list(range(30))
+    assert [r["tag"] for r in rows] == [None] * 10 + [f"t{i}" for i in range(10, 30)]
+    for p in range(2):
+        assert table.transaction_version(f"lossy-evolve-{topic}-{p}") == 14
+    # The batch that met the new field wrote files and deleted them uncommitted: none is left.
+    on_disk = {str(p) for p in (tmp_path / "t").rglob("*.parquet")}
+    assert on_disk == {str(Path(uri.removeprefix("file://"))) for uri in table.file_uris()}
+
+
 def test_lost_responses_of_arrow_ingest_on_s3(kafka, s3, proxy, tmp_path):
     """``deltaflow ingest`` on the Arrow engine into S3, every Delta log PUT answered with 500
     after it landed: its tasks write both tables' files through the proxy, its driver commits
