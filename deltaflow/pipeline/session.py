@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -111,12 +112,15 @@ def spark_session(master: str | None = None, *, jvm: JvmProfile = "full", **conf
     # the process after a stop: DESIGN.md, "The driver JVM deltaflow starts").
     started_here = not submitted and SparkContext._gateway is None
     cache = class_cache(settings) if started_here else None
-    ours = [*(cache.java_options() if cache else ()), *(LEAN_JVM if started_here and jvm == "lean" else ())]
+    # spark-defaults.conf's options (a --conf would replace them), then the caller's.
+    options = [spark_defaults().get("spark.driver.extraJavaOptions", "")]
+    options.append(settings.get("spark.driver.extraJavaOptions", ""))
+    ours = [
+        *(cache.java_options() if cache else ()),
+        *(_lean(options) if started_here and jvm == "lean" else ()),
+    ]
     if ours:
-        # First ours, then spark-defaults.conf's (a --conf would replace it), then the caller's:
-        # the JVM takes the last of a repeated flag.
-        options = [spark_defaults().get("spark.driver.extraJavaOptions", "")]
-        options.append(settings.get("spark.driver.extraJavaOptions", ""))
+        # Ours first: the JVM takes the last of a repeated flag.
         settings["spark.driver.extraJavaOptions"] = " ".join([*ours, *filter(None, options)])
     builder = SparkSession.builder.appName(settings.pop("spark.app.name", "deltaflow"))
     if master is not None:
@@ -134,6 +138,20 @@ def spark_session(master: str | None = None, *, jvm: JvmProfile = "full", **conf
     register(spark)
     logger.info("Spark %s session on %s", spark.version, spark.sparkContext.master)
     return spark
+
+
+#: A JVM option choosing a garbage collector: the JVM refuses to start with two different ones.
+_GC_CHOICE = re.compile(r"-XX:\+Use\w*GC\b")
+#: Environment variables whose Java options the driver JVM also takes.
+_JAVA_OPTION_VARIABLES = ("SPARK_SUBMIT_OPTS", "JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS")
+
+
+def _lean(options: Sequence[str]) -> tuple[str, ...]:
+    """:data:`LEAN_JVM`, without its collector when the user's options choose one."""
+    chosen = [*options, *(os.environ.get(name, "") for name in _JAVA_OPTION_VARIABLES)]
+    if any(_GC_CHOICE.search(text) for text in chosen):
+        return tuple(flag for flag in LEAN_JVM if not _GC_CHOICE.search(flag))
+    return LEAN_JVM
 
 
 def skip_static_source_lookup(spark: SparkSession) -> bool:

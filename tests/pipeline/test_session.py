@@ -124,3 +124,16 @@ def test_a_pip_installed_static_data_source_is_still_found(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["42"]
+
+
+def test_the_lean_jvm_leaves_a_collector_the_user_chose(monkeypatch):
+    """Two different collectors stop the JVM from starting: the user's choice wins."""
+    from deltaflow.pipeline.session import LEAN_JVM, _lean
+
+    for name in ("SPARK_SUBMIT_OPTS", "JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS"):
+        monkeypatch.delenv(name, raising=False)
+    assert _lean(["", "-Dx=1"]) == LEAN_JVM == ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
+    assert _lean(["-XX:+UseG1GC -Xlog:gc", ""]) == ("-XX:TieredStopAtLevel=1",)
+    assert _lean(["", "-XX:+UseParallelGC"]) == ("-XX:TieredStopAtLevel=1",)
+    monkeypatch.setenv("SPARK_SUBMIT_OPTS", "-XX:+UseZGC")
+    assert _lean(["", ""]) == ("-XX:TieredStopAtLevel=1",)
