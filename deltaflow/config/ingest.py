@@ -19,13 +19,12 @@ from deltaflow.errors import ConfigError
 
 __all__ = ["IngestConfig"]
 
-#: Sink options ingest sets itself (progress, schema handling, who writes, the claim).
+#: Sink options ingest sets itself (progress, who writes, the claim; append only).
 _INGEST_OWNED = frozenset(
     {
         "table_uri",
         "pipeline_id",
         "kafka_offsets",
-        "schema_mode",
         "write_path",
         "checkpoint_location",
         "txn_version",

@@ -385,6 +385,11 @@ class PipelineSpec(_Model):
                 f"engine arrow cannot run this pipeline: it uses {'; '.join(self.arrow_blockers())} "
                 "(use engine: spark, or auto, which picks Spark for it)"
             )
+        elif self.engine != "spark" and not self.arrow_blockers():
+            try:
+                self.ingest_config()
+            except ConfigError as exc:
+                problems.append(f"engine {self.engine}: {exc}")
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -413,6 +418,10 @@ class PipelineSpec(_Model):
             reasons.append("routing to several sinks or a sink's when (Spark SQL)")
         if self.sinks[0].write_mode != "append":
             reasons.append(f"write_mode {self.sinks[0].write_mode} (the Arrow engine appends)")
+        if self.dead_letter is not None and self.dead_letter.partition_columns:
+            reasons.append(
+                "dead_letter partition_columns (the Arrow engine's dead letters have ingest's columns)"
+            )
         return reasons
 
     def ingest_config(self, *, available_now: bool = False) -> IngestConfig:
@@ -431,9 +440,11 @@ class PipelineSpec(_Model):
         assert isinstance(src, KafkaSourceSpec)
         sink = self.sinks[0]
         topic = src.topics[0]
-        # Ingest owns the progress, schema handling and writer; append is the only mode here.
-        owned = {"table_uri", "schema_mode", "write_path", "write_mode"}
+        # Ingest owns the progress and the writer; append is the only mode here (op_column is
+        # for merges). The schema mode is the sink's, default included.
+        owned = {"table_uri", "write_path", "write_mode", "op_column", "writer_epoch"}
         table = sink.model_dump(exclude={"name", "connector", "when", *owned}, exclude_defaults=True)
+        table["schema_mode"] = sink.schema_mode
         values: dict[str, Any] = {
             "topic": topic,
             "table_uri": sink.table_uri,
@@ -448,9 +459,13 @@ class PipelineSpec(_Model):
             "avro_schema": src.avro_schema,
             "decompress_gzip": src.decompress_gzip,
             "ends_at_latest_offsets": available_now,
-            "checkpoint_location": self.checkpoint_location,
+            "checkpoint_location": normalize_uri(self.checkpoint_location)
+            if self.checkpoint_location
+            else None,
             "kafka_settings": src.kafka_settings,
-            "engine": "arrow",
+            # auto: ingest's own fallback to its Spark engine (same progress and layout) when
+            # the Arrow engine refuses a transform on the messages' schema.
+            "engine": self.engine if self.engine != "spark" else "arrow",
             "table_options": table,
         }
         if isinstance(src.starting_offsets, dict):
@@ -459,7 +474,9 @@ class PipelineSpec(_Model):
             values["auto_offset_reset"] = src.starting_offsets
         if self.dead_letter is not None:
             values["dlq_table_location"] = self.dead_letter.table_uri
-            values["dlq_table_options"] = self.dead_letter.model_dump(exclude=owned, exclude_defaults=True)
+            dlq = self.dead_letter.model_dump(exclude=owned, exclude_defaults=True)
+            dlq["schema_mode"] = self.dead_letter.schema_mode
+            values["dlq_table_options"] = dlq
         return IngestConfig.build(**values)
 
 

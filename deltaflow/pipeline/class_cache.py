@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -108,6 +109,11 @@ def class_cache(settings: Mapping[str, str], *, cache_dir: Path | None = None) -
     options = settings.get("spark.driver.extraJavaOptions", "")
     if any(flag in options for flag in ("SharedArchiveFile", "ArchiveClassesAtExit", "-Xshare")):
         return None
+    if _without_compressed_oops(settings):
+        # An archive written with compressed object pointers is refused by a JVM without them
+        # (ZGC, a heap of 32 GiB or more), and a refused archive starts slower than none.
+        logger.info("no JVM class archive: the driver JVM runs without compressed object pointers")
+        return None
     key = _key(settings)
     if key is None:
         return None
@@ -128,6 +134,26 @@ def class_cache(settings: Mapping[str, str], *, cache_dir: Path | None = None) -
         logger.info("no JVM class archive: Spark splits Java options at blanks, and %s has one", folder)
         return None
     return ClassCache(archive, writes=not archive.exists())
+
+
+#: Java options and variables that make a driver JVM run without compressed object pointers.
+_NO_COMPRESSED_OOPS = re.compile(r"-XX:\+UseZGC\b|-XX:-UseCompressedOops\b")
+_JAVA_OPTION_VARIABLES = ("SPARK_SUBMIT_OPTS", "JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS")
+_UNITS = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
+
+
+def _without_compressed_oops(settings: Mapping[str, str]) -> bool:
+    texts = [
+        settings.get("spark.driver.extraJavaOptions", ""),
+        settings.get("spark.driver.defaultJavaOptions", ""),
+    ]
+    texts += [os.environ.get(name, "") for name in _JAVA_OPTION_VARIABLES]
+    if any(_NO_COMPRESSED_OOPS.search(text) for text in texts):
+        return True
+    memory = re.fullmatch(r"\s*(\d+)\s*([kmgt])?b?\s*", settings.get("spark.driver.memory", "").lower())
+    if memory is None:
+        return False
+    return int(memory[1]) * _UNITS[memory[2] or "m"] >= 32 * 1024  # MiB
 
 
 def _key(settings: Mapping[str, str]) -> str | None:

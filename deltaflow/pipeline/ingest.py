@@ -62,7 +62,9 @@ def _value_schema(spark: SparkSession, config: IngestConfig) -> StructType:
 
     from deltaflow.delta import log as delta_log
 
-    table = delta_log.load(normalize_uri(config.table_uri), {})
+    table = delta_log.load(
+        normalize_uri(config.table_uri), dict(config.table_options.get("storage_options") or {})
+    )
     table_fields: list[Any] = []
     if table is not None:
         import pyarrow as pa
@@ -152,6 +154,9 @@ def source_options(spark: SparkSession, config: IngestConfig) -> dict[str, str]:
         "delta_table_uri": normalize_uri(config.table_uri),
         "pipeline_id": config.pipeline_id,
     }
+    storage = config.table_options.get("storage_options")
+    if storage:  # the source reads the table's progress with them
+        options["delta_storage_options"] = json.dumps(dict(storage))
     settings = dict(config.kafka_conf)
     if config.consumer_group:
         settings["group.id"] = config.consumer_group

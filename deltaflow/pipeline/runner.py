@@ -405,21 +405,29 @@ def _batch_progress(spec: PipelineSpec) -> str | None:
 
 
 def _partition_progress(spec: PipelineSpec) -> str | None:
-    """The first sink's table when it holds Arrow-engine progress (a txn per Kafka partition)."""
+    """A table of the pipeline (any sink, or the dead-letter table) holding Arrow-engine progress:
+    a txn per Kafka partition of its topics."""
     from deltaflow.delta import log as delta_log
     from deltaflow.delta.progress import kafka_progress, transaction_version
     from deltaflow.sources.kafka import KafkaSourceOptions, topic_partitions
 
     src = spec.source
-    if not isinstance(src, KafkaSourceSpec) or not src.topics:
-        return None  # the Arrow engine reads one named topic
-    sink = spec.sinks[0]
-    uri = normalize_uri(sink.table_uri)
-    table = delta_log.load(uri, sink.storage_options)
-    if table is None or transaction_version(table, spec.pipeline_id) is not None:
-        return None  # no table, or the Spark engine's progress
+    if not isinstance(src, KafkaSourceSpec):
+        return None
+    tables = [(sink.table_uri, sink.storage_options, spec.pipeline_id) for sink in spec.sinks]
+    if spec.dead_letter is not None:
+        dead = spec.dead_letter
+        tables.append((dead.table_uri, dead.storage_options, f"{spec.pipeline_id}-dlq"))
+    candidates = []
+    for uri, storage, app_id in tables:
+        table = delta_log.load(normalize_uri(uri), storage)
+        # No table, or one holding the Spark engine's progress: nothing of the Arrow engine.
+        if table is not None and transaction_version(table, spec.pipeline_id) is None:
+            candidates.append((normalize_uri(uri), table, app_id))
+    if not candidates:
+        return None
     layout = topic_partitions(KafkaSourceOptions.from_spark_options(_kafka_options(src)))
-    return uri if kafka_progress(table, spec.pipeline_id, layout) else None
+    return next((uri for uri, table, app_id in candidates if kafka_progress(table, app_id, layout)), None)
 
 
 def start_pipeline(
@@ -436,13 +444,11 @@ def start_pipeline(
     from deltaflow.pipeline.api import _claim, _prepare_table
 
     engine = choose_engine(spec)
-    if on_engine is not None:
-        on_engine(engine)
     if engine == "arrow":
         from deltaflow.pipeline.ingest import ingest
 
-        logger.info("pipeline %r runs on the Arrow engine (plain Kafka ingest)", spec.pipeline_id)
-        return ingest(spark, spec.ingest_config(available_now=available_now))
+        logger.info("pipeline %r runs as plain Kafka ingest (the Arrow engine)", spec.pipeline_id)
+        return ingest(spark, spec.ingest_config(available_now=available_now), on_engine=on_engine)
     location = checkpoint_location(spec)
     source = read_source(spark, spec, location)
     good = source.drop(_ERROR, _RAW) if isinstance(spec.source, KafkaSourceSpec) else source
@@ -473,6 +479,8 @@ def start_pipeline(
     # Every table this pipeline writes: an earlier process running it can no longer commit.
     sinks = [_Sink(s.name, _claim(s.options), s.when) for s in sinks]
     writer = PipelineWriter(spec, sinks, dead_letter)
+    if on_engine is not None:
+        on_engine("spark")
     stream = (
         source.writeStream.foreachBatch(writer)
         .option("checkpointLocation", location)

@@ -10,7 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -98,8 +98,10 @@ def spark_session(master: str | None = None, *, jvm: JvmProfile = "full", **conf
     # Some Python workers (data source planning and commits) read the interpreter from the
     # JVM's environment rather than from spark.pyspark.python.
     local = (master or "").startswith("local")
+    interpreters = {sys.executable}
     if "PYSPARK_PYTHON" not in os.environ and local and not submitted and "spark.pyspark.python" not in conf:
         os.environ["PYSPARK_PYTHON"] = worker_python(sys.executable)
+        interpreters.add(os.environ["PYSPARK_PYTHON"])
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     settings = default_conf(master or "")
     if submitted:  # spark-submit's own settings (executor Python, memory) are the user's
@@ -113,11 +115,19 @@ def spark_session(master: str | None = None, *, jvm: JvmProfile = "full", **conf
     started_here = not submitted and SparkContext._gateway is None
     cache = class_cache(settings) if started_here else None
     # spark-defaults.conf's options (a --conf would replace them), then the caller's.
-    options = [spark_defaults().get("spark.driver.extraJavaOptions", "")]
-    options.append(settings.get("spark.driver.extraJavaOptions", ""))
+    defaults = spark_defaults()
+    options = [
+        defaults.get("spark.driver.extraJavaOptions", ""),
+        settings.get("spark.driver.extraJavaOptions", ""),
+    ]
+    # Spark puts spark.driver.defaultJavaOptions on the same command line.
+    others = [
+        defaults.get("spark.driver.defaultJavaOptions", ""),
+        settings.get("spark.driver.defaultJavaOptions", ""),
+    ]
     ours = [
         *(cache.java_options() if cache else ()),
-        *(_lean(options) if started_here and jvm == "lean" else ()),
+        *(_lean([*options, *others]) if started_here and jvm == "lean" else ()),
     ]
     if ours:
         # Ours first: the JVM takes the last of a repeated flag.
@@ -132,7 +142,7 @@ def spark_session(master: str | None = None, *, jvm: JvmProfile = "full", **conf
         atexit.register(cache.finish, getattr(spark.sparkContext._gateway, "proc", None))
     spark.sparkContext.setLogLevel(os.environ.get("DELTAFLOW_SPARK_LOG_LEVEL", "WARN"))
     if started_here:
-        skip_static_source_lookup(spark)
+        skip_static_source_lookup(spark, interpreters)
     from deltaflow.pipeline.api import register
 
     register(spark)
@@ -147,33 +157,37 @@ _JAVA_OPTION_VARIABLES = ("SPARK_SUBMIT_OPTS", "JAVA_TOOL_OPTIONS", "JDK_JAVA_OP
 
 
 def _lean(options: Sequence[str]) -> tuple[str, ...]:
-    """:data:`LEAN_JVM`, without its collector when the user's options choose one."""
+    """:data:`LEAN_JVM`, without its collector when the user's options choose one (or may: a
+    ``PYSPARK_SUBMIT_ARGS`` can name another properties file than the one read here)."""
     chosen = [*options, *(os.environ.get(name, "") for name in _JAVA_OPTION_VARIABLES)]
-    if any(_GC_CHOICE.search(text) for text in chosen):
+    if os.environ.get("PYSPARK_SUBMIT_ARGS") or any(_GC_CHOICE.search(text) for text in chosen):
         return tuple(flag for flag in LEAN_JVM if not _GC_CHOICE.search(flag))
     return LEAN_JVM
 
 
-def skip_static_source_lookup(spark: SparkSession) -> bool:
+def skip_static_source_lookup(spark: SparkSession, interpreters: Collection[str]) -> bool:
     """Spare Spark its search for pip-installed Python data sources when there is none.
 
     The first time a session touches a Python data source, Spark starts a Python process that
     imports every top-level module named ``pyspark_*`` on its path and registers their
     ``DefaultSource`` (measured: 1.4 s of every deltaflow start, and over a CPU-second). When
-    this interpreter finds no such module and Spark would run this very interpreter for the
-    search, the result is known to be empty: it is handed to Spark's ``DataSourceManager``
-    instead. Anything else (another interpreter, such a module present, a Spark without that
-    field) leaves Spark to search as usual. Returns whether the search was spared.
+    this interpreter finds no such module and Spark would run one of ``interpreters`` (this
+    one, or the wrapper :func:`worker_python` made of it) for the search, the result is known to
+    be empty: it is handed to Spark's ``DataSourceManager`` instead. Anything else (another
+    interpreter or virtual environment, such a module present, a Spark without that field)
+    leaves Spark to search as usual. Returns whether the search was spared.
     """
     from pkgutil import iter_modules
 
-    # The interpreter Spark starts for the search, from the environment the JVM inherited.
+    # The interpreter Spark starts for the search, from the environment the JVM inherited. Paths
+    # are compared as given: a virtual environment's python links to its base interpreter,
+    # whose modules differ.
     python = os.environ.get("PYSPARK_DRIVER_PYTHON") or os.environ.get("PYSPARK_PYTHON") or "python3"
     found = shutil.which(python)
-    ours = {os.path.realpath(sys.executable), os.path.realpath(worker_python(sys.executable))}
-    if found is None or os.path.realpath(found) not in ours:
+    if found is None or os.path.abspath(found) not in {os.path.abspath(p) for p in interpreters}:
         return False
-    if any(module.name.startswith("pyspark_") for module in iter_modules()):
+    # Spark's search runs ``python -m``: the working directory is first on its path.
+    if any(module.name.startswith("pyspark_") for module in iter_modules([os.getcwd(), *sys.path])):
         return False
     try:
         jvm = spark._jvm

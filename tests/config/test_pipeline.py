@@ -239,6 +239,7 @@ def test_a_plain_kafka_pipeline_becomes_ingest_on_the_arrow_engine(tmp_path):
     )
     assert dict(main.table_properties) == {"delta.appendOnly": "true"}
     assert (main.kafka_offsets, main.pipeline_id) == (True, "k")  # progress per partition
+    assert main.schema_mode == "strict"  # the sink's, as on the Spark engine
     dlq = config.dlq_options("/ckpt")
     assert dlq is not None
     assert (dlq.table_uri, dlq.compression, dlq.pipeline_id) == ("/lake/dlq", "zstd", "k-dlq")
@@ -283,3 +284,16 @@ def test_engine_arrow_refuses_other_sources_sql_transforms_and_routing(tmp_path)
 
 
 KAFKA_SOURCE = 'source: {type: kafka, bootstrap_servers: "b:9092", topic_pattern: "o.*", schema: "id BIGINT"}'
+
+
+def test_engine_auto_keeps_ingests_own_fallback_and_paths_are_normalised(tmp_path):
+    extra = "checkpoint_location: ~/ckpt/k"
+    (spec,) = load_pipelines(_write(tmp_path, KAFKA.format(engine="auto", extra=extra))).pipelines
+    config = spec.ingest_config()
+    assert config.engine == "auto"  # a transform Arrow refuses on the messages' schema: Spark
+    assert config.checkpoint_location is not None and "~" not in config.checkpoint_location
+    text = KAFKA.format(engine="arrow", extra="").replace(
+        "auto_compact: false", "auto_compact: false, op_column: kind"
+    )
+    (spec,) = load_pipelines(_write(tmp_path, text)).pipelines  # a merge-only key is not refused
+    assert spec.ingest_config().sink_options(None).op_column == "op"

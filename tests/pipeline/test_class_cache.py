@@ -160,3 +160,19 @@ def test_a_real_driver_jvm_writes_the_archive_and_the_next_one_maps_it(tmp_path)
     options = run(jvm="lean", prop="kept")
     assert "-Ddeltaflow.test=kept" in options and "-XX:TieredStopAtLevel=1" in options
     assert "Archive" not in options and not list(folder.glob("*.partial"))
+
+
+def test_no_archive_for_a_jvm_without_compressed_object_pointers(tmp_path, monkeypatch):
+    """Such a JVM refuses an archive written with them (and starts slower than without one)."""
+    for name in ("SPARK_SUBMIT_OPTS", "JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS", ENV_VAR):
+        monkeypatch.delenv(name, raising=False)
+    assert class_cache({"spark.driver.memory": "2g"}, cache_dir=tmp_path) is not None
+    for settings in (
+        {"spark.driver.memory": "32g"},
+        {"spark.driver.memory": "40000m"},
+        {"spark.driver.extraJavaOptions": "-XX:+UseZGC"},
+        {"spark.driver.defaultJavaOptions": "-XX:-UseCompressedOops"},
+    ):
+        assert class_cache(settings, cache_dir=tmp_path) is None, settings
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", "-XX:+UseZGC")
+    assert class_cache({}, cache_dir=tmp_path) is None

@@ -233,7 +233,20 @@ def test_kafka_pipeline_on_the_arrow_engine(spark, kafka, tmp_path):
     refused = r"holds its progress per Kafka partition, written by the Arrow engine"
     with pytest.raises(ConfigError, match=refused):
         run_pipelines(spark, specs("spark"), available_now=True)
-    assert DeltaTable(str(tmp_path / "t")).version() == version
+    # Also when its table is no longer the first sink (auto must take Spark for two sinks).
+    routed = KAFKA_PIPELINE.replace(
+        'sinks: [{table_uri: "${DIR}/t", partition_columns: [part]}]',
+        'sinks: [{table_uri: "${DIR}/new", when: "id > 100"},'
+        ' {table_uri: "${DIR}/t", partition_columns: [part]}]',
+    )
+    assert routed != KAFKA_PIPELINE
+    with pytest.raises(ConfigError, match=refused):
+        run_pipelines(
+            spark,
+            _pipelines(tmp_path, routed, BROKER=kafka.bootstrap, TOPIC=topic, ENGINE="auto"),
+            available_now=True,
+        )
+    assert DeltaTable(str(tmp_path / "t")).version() == version and not (tmp_path / "new").exists()
     kafka.produce(topic, _kafka_values(30, 10, {}), partitions=2)
     run_pipelines(spark, specs("auto"), available_now=True)
     assert board.snapshot()["pipelines"][-1]["engine"] == "arrow"
