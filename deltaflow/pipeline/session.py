@@ -98,10 +98,8 @@ def spark_session(master: str | None = None, *, jvm: JvmProfile = "full", **conf
     # Some Python workers (data source planning and commits) read the interpreter from the
     # JVM's environment rather than from spark.pyspark.python.
     local = (master or "").startswith("local")
-    interpreters = {sys.executable}
     if "PYSPARK_PYTHON" not in os.environ and local and not submitted and "spark.pyspark.python" not in conf:
         os.environ["PYSPARK_PYTHON"] = worker_python(sys.executable)
-        interpreters.add(os.environ["PYSPARK_PYTHON"])
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     settings = default_conf(master or "")
     if submitted:  # spark-submit's own settings (executor Python, memory) are the user's
@@ -142,7 +140,9 @@ def spark_session(master: str | None = None, *, jvm: JvmProfile = "full", **conf
         atexit.register(cache.finish, getattr(spark.sparkContext._gateway, "proc", None))
     spark.sparkContext.setLogLevel(os.environ.get("DELTAFLOW_SPARK_LOG_LEVEL", "WARN"))
     if started_here:
-        skip_static_source_lookup(spark, interpreters)
+        # This interpreter, or the wrapper of it (also when a parent process chose it).
+        wrapper = _wrapper_or_none(sys.executable)
+        skip_static_source_lookup(spark, {sys.executable, *([str(wrapper)] if wrapper else [])})
     from deltaflow.pipeline.api import register
 
     register(spark)
@@ -241,6 +241,35 @@ exec "{python}" "$@"
 """
 
 
+def _wrapper_or_none(executable: str) -> Path | None:
+    try:
+        wrapper = _wrapper(executable)
+    except (OSError, ImportError, ValueError):
+        return None
+    return wrapper[0] if wrapper else None
+
+
+def _wrapper(executable: str) -> tuple[Path, str] | None:
+    """Where :func:`worker_python`'s script for ``executable`` lives and what it says (None: no
+    wrapper is safe here). Nothing is written or run."""
+    import py4j
+    import pyspark
+    from pyspark.find_spark_home import _find_spark_home
+
+    package = Path(pyspark.__file__).parent
+    home = Path(_find_spark_home())
+    lib = home / "python" / "lib"
+    archives = sorted(lib.glob("py4j-*-src.zip"))
+    if home.resolve() != package.resolve() or len(archives) != 1 or ".zip" in str(py4j.__file__):
+        return None
+    prefix = f"{lib / 'pyspark.zip'}:{archives[0]}"
+    if any(c in prefix + executable for c in '"$`\\\n'):
+        return None
+    text = _WORKER_SCRIPT.format(prefix=prefix, python=executable)
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "deltaflow"
+    return cache / f"python-worker-{hashlib.sha256(text.encode()).hexdigest()[:16]}.sh", text
+
+
 def worker_python(executable: str) -> str:
     """The interpreter to give Spark's local Python workers: ``executable`` behind a wrapper.
 
@@ -257,22 +286,11 @@ def worker_python(executable: str) -> str:
     shell quoting, or the script cannot be written or run.
     """
     try:
-        import py4j
-        import pyspark
-        from pyspark.find_spark_home import _find_spark_home
-
-        package = Path(pyspark.__file__).parent
-        home = Path(_find_spark_home())
-        lib = home / "python" / "lib"
-        archives = sorted(lib.glob("py4j-*-src.zip"))
-        if home.resolve() != package.resolve() or len(archives) != 1 or ".zip" in str(py4j.__file__):
+        wrapper = _wrapper(executable)
+        if wrapper is None:
             return executable
-        prefix = f"{lib / 'pyspark.zip'}:{archives[0]}"
-        if any(c in prefix + executable for c in '"$`\\\n'):
-            return executable
-        text = _WORKER_SCRIPT.format(prefix=prefix, python=executable)
-        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "deltaflow"
-        script = cache / f"python-worker-{hashlib.sha256(text.encode()).hexdigest()[:16]}.sh"
+        script, text = wrapper
+        cache = script.parent
         if not script.exists():
             cache.mkdir(parents=True, exist_ok=True)
             partial = script.with_suffix(f".{os.getpid()}.tmp")

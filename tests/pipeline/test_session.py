@@ -137,3 +137,56 @@ def test_the_lean_jvm_leaves_a_collector_the_user_chose(monkeypatch):
     assert _lean(["", "-XX:+UseParallelGC"]) == ("-XX:TieredStopAtLevel=1",)
     monkeypatch.setenv("SPARK_SUBMIT_OPTS", "-XX:+UseZGC")
     assert _lean(["", ""]) == ("-XX:TieredStopAtLevel=1",)
+
+
+class _Manager:
+    def __init__(self) -> None:
+        self.set_to = None
+
+    def dataSourceBuilders(self):  # noqa: N802 - Spark's name
+        return type("Option", (), {"isDefined": lambda _self: False})()
+
+
+def _fake_spark(manager: _Manager):
+    """Just enough of py4j's view of Spark's ``DataSourceManager`` for the decision."""
+    from types import SimpleNamespace
+
+    manager_class = SimpleNamespace(**{"MODULE$": manager})
+    datasources = SimpleNamespace(**{"DataSourceManager$": manager_class})
+    setattr(manager, "dataSourceBuilders_$eq", lambda value: setattr(manager, "set_to", value))
+    empty_map = SimpleNamespace(**{"MODULE$": SimpleNamespace(empty=lambda: "Map()")})
+    immutable = SimpleNamespace(**{"Map$": empty_map})
+    sql = SimpleNamespace(execution=SimpleNamespace(datasources=datasources))
+    jvm = SimpleNamespace(
+        org=SimpleNamespace(apache=SimpleNamespace(spark=SimpleNamespace(sql=sql))),
+        scala=SimpleNamespace(
+            Some=lambda value: ("Some", value), collection=SimpleNamespace(immutable=immutable)
+        ),
+    )
+    return SimpleNamespace(_jvm=jvm)
+
+
+def test_the_search_is_spared_only_for_this_interpreter_or_its_wrapper(tmp_path, monkeypatch):
+    from deltaflow.pipeline.session import _wrapper, skip_static_source_lookup
+
+    monkeypatch.delenv("PYSPARK_DRIVER_PYTHON", raising=False)
+    monkeypatch.chdir(tmp_path)
+    wrapper = _wrapper(sys.executable)
+    ours = {sys.executable, *([str(wrapper[0])] if wrapper else [])}
+    for python in sorted(ours):
+        if not os.access(python, os.X_OK):
+            continue  # the wrapper is written at the first session start
+        monkeypatch.setenv("PYSPARK_PYTHON", python)
+        manager = _Manager()
+        assert skip_static_source_lookup(_fake_spark(manager), ours)
+        assert manager.set_to == ("Some", "Map()")
+    # Another interpreter (the virtual environment's base one): Spark searches itself.
+    base = os.path.realpath(sys.executable)
+    assert base != sys.executable  # the suite runs in a virtual environment
+    monkeypatch.setenv("PYSPARK_PYTHON", base)
+    assert not skip_static_source_lookup(_fake_spark(_Manager()), ours)
+    # A pyspark_* module in the working directory: Spark would find it.
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+    (tmp_path / "pyspark_here.py").write_text("")
+    manager = _Manager()
+    assert not skip_static_source_lookup(_fake_spark(manager), ours) and manager.set_to is None
