@@ -12,8 +12,9 @@ tansu broker, then lands that topic, in one process and on the same machine, wit
   while a backlog drains), ``--max-messages-per-batch`` (the CLI's default 500,000). Timed
   from calling ``ingest()`` (query start) until the table's per-partition txns cover every
   offset of the topic (polled every 0.2 s). The Spark session is created before
-  the clock starts (its start-up time is printed separately), with ``jvm="lean"`` as
-  ``deltaflow ingest`` creates it for the Arrow engine (``--jvm full`` for the JVM's defaults).
+  the clock starts (its start-up time is printed separately), with ``jvm="quick"`` as
+  a long-running ``deltaflow ingest`` creates it for the Arrow engine (``--jvm full`` for the
+  JVM's defaults).
 
 Each round also prints the CPU-seconds per 1M messages of both (``cpu.py``: user + system of
 this process and its children; the reference's without the idle JVM, deltaflow's with the JVM
@@ -34,7 +35,7 @@ broken JSON: deltaflow writes them to a dead-letter table (checked: exactly the 
 reference drops them (re-parsing a block without the messages ``json`` cannot read).
 
     .venv/bin/python benchmarks/kafka_ingest.py [--messages 1000000] [--trigger 5] \
-        [--max-messages-per-batch 500000] [--rounds 2] [--spark-jobs] [--jvm lean|full] \
+        [--max-messages-per-batch 500000] [--rounds 2] [--spark-jobs] [--jvm quick|lean|full] \
         [--s3] [--bad-every N]
 """
 
@@ -291,8 +292,8 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--s3", action="store_true", help="all tables in S3 (a local moto server)")
     parser.add_argument(
-        "--jvm", choices=["lean", "full"], default="lean",
-        help="spark_session(jvm=...): lean is what `deltaflow ingest` takes for the Arrow engine",
+        "--jvm", choices=["quick", "lean", "full"], default="quick",
+        help="spark_session(jvm=...): quick is what a long-running Arrow-engine `deltaflow ingest` takes",
     )  # fmt: skip
     parser.add_argument(
         "--spark-jobs", action="store_true", help="enable the Spark UI and print each round's Spark jobs"

@@ -169,7 +169,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds of produce left out")
     parser.add_argument("--trigger", type=float, default=1.0, help="allowed_latency (trigger), seconds")
     parser.add_argument("--max-messages-per-batch", type=int, default=500_000)
-    parser.add_argument("--jvm", choices=["lean", "full"], default="lean", help="spark_session(jvm=...)")
+    parser.add_argument(
+        "--jvm", choices=["quick", "lean", "full"], default="quick", help="spark_session(jvm=...)"
+    )
     args = parser.parse_args()
 
     import deltaflow
@@ -183,7 +185,7 @@ def main() -> None:
     spark = None
     try:
         topic = broker.create_topic(partitions=PARTITIONS)
-        spark = deltaflow.spark_session(jvm=args.jvm)  # as `deltaflow ingest` on the Arrow engine
+        spark = deltaflow.spark_session(jvm=args.jvm)  # as a long-running `deltaflow ingest` on Arrow
         config = IngestConfig(
             topic=topic, table_uri=str(table), brokers=broker.bootstrap, pipeline_id=APP_ID,
             allowed_latency=args.trigger, max_messages_per_batch=args.max_messages_per_batch,

@@ -360,7 +360,9 @@ def ingest(
 
     # The Arrow engine's rows never enter the JVM: its quick compiler is enough (and cheaper).
     arrow = choose_engine(config) == "arrow"
-    spark = deltaflow.spark_session(spark_master, jvm="lean" if arrow else "full")
+    # A job (--ends-at-latest-offsets) also takes the serial collector: less CPU at start.
+    job = ends_at_latest_offsets
+    spark = deltaflow.spark_session(spark_master, jvm=("lean" if job else "quick") if arrow else "full")
     from deltaflow.service.daemon import run_until_stopped
 
     try:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_MASTER",
     "LEAN_JVM",
+    "QUICK_JVM",
     "JvmProfile",
     "default_conf",
     "spark_defaults",
@@ -34,10 +35,12 @@ logger = logging.getLogger(__name__)
 
 #: The embedded default: every core of this machine, in one JVM.
 DEFAULT_MASTER = "local[*]"
-#: ``spark_session(jvm=...)``: the JVM's defaults, or its quick compiler only and the serial
-#: garbage collector (for a driver JVM that only plans and schedules).
-JvmProfile = Literal["full", "lean"]
-LEAN_JVM = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
+#: ``spark_session(jvm=...)``: the JVM's defaults; its quick compiler only (``quick``, for a
+#: driver JVM that only plans and schedules); and also the serial garbage collector (``lean``,
+#: for such a run that ends by itself: a job).
+JvmProfile = Literal["full", "quick", "lean"]
+QUICK_JVM = ("-XX:TieredStopAtLevel=1",)
+LEAN_JVM = (*QUICK_JVM, "-XX:+UseSerialGC")
 
 
 def default_conf(master: str) -> dict[str, str]:
@@ -71,11 +74,13 @@ def spark_session(master: str | None = None, *, jvm: JvmProfile = "full", **conf
 
     Args:
         master: Any Spark master URL; defaults to ``$DELTAFLOW_SPARK_MASTER`` or ``local[*]``.
-        jvm: ``full`` (the JVM's defaults) or ``lean``: only the JVM's quick compiler (C1) and
-            the serial garbage collector. The JVM then starts and warms up with about half the
-            CPU, but rows that go through Spark SQL move at about half the speed
-            (BENCHMARKS.md). For runs whose rows stay in Arrow (the Arrow ingest engine), where
-            the JVM only plans and schedules. Applies only to a JVM this call starts.
+        jvm: ``full`` (the JVM's defaults), ``quick``: only the JVM's quick compiler (C1), or
+            ``lean``: that and the serial garbage collector. The JVM then starts and warms up
+            with about half the CPU, but rows that go through Spark SQL move at about half the
+            speed (BENCHMARKS.md). For runs whose rows stay in Arrow (the Arrow ingest engine),
+            where the JVM only plans and schedules; ``lean`` for such runs that end by
+            themselves (the serial collector saves CPU at start but its pauses lengthen a
+            long-running stream's micro-batches). Applies only to a JVM this call starts.
         **conf: Spark settings (``**{"spark.executor.memory": "4g"}``); they win over the
             defaults of :func:`default_conf`.
 
@@ -126,6 +131,7 @@ def spark_session(master: str | None = None, *, jvm: JvmProfile = "full", **conf
     ours = [
         *(cache.java_options() if cache else ()),
         *(_lean([*options, *others]) if started_here and jvm == "lean" else ()),
+        *(QUICK_JVM if started_here and jvm == "quick" else ()),
     ]
     if ours:
         # Ours first: the JVM takes the last of a repeated flag.
