@@ -297,3 +297,23 @@ def test_engine_auto_keeps_ingests_own_fallback_and_paths_are_normalised(tmp_pat
     )
     (spec,) = load_pipelines(_write(tmp_path, text)).pipelines  # a merge-only key is not refused
     assert spec.ingest_config().sink_options(None).op_column == "op"
+
+
+def test_an_inline_avro_schema_reaches_the_arrow_engines_source(tmp_path):
+    from deltaflow.pipeline.ingest import source_options
+
+    avro = '{"type": "record", "name": "r", "fields": [{"name": "id", "type": "long"}]}'
+    text = f"""
+        pipelines:
+          - id: a
+            engine: arrow
+            source: {{type: kafka, bootstrap_servers: "b:9092", topic: t, format: avro,
+                      avro_schema: '{avro}'}}
+            sinks: [{{table_uri: "{tmp_path / "t"}", storage_options: {{AWS_REGION: eu-west-1}}}}]
+    """
+    (spec,) = load_pipelines(_write(tmp_path, text)).pipelines
+    config = spec.ingest_config()
+    assert (config.value_format, config.avro, config.avro_schema) == ("avro", None, avro)
+    options = source_options(None, config)  # type: ignore[arg-type] - Avro needs no Spark here
+    assert (options["value_format"], options["avro_schema"]) == ("avro", avro)
+    assert options["delta_storage_options"] == '{"AWS_REGION": "eu-west-1"}'  # the progress lookup

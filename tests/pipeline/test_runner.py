@@ -165,6 +165,18 @@ def _kafka_values(first: int, count: int, bad: dict[int, bytes]) -> list[bytes]:
     return [bad.get(i, json.dumps({"id": i, "name": f"n{i}"}).encode()) for i in range(first, first + count)]
 
 
+def _kafka_pipeline(kafka, tmp_path: Path, count: int, bad: dict[int, bytes]):
+    """A 2-partition topic holding ``count`` messages (``bad`` ones replaced), and the
+    :data:`KAFKA_PIPELINE` specs reading it for an engine."""
+    topic = kafka.create_topic(partitions=2)
+    kafka.produce(topic, _kafka_values(0, count, bad), partitions=2)
+
+    def specs(engine: str):
+        return _pipelines(tmp_path, KAFKA_PIPELINE, BROKER=kafka.bootstrap, TOPIC=topic, ENGINE=engine)
+
+    return topic, specs
+
+
 def _check_kafka_rows(tmp_path: Path, ids: list[int]) -> None:
     rows = _rows(tmp_path / "t", "id", "part", "offset")
     assert [r[0] for r in rows] == ids  # each message once, in order of id
@@ -175,13 +187,8 @@ def _check_kafka_rows(tmp_path: Path, ids: list[int]) -> None:
 def test_kafka_source_pipeline_with_undecodable_messages_dead_lettered(spark, kafka, tmp_path):
     from deltaflow.service.status import board
 
-    topic = kafka.create_topic(partitions=2)
     bad = {7: b"{not json", 20: b'{"id": "twenty"}'}
-    kafka.produce(topic, _kafka_values(0, 40, bad), partitions=2)
-
-    def specs(engine: str):
-        return _pipelines(tmp_path, KAFKA_PIPELINE, BROKER=kafka.bootstrap, TOPIC=topic, ENGINE=engine)
-
+    topic, specs = _kafka_pipeline(kafka, tmp_path, 40, bad)
     run_pipelines(spark, specs("spark"), available_now=True)
     _check_kafka_rows(tmp_path, [i for i in range(40) if i not in bad])
     letters = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().to_pylist()
@@ -211,13 +218,8 @@ def test_kafka_pipeline_on_the_arrow_engine(spark, kafka, tmp_path):
     tables, ``auto`` carries on with Arrow."""
     from deltaflow.service.status import board
 
-    topic = kafka.create_topic(partitions=2)
     bad = {3: b"[1, 2]", 12: b"{not json"}
-    kafka.produce(topic, _kafka_values(0, 30, bad), partitions=2)
-
-    def specs(engine: str):
-        return _pipelines(tmp_path, KAFKA_PIPELINE, BROKER=kafka.bootstrap, TOPIC=topic, ENGINE=engine)
-
+    topic, specs = _kafka_pipeline(kafka, tmp_path, 30, bad)
     run_pipelines(spark, specs("arrow"), available_now=True)
     assert board.snapshot()["pipelines"][-1]["engine"] == "arrow"
     _check_kafka_rows(tmp_path, [i for i in range(30) if i not in bad])
