@@ -138,7 +138,8 @@ def class_cache(settings: Mapping[str, str], *, cache_dir: Path | None = None) -
 
 #: Java options and variables that make a driver JVM run without compressed object pointers.
 _NO_COMPRESSED_OOPS = re.compile(r"-XX:\+UseZGC\b|-XX:-UseCompressedOops\b")
-_JAVA_OPTION_VARIABLES = ("SPARK_SUBMIT_OPTS", "JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS")
+#: Environment variables whose Java options the driver JVM also takes.
+JAVA_OPTION_VARIABLES = ("SPARK_SUBMIT_OPTS", "JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS")
 _UNITS = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
 
 
@@ -147,7 +148,7 @@ def _without_compressed_oops(settings: Mapping[str, str]) -> bool:
         settings.get("spark.driver.extraJavaOptions", ""),
         settings.get("spark.driver.defaultJavaOptions", ""),
     ]
-    texts += [os.environ.get(name, "") for name in _JAVA_OPTION_VARIABLES]
+    texts += [os.environ.get(name, "") for name in JAVA_OPTION_VARIABLES]
     if any(_NO_COMPRESSED_OOPS.search(text) for text in texts):
         return True
     memory = re.fullmatch(r"\s*(\d+)\s*([kmgt])?b?\s*", settings.get("spark.driver.memory", "").lower())

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from deltaflow.errors import ConfigError
-from deltaflow.pipeline.class_cache import class_cache
+from deltaflow.pipeline.class_cache import JAVA_OPTION_VARIABLES, class_cache
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -158,14 +158,12 @@ def spark_session(master: str | None = None, *, jvm: JvmProfile = "full", **conf
 
 #: A JVM option choosing a garbage collector: the JVM refuses to start with two different ones.
 _GC_CHOICE = re.compile(r"-XX:\+Use\w*GC\b")
-#: Environment variables whose Java options the driver JVM also takes.
-_JAVA_OPTION_VARIABLES = ("SPARK_SUBMIT_OPTS", "JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS")
 
 
 def _lean(options: Sequence[str]) -> tuple[str, ...]:
     """:data:`LEAN_JVM`, without its collector when the user's options choose one (or may: a
     ``PYSPARK_SUBMIT_ARGS`` can name another properties file than the one read here)."""
-    chosen = [*options, *(os.environ.get(name, "") for name in _JAVA_OPTION_VARIABLES)]
+    chosen = [*options, *(os.environ.get(name, "") for name in JAVA_OPTION_VARIABLES)]
     if os.environ.get("PYSPARK_SUBMIT_ARGS") or any(_GC_CHOICE.search(text) for text in chosen):
         return tuple(flag for flag in LEAN_JVM if not _GC_CHOICE.search(flag))
     return LEAN_JVM
