@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 __all__ = [
+    "CdcPositionError",
     "CheckpointMismatchError",
     "CommitError",
     "ConfigError",
@@ -30,6 +31,9 @@ __all__ = [
     "LeaseHeldError",
     "MergeError",
     "PipelineConfigError",
+    "PostgresAccessError",
+    "PostgresSetupError",
+    "PostgresUnavailableError",
     "QueryFailedError",
     "SchemaEvolvedError",
     "SchemaMismatchError",
@@ -182,6 +186,27 @@ class KafkaUnavailableError(TransientError):
 class KafkaAccessError(TerminalError):
     """Kafka refused the client (authentication, authorization, an invalid or unsupported
     setting); retrying cannot help until the Kafka settings change."""
+
+
+class PostgresUnavailableError(TransientError):
+    """PostgreSQL did not answer (down, restarting, unreachable, a slot still held by a session
+    that is going away); the same request may succeed later."""
+
+
+class PostgresAccessError(TerminalError):
+    """PostgreSQL refused the connection (authentication, an unknown role or database, TLS);
+    retrying cannot help until the connection settings change."""
+
+
+class PostgresSetupError(TerminalError):
+    """The server cannot serve change data capture as configured (``wal_level``, a missing
+    publication, a role without REPLICATION, a slot of another plugin); the message says what
+    to change there."""
+
+
+class CdcPositionError(TerminalError):
+    """The Delta table and the replication slot disagree about where the changes stand (the
+    slot is gone or has moved past the table): continuing would lose changes."""
 
 
 class PipelineConfigError(ConfigError):

@@ -29,7 +29,8 @@ def register(spark: SparkSession) -> None:
 
     ``deltaflow`` (the Delta sink), ``deltaflow-kafka`` (the Kafka source),
     ``deltaflow-kafka-ingest`` (the Arrow ingest path's source), ``deltaflow-delta`` (a Delta
-    table as a stream) and ``deltaflow-generator`` (synthetic events).
+    table as a stream), ``postgres-cdc`` (PostgreSQL change data capture) and
+    ``deltaflow-generator`` (synthetic events).
     """
     if getattr(spark, "_deltaflow_registered", False):
         return
@@ -37,12 +38,14 @@ def register(spark: SparkSession) -> None:
     from deltaflow.sources.generator import GeneratorDataSource
     from deltaflow.sources.kafka import KafkaDataSource
     from deltaflow.sources.kafka_ingest import KafkaIngestDataSource
+    from deltaflow.sources.postgres_cdc import PostgresCdcDataSource
 
     spark.dataSource.register(DeltaflowDataSource)
     spark.dataSource.register(KafkaDataSource)
     spark.dataSource.register(KafkaIngestDataSource)
     spark.dataSource.register(DeltaTableDataSource)
     spark.dataSource.register(GeneratorDataSource)
+    spark.dataSource.register(PostgresCdcDataSource)
     spark._deltaflow_registered = True  # type: ignore[attr-defined]
 
 

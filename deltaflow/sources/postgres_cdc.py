@@ -1,0 +1,647 @@
+"""PostgreSQL change data capture as a Spark streaming source (``postgres-cdc``), no JVM jar.
+
+A publication's changes are read through logical replication with the built-in ``pgoutput``
+plugin, from a replication slot (created if missing). Offsets are WAL positions (LSNs):
+``{"slot:<slot>": {"lsn": N}}`` means "every transaction whose commit record starts below N is
+taken". A micro-batch is the transactions whose commit LSN lies in ``[start, end)``, whole
+transactions only, in commit order; each change becomes one event row (:data:`EVENT_SCHEMA`).
+
+Exactly once, without trusting Spark's checkpoint alone:
+
+* the Delta sink records the batch's end in the same commit as its rows (sink option
+  ``kafka_offsets``: txn ``<pipeline_id>-slot:<slot>-lsn`` = end - 1, the scheme of Kafka
+  partitions), and with ``delta_table_uri`` the source never reads a transaction the table
+  holds and resumes from the table when the checkpoint is gone;
+* the slot's ``confirmed_flush_lsn`` is advanced only to what the Delta table holds, so
+  PostgreSQL keeps every change the table lacks, and recycles the rest of the WAL;
+* changes are read with ``pg_logical_slot_peek_binary_changes``, which does not consume them:
+  a batch Spark replays after a crash reads the same transactions again.
+
+The slot serves one reader at a time, so a batch is one Spark task.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from deltaflow.config.identity import PipelineId
+from deltaflow.config.models import problems
+from deltaflow.errors import (
+    CdcPositionError,
+    ConfigError,
+    DeltaflowError,
+    PostgresAccessError,
+    PostgresSetupError,
+    PostgresUnavailableError,
+)
+from deltaflow.sources import pgoutput
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql.types import StructType
+
+__all__ = ["EVENT_SCHEMA", "FORMAT_NAME", "PostgresCdcDataSource", "PostgresCdcOptions", "slot_key"]
+
+logger = logging.getLogger(__name__)
+
+#: ``spark.readStream.format(...)`` name (Rivven's connector name).
+FORMAT_NAME = "postgres-cdc"
+
+#: One row per change. ``data``, ``event_type``, ``timestamp`` and ``stream`` are Rivven's event
+#: table columns; ``lsn`` (the transaction's commit LSN), ``xid`` and ``seq`` (the change's place
+#: in its transaction) order the changes exactly.
+EVENT_SCHEMA = (
+    "data STRING, event_type STRING, timestamp TIMESTAMP, stream STRING, lsn BIGINT, xid BIGINT, seq INT"
+)
+
+#: Rows per Arrow batch handed to Spark.
+CHUNK_ROWS = 10_000
+#: With nothing new, ``latestOffset()`` answers "no new data" after this long at most.
+IDLE_POLL_S = 0.25
+#: How long a reader waits for a slot another session still holds (a killed process's backend
+#: finishing its last read) before the task fails.
+SLOT_BUSY_WAIT_S = 60.0
+
+Offsets = dict[str, dict[str, int]]
+
+
+def slot_key(slot: str) -> str:
+    """The offsets' key of a slot (and the middle of its txn id in the Delta log)."""
+    return f"slot:{slot}"
+
+
+class PostgresCdcOptions(BaseModel):
+    """Options of the ``postgres-cdc`` source (Rivven's names where it has them).
+
+    Connection settings left out come from libpq's environment (``PGHOST``, ``PGPORT``,
+    ``PGDATABASE``, ``PGUSER``, ``PGPASSWORD``, ``PGSSLMODE``, ``PGPASSFILE``, ...).
+
+    Attributes:
+        host, port, database, user, password, sslmode: The server (``dbname`` is accepted for
+            ``database``).
+        publication: The publication whose tables are captured (``CREATE PUBLICATION``).
+        slot: The logical replication slot (default ``deltaflow_<publication>``); created with
+            the ``pgoutput`` plugin when missing.
+        snapshot: ``never``: changes from the slot's position on. (``initial``, a snapshot of
+            the published tables first, is not built yet and is refused.)
+        max_changes_per_batch: Admission control: a micro-batch ends after the transaction
+            that reaches this many pgoutput messages (0 = no limit). Transactions are never
+            split.
+        idle_progress_bytes: With no captured change, the WAL other tables write is still held
+            for the slot; once this much has passed, an empty micro-batch records the new
+            position in the table so the slot can move on.
+        delta_table_uri: The Delta table the pipeline writes with ``kafka_offsets``: the source
+            starts after the position committed there and never reads a transaction it holds,
+            and the slot is advanced only to it.
+        pipeline_id: The pipeline whose txn to read (the sink's ``pipeline_id``).
+        delta_storage_options: Storage options for reading that table (JSON object).
+        connect_timeout: Seconds to wait for a connection.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    host: str | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)
+    database: str | None = Field(default=None, validation_alias=AliasChoices("database", "dbname"))
+    user: str | None = None
+    password: SecretStr | None = None
+    sslmode: str | None = None
+    publication: str = Field(min_length=1)
+    slot: str | None = Field(default=None, pattern=r"^[a-z0-9_]{1,63}$")
+    snapshot: Literal["initial", "never"] = "initial"
+    max_changes_per_batch: int = Field(default=0, ge=0)
+    idle_progress_bytes: int = Field(default=64 << 20, ge=1)
+    delta_table_uri: str | None = None
+    pipeline_id: PipelineId | None = None
+    delta_storage_options: dict[str, str] = Field(default_factory=dict)
+    connect_timeout: float = Field(default=10.0, gt=0)
+
+    @field_validator("delta_storage_options", mode="before")
+    @classmethod
+    def _parse_settings(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return json.loads(value) if value.strip() else {}
+        return value
+
+    @property
+    def slot_name(self) -> str:
+        if self.slot:
+            return self.slot
+        cleaned = "".join(c if c.isalnum() or c == "_" else "_" for c in self.publication.lower())
+        return f"deltaflow_{cleaned}"[:63]
+
+    @property
+    def key(self) -> str:
+        return slot_key(self.slot_name)
+
+    def connect_kwargs(self) -> dict[str, Any]:
+        """psycopg's keyword arguments, the password revealed (never log them)."""
+        out: dict[str, Any] = {
+            "connect_timeout": max(1, round(self.connect_timeout)),
+            "application_name": "deltaflow",
+        }
+        for name in ("host", "port", "user", "sslmode"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        if self.database is not None:
+            out["dbname"] = self.database
+        if self.password is not None:
+            out["password"] = self.password.get_secret_value()
+        return out
+
+    def where(self) -> str:
+        """The server for messages: ``host:port/database`` (libpq's defaults where unset)."""
+        return f"{self.host or '$PGHOST'}:{self.port or '$PGPORT'}/{self.database or '$PGDATABASE'}"
+
+    def to_spark_options(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for name, value in self.model_dump(exclude_defaults=True).items():
+            if name == "password" and self.password is not None:
+                out[name] = self.password.get_secret_value()
+            elif isinstance(value, dict):
+                out[name] = json.dumps(value)
+            else:
+                out[name] = str(value)
+        return out
+
+    @classmethod
+    def from_spark_options(cls, options: Mapping[str, str]) -> PostgresCdcOptions:
+        values: dict[str, Any] = {k.lower(): v for k, v in options.items() if k.lower() != "path"}
+        known = set(cls.model_fields) | {"dbname"}
+        unknown = set(values) - known
+        if unknown:
+            from deltaflow.errors import UnknownOptionError
+
+            raise UnknownOptionError(unknown, sorted(known))
+        try:
+            opts = cls(**values)
+        except ValidationError as exc:
+            raise ConfigError("invalid postgres-cdc source options: " + "; ".join(problems(exc))) from None
+        if bool(opts.delta_table_uri) != bool(opts.pipeline_id):
+            raise ConfigError(
+                "set both 'delta_table_uri' and 'pipeline_id' (or neither) for the postgres-cdc source"
+            )
+        if opts.snapshot == "initial":
+            raise ConfigError(
+                "postgres-cdc: snapshot 'initial' (the published tables' rows before the changes) is not "
+                "built yet; set snapshot: never to capture changes from the slot's position on"
+            )
+        return opts
+
+
+# -- connections and errors ----------------------------------------------------------------
+
+_ACCESS = (
+    "password authentication failed",
+    "no pg_hba.conf entry",
+    "does not exist",
+    "permission denied",
+    "SSL",
+    "certificate",
+)
+
+
+def _failure(exc: BaseException, options: PostgresCdcOptions, doing: str) -> DeltaflowError:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    message = f"PostgreSQL at {options.where()}: {doing} failed: {text}"
+    if any(marker in str(exc) for marker in _ACCESS):
+        return PostgresAccessError(message + " (check the connection settings and the role's rights)")
+    return PostgresUnavailableError(message)
+
+
+@contextmanager
+def connection(options: PostgresCdcOptions, doing: str) -> Iterator[Any]:
+    """An autocommit connection in UTC (timestamps print as UTC); psycopg errors become
+    deltaflow's: unreachable → :class:`PostgresUnavailableError` (transient), refused →
+    :class:`PostgresAccessError`."""
+    import psycopg
+
+    try:
+        conn = psycopg.connect(**options.connect_kwargs(), autocommit=True)
+    except psycopg.Error as exc:
+        raise _failure(exc, options, f"connecting ({doing})") from None
+    try:
+        conn.execute("SET TimeZone = 'UTC'")
+        yield conn
+    except psycopg.OperationalError as exc:
+        raise _failure(exc, options, doing) from None
+    finally:
+        conn.close()
+
+
+@dataclass(frozen=True)
+class SlotState:
+    plugin: str
+    database: str
+    confirmed: int
+
+
+def check_setup(conn: Any, options: PostgresCdcOptions) -> SlotState | None:
+    """Refuse, with what to change, a server that cannot serve this source; the slot's state
+    (``None`` when it does not exist yet). Nothing is created or written."""
+    where = options.where()
+    level = conn.execute("SHOW wal_level").fetchone()[0]
+    if level != "logical":
+        raise PostgresSetupError(
+            f"PostgreSQL at {where} runs with wal_level = {level}; logical replication needs "
+            "wal_level = logical (ALTER SYSTEM SET wal_level = logical, then restart PostgreSQL)"
+        )
+    row = conn.execute(
+        "SELECT current_user, rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user"
+    ).fetchone()
+    if not row or not row[1]:
+        user = row[0] if row else options.user
+        raise PostgresSetupError(
+            f"role {user!r} at {where} may not use logical replication: grant it with "
+            f"ALTER ROLE {user} WITH REPLICATION (or connect as a role that has it)"
+        )
+    if not conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (options.publication,)).fetchone():
+        existing = [r[0] for r in conn.execute("SELECT pubname FROM pg_publication ORDER BY 1").fetchall()]
+        raise PostgresSetupError(
+            f"publication {options.publication!r} does not exist in {where} (existing: "
+            f"{', '.join(existing) or 'none'}); create it with CREATE PUBLICATION {options.publication} "
+            "FOR TABLE ... (or FOR ALL TABLES)"
+        )
+    state = slot_state(conn, options.slot_name)
+    if state is not None:
+        database = conn.execute("SELECT current_database()").fetchone()[0]
+        if state.plugin != "pgoutput" or state.database != database:
+            raise PostgresSetupError(
+                f"replication slot {options.slot_name!r} at {where} belongs to plugin {state.plugin!r} in "
+                f"database {state.database!r}; this source needs a pgoutput slot in {database!r}: name "
+                "another slot (option slot)"
+            )
+    return state
+
+
+def slot_state(conn: Any, slot: str) -> SlotState | None:
+    row = conn.execute(
+        "SELECT plugin, database, confirmed_flush_lsn::text FROM pg_replication_slots "
+        "WHERE slot_name = %s AND slot_type = 'logical'",
+        (slot,),
+    ).fetchone()
+    if row is None:
+        return None
+    return SlotState(str(row[0]), str(row[1]), pgoutput.lsn_from_text(row[2]) if row[2] else 0)
+
+
+def _peek_options(options: PostgresCdcOptions) -> tuple[str, ...]:
+    return ("proto_version", "1", "publication_names", options.publication)
+
+
+def _with_slot(conn: Any, options: PostgresCdcOptions, query: str, params: tuple[Any, ...]) -> Any:
+    """Run a query that takes the slot, waiting while another session still holds it."""
+    import psycopg
+
+    deadline = time.monotonic() + SLOT_BUSY_WAIT_S
+    while True:
+        try:
+            return conn.execute(query, params)
+        except psycopg.errors.ObjectInUse as exc:
+            if time.monotonic() > deadline:
+                raise PostgresUnavailableError(
+                    f"replication slot {options.slot_name!r} at {options.where()} stayed in use by another "
+                    f"session for {SLOT_BUSY_WAIT_S:.0f} s: {str(exc).strip()} (is another pipeline "
+                    "using it?)"
+                ) from None
+            time.sleep(0.5)
+
+
+# -- the data source -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CdcRange(InputPartition):
+    """Transactions with commit LSN in ``[start, end)`` of one slot, read in one task."""
+
+    start: int
+    end: int
+    options: PostgresCdcOptions = field(repr=False)
+    arrow_schema: Any = field(repr=False, default=None)
+
+
+class PostgresCdcDataSource(DataSource):
+    """Spark data source ``postgres-cdc`` (streaming reads)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def schema(self) -> str:
+        options = PostgresCdcOptions.from_spark_options(self.options)
+        with connection(options, "checking the server") as conn:
+            check_setup(conn, options)
+        return EVENT_SCHEMA
+
+    def streamReader(self, schema: StructType) -> PostgresCdcStreamReader:  # noqa: N802
+        return PostgresCdcStreamReader(PostgresCdcOptions.from_spark_options(self.options), schema)
+
+
+class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Plans micro-batches on the driver; :meth:`read` runs on an executor."""
+
+    def __init__(self, options: PostgresCdcOptions, schema: StructType | pa.Schema) -> None:
+        import pyarrow as pa
+
+        from deltaflow.delta.schema import spark_to_arrow
+
+        self._options = options
+        self._arrow = schema if isinstance(schema, pa.Schema) else spark_to_arrow(schema)
+        self._initial: Offsets | None = None
+        self._target: int | None = None  # availableNow: the WAL position at start
+        self._confirmed: int | None = None  # the slot's confirmed_flush_lsn, as last seen
+        self._latest: Offsets | None = None
+
+    # -- driver ------------------------------------------------------------------------------
+
+    def _committed(self) -> int | None:
+        """The next LSN according to the Delta table (``None``: no table, or nothing yet)."""
+        opts = self._options
+        if not opts.delta_table_uri or not opts.pipeline_id:
+            return None
+        from deltaflow.config.locations import normalize_uri
+        from deltaflow.delta import log as delta_log
+        from deltaflow.delta.progress import kafka_progress
+
+        table = delta_log.load(normalize_uri(opts.delta_table_uri), opts.delta_storage_options)
+        done = kafka_progress(table, opts.pipeline_id, {opts.key: ["lsn"]})
+        last = done.get(opts.key, {}).get("lsn")
+        return None if last is None else last + 1
+
+    def initialOffset(self) -> Offsets:  # noqa: N802
+        if self._initial is None:
+            self._initial = {self._options.key: {"lsn": self._initial_lsn()}}
+        return {k: dict(v) for k, v in self._initial.items()}
+
+    def _initial_lsn(self) -> int:
+        opts = self._options
+        committed = self._committed()
+        with connection(opts, "preparing the replication slot") as conn:
+            state = check_setup(conn, opts)
+            if state is None:
+                if committed is not None:
+                    raise CdcPositionError(
+                        f"replication slot {opts.slot_name!r} at {opts.where()} is gone, but "
+                        f"{opts.delta_table_uri} holds changes up to LSN {pgoutput.lsn_to_text(committed)} "
+                        "from it: the changes since then are no longer kept by PostgreSQL. Start over "
+                        "deliberately (a new pipeline_id or table), or restore the slot",
+                        pipeline_id=opts.pipeline_id,
+                    )
+                row = conn.execute(
+                    "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')",
+                    (opts.slot_name,),
+                ).fetchone()
+                logger.info(
+                    "created replication slot %r at %s (LSN %s)", opts.slot_name, opts.where(), row[0]
+                )
+                state = slot_state(conn, opts.slot_name)
+                assert state is not None
+        self._confirmed = state.confirmed
+        if committed is None:
+            start = state.confirmed
+        elif state.confirmed > committed:
+            raise CdcPositionError(
+                f"replication slot {opts.slot_name!r} at {opts.where()} has moved to LSN "
+                f"{pgoutput.lsn_to_text(state.confirmed)}, past what {opts.delta_table_uri} holds (up to "
+                f"{pgoutput.lsn_to_text(committed)}): the changes in between are no longer kept. Another "
+                "reader used the slot, or the table was restored; start over deliberately (a new slot and "
+                "pipeline_id)",
+                pipeline_id=opts.pipeline_id,
+            )
+        else:
+            start = committed
+        logger.info(
+            "postgres-cdc source starts at LSN %s (slot %r; from the Delta log: %s)",
+            pgoutput.lsn_to_text(start),
+            opts.slot_name,
+            "yes" if committed is not None else "nothing",
+        )
+        return start
+
+    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
+        with connection(self._options, "reading the WAL position") as conn:
+            self._target = pgoutput.lsn_from_text(
+                conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0]
+            )
+
+    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
+        if self._options.max_changes_per_batch:
+            return ReadMaxRows(self._options.max_changes_per_batch)
+        return ReadAllAvailable()
+
+    def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:  # noqa: N802
+        opts = self._options
+        begin = int(start[opts.key]["lsn"])
+        nchanges = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        with connection(opts, "reading the slot's changes") as conn:
+            self._advance(conn, begin)
+            flushed = pgoutput.lsn_from_text(
+                conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0]
+            )
+            upto = min(flushed, self._target) if self._target is not None else flushed
+            # Only what planning needs: each transaction's commit LSN and whether it changed
+            # anything of the publication (B = begin, I/U/D/T = changes).
+            rows = _with_slot(
+                conn,
+                opts,
+                "SELECT substr(data, 1, 9) FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, %s, "
+                "%s, %s, %s, %s) WHERE get_byte(data, 0) IN (66, 73, 85, 68, 84)",
+                (opts.slot_name, pgoutput.lsn_to_text(upto), nchanges, *_peek_options(opts)),
+            ).fetchall()
+        commit_lsn, last = -1, None
+        for (head,) in rows:
+            head = bytes(head)
+            if head[0] == 0x42:
+                commit_lsn = int.from_bytes(head[1:9], "big", signed=True)
+            elif commit_lsn >= begin:
+                last = commit_lsn
+        if last is not None:
+            end = last + 1
+        elif upto - begin >= opts.idle_progress_bytes:
+            end = upto  # nothing captured for a while: record the position, free the WAL
+        else:
+            end = begin
+        self._latest = {opts.key: {"lsn": max(end, upto)}}
+        if end == begin and self._target is None:
+            time.sleep(IDLE_POLL_S)
+        return {opts.key: {"lsn": end}}
+
+    def reportLatestOffset(self) -> Offsets | None:  # noqa: N802
+        return self._latest
+
+    def _advance(self, conn: Any, to: int) -> None:
+        """Move the slot's confirmed position to ``to``, never beyond what the table holds."""
+        opts = self._options
+        if self._confirmed is not None and to <= self._confirmed:
+            return
+        committed = self._committed() if opts.delta_table_uri else to
+        target = min(to, committed) if committed is not None else None
+        if target is None:
+            return
+        state = slot_state(conn, opts.slot_name)
+        if state is None or target <= state.confirmed:
+            self._confirmed = state.confirmed if state else None
+            return
+        _with_slot(
+            conn,
+            opts,
+            "SELECT pg_replication_slot_advance(%s, %s::pg_lsn)",
+            (opts.slot_name, pgoutput.lsn_to_text(target)),
+        )
+        self._confirmed = target
+        logger.debug("slot %r advanced to %s", opts.slot_name, pgoutput.lsn_to_text(target))
+
+    def partitions(self, start: Offsets, end: Offsets) -> list[CdcRange]:
+        key = self._options.key
+        begin, stop = int(start[key]["lsn"]), int(end[key]["lsn"])
+        committed = self._committed()
+        if committed is not None:
+            begin = max(begin, committed)  # never read what the table holds already
+        return [CdcRange(begin, stop, self._options, self._arrow)] if stop > begin else []
+
+    def commit(self, end: Offsets) -> None:
+        with connection(self._options, "advancing the replication slot") as conn:
+            self._advance(conn, int(end[self._options.key]["lsn"]))
+
+    # -- executor ----------------------------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, CdcRange)
+        yield from read_range(partition)
+
+
+def read_range(task: CdcRange) -> Iterator[pa.RecordBatch]:
+    """The change events of the transactions with commit LSN in ``[task.start, task.end)``."""
+    import psycopg
+
+    opts = task.options
+    encoder = pgoutput.ValueEncoder()
+    relations: dict[int, pgoutput.Relation] = {}
+    out = _Events(task.arrow_schema)
+    with connection(opts, "reading the slot's changes") as conn:
+        conn.autocommit = False
+        query = "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, %s, %s, %s, %s)"
+        params = (opts.slot_name, pgoutput.lsn_to_text(task.end), *_peek_options(opts))
+        deadline = time.monotonic() + SLOT_BUSY_WAIT_S
+        while True:
+            try:
+                with conn.cursor(name="deltaflow_cdc") as cursor:
+                    cursor.itersize = CHUNK_ROWS
+                    cursor.execute(query, params)
+                    begin: pgoutput.Begin | None = None
+                    seq, taken = 0, False
+                    for (data,) in cursor:
+                        message = pgoutput.decode(bytes(data))
+                        if isinstance(message, pgoutput.Relation):
+                            relations[message.oid] = message
+                        elif isinstance(message, pgoutput.Begin):
+                            begin, seq = message, 0
+                            taken = task.start <= message.commit_lsn < task.end
+                        elif begin is None or not taken:
+                            continue
+                        elif isinstance(message, pgoutput.Change):
+                            out.change(encoder, relations[message.relation_oid], message, begin, seq)
+                            seq += 1
+                        elif isinstance(message, pgoutput.Truncate):
+                            for oid in message.relation_oids:
+                                out.truncate(relations[oid], message, begin, seq)
+                                seq += 1
+                        if out.size >= CHUNK_ROWS:
+                            yield out.flush()
+                conn.rollback()
+                break
+            except psycopg.errors.ObjectInUse:
+                conn.rollback()
+                if out.size or out.flushed or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+    if out.size:
+        yield out.flush()
+
+
+class _Events:
+    """Event rows, gathered column by column into Arrow batches."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self._schema = schema
+        self._columns: dict[str, list[Any]] = {name: [] for name in schema.names}
+        self.size = 0
+        self.flushed = False
+
+    def _add(self, data: str, kind: str, stream: str, begin: pgoutput.Begin, seq: int) -> None:
+        c = self._columns
+        c["data"].append(data)
+        c["event_type"].append(kind)
+        c["timestamp"].append(begin.commit_time_us)
+        c["stream"].append(stream)
+        c["lsn"].append(begin.commit_lsn)
+        c["xid"].append(begin.xid)
+        c["seq"].append(seq)
+        self.size += 1
+
+    def change(
+        self,
+        encoder: pgoutput.ValueEncoder,
+        relation: pgoutput.Relation,
+        change: pgoutput.Change,
+        begin: pgoutput.Begin,
+        seq: int,
+    ) -> None:
+        if change.kind == "insert":
+            assert change.new is not None
+            data = encoder.encode_row(relation, change.new)
+        elif change.kind == "update":
+            assert change.new is not None
+            before = "null" if change.old is None else _old(encoder, relation, change)
+            data = '{"before":' + before + ',"after":' + encoder.encode_row(relation, change.new) + "}"
+        else:
+            data = _old(encoder, relation, change)
+        self._add(data, change.kind, relation.stream, begin, seq)
+
+    def truncate(
+        self, relation: pgoutput.Relation, message: pgoutput.Truncate, begin: pgoutput.Begin, seq: int
+    ) -> None:
+        data = json.dumps({"cascade": message.cascade, "restart_identity": message.restart_identity})
+        self._add(data, "truncate", relation.stream, begin, seq)
+
+    def flush(self) -> pa.RecordBatch:
+        import pyarrow as pa
+
+        arrays = [pa.array(self._columns[f.name], f.type) for f in self._schema]
+        self._columns = {name: [] for name in self._schema.names}
+        self.size = 0
+        self.flushed = True
+        return pa.RecordBatch.from_arrays(arrays, schema=self._schema)
+
+
+def _old(encoder: pgoutput.ValueEncoder, relation: pgoutput.Relation, change: pgoutput.Change) -> str:
+    """The old row of an update/delete: only the key columns when PostgreSQL sent the key."""
+    assert change.old is not None
+    if not change.old_is_key:
+        return encoder.encode_row(relation, change.old)
+    keyed = pgoutput.Relation(
+        relation.oid,
+        relation.namespace,
+        relation.name,
+        relation.replica_identity,
+        tuple(c for c in relation.columns if c.key),
+    )
+    return encoder.encode_row(
+        keyed, tuple(v for c, v in zip(relation.columns, change.old, strict=True) if c.key)
+    )

@@ -1,0 +1,279 @@
+"""The ``postgres-cdc`` source against a real PostgreSQL (``wal_level = logical``), through Spark
+into Delta: the events, exactly once from the table's progress, the slot held back to it, and
+the setup errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from deltalake import DeltaTable
+
+import deltaflow
+from deltaflow.errors import CdcPositionError, ConfigError, PostgresSetupError
+from deltaflow.sources import pgoutput
+from deltaflow.sources.postgres_cdc import PostgresCdcOptions, check_setup, connection, slot_key
+from tests.fixtures.postgres import running_postgres
+
+
+def _source_options(postgres, publication: str, slot: str, **extra: str) -> dict[str, str]:
+    return {
+        "host": postgres.host,
+        "port": str(postgres.port),
+        "user": postgres.user,
+        "database": postgres.dbname,
+        "publication": publication,
+        "slot": slot,
+        "snapshot": "never",
+        **extra,
+    }
+
+
+def _run(spark, postgres, table: str, checkpoint: str, publication: str, slot: str, **extra: str) -> None:
+    """One availableNow run of publication -> events table, progress recorded per slot."""
+    options = _source_options(postgres, publication, slot, delta_table_uri=table, pipeline_id="cdc", **extra)
+    df = spark.readStream.format("postgres-cdc").options(**options).load()
+    query = (
+        df.writeStream.format("deltaflow")
+        .option("table_uri", table)
+        .option("pipeline_id", "cdc")
+        .option("kafka_offsets", "true")
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(180)
+    assert query.exception() is None, query.exception()
+
+
+def _events(table: str) -> list[tuple]:
+    rows = DeltaTable(table).to_pyarrow_table().sort_by([("lsn", "ascending"), ("seq", "ascending")])
+    return [(r["stream"], r["event_type"], json.loads(r["data"])) for r in rows.to_pylist()]
+
+
+def _slot_confirmed(conn, slot: str) -> int:
+    row = conn.execute(
+        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+    ).fetchone()
+    return pgoutput.lsn_from_text(row[0])
+
+
+def _table_progress(table: str, slot: str) -> int | None:
+    return DeltaTable(table).transaction_version(f"cdc-{slot_key(slot)}-lsn")
+
+
+def test_changes_land_once_from_the_tables_progress_and_the_slot_never_passes_it(spark, postgres, tmp_path):
+    deltaflow.register(spark)
+    conn = postgres.connect()
+    conn.execute("DROP TABLE IF EXISTS shop_customers, shop_orders")
+    conn.execute("CREATE TABLE shop_customers (id int PRIMARY KEY, name text, vip boolean)")
+    conn.execute(
+        "CREATE TABLE shop_orders (id bigint PRIMARY KEY, customer int, amount numeric(12,2), at timestamptz)"
+    )
+    conn.execute("CREATE PUBLICATION shop FOR TABLE shop_customers, shop_orders")
+    table, checkpoint = str(tmp_path / "events"), str(tmp_path / "cp")
+
+    # The slot is created at the first start: changes from then on are captured.
+    _run(spark, postgres, table, checkpoint, "shop", "shop_slot")
+    conn.execute("INSERT INTO shop_customers VALUES (1, 'Ada', false), (2, 'Bob', NULL)")
+    with conn.transaction():  # one transaction touching two tables
+        conn.execute("UPDATE shop_customers SET vip = true WHERE id = 1")
+        conn.execute("INSERT INTO shop_orders VALUES (10, 1, 12345678.90, '2024-01-15 10:30:00+02')")
+    conn.execute("DELETE FROM shop_customers WHERE id = 2")
+    _run(spark, postgres, table, checkpoint, "shop", "shop_slot")
+
+    want = [
+        ("public.shop_customers", "insert", {"id": 1, "name": "Ada", "vip": False}),
+        ("public.shop_customers", "insert", {"id": 2, "name": "Bob", "vip": None}),
+        ("public.shop_customers", "update", {"before": None, "after": {"id": 1, "name": "Ada", "vip": True}}),
+        (
+            "public.shop_orders",
+            "insert",
+            {"id": 10, "customer": 1, "amount": 12345678.90, "at": "2024-01-15T08:30:00+00:00"},
+        ),
+        ("public.shop_customers", "delete", {"id": 2}),
+    ]
+    assert _events(table) == want
+    raw = DeltaTable(table).to_pyarrow_table().to_pylist()
+    assert '"amount":12345678.90' in next(r["data"] for r in raw if r["stream"] == "public.shop_orders")
+    update = next(r for r in raw if r["event_type"] == "update")
+    order = next(r for r in raw if r["stream"] == "public.shop_orders")
+    assert (update["lsn"], update["xid"]) == (order["lsn"], order["xid"])  # one transaction
+    assert (update["seq"], order["seq"]) == (0, 1)
+
+    # The slot stands where the table's progress ends, never beyond.
+    progress = _table_progress(table, "shop_slot")
+    assert progress is not None
+    assert _slot_confirmed(conn, "shop_slot") <= progress + 1
+
+    # A lost checkpoint: the source resumes from the table, nothing twice.
+    shutil.rmtree(checkpoint)
+    conn.execute("TRUNCATE shop_orders")
+    conn.execute("ALTER TABLE shop_customers ADD COLUMN email text")
+    conn.execute("INSERT INTO shop_customers VALUES (3, 'Cy', true, 'cy@example.com')")
+    _run(spark, postgres, table, checkpoint, "shop", "shop_slot")
+    assert _events(table) == [
+        *want,
+        ("public.shop_orders", "truncate", {"cascade": False, "restart_identity": False}),
+        ("public.shop_customers", "insert", {"id": 3, "name": "Cy", "vip": True, "email": "cy@example.com"}),
+    ]
+    # Nothing new: a run commits nothing, and the slot has moved up to the table's progress.
+    version = DeltaTable(table).version()
+    _run(spark, postgres, table, checkpoint, "shop", "shop_slot")
+    assert DeltaTable(table).version() == version
+    assert _slot_confirmed(conn, "shop_slot") == _table_progress(table, "shop_slot") + 1
+
+    # The slot must never be behind... nor ahead of the table: moved by someone else, it is refused.
+    conn.execute("INSERT INTO shop_customers VALUES (4, 'Di', false, NULL)")
+    conn.execute("SELECT pg_replication_slot_advance('shop_slot', pg_current_wal_flush_lsn())")
+    query = (
+        spark.readStream.format("postgres-cdc")
+        .options(**_source_options(postgres, "shop", "shop_slot", delta_table_uri=table, pipeline_id="cdc"))
+        .load()
+        .writeStream.format("deltaflow")
+        .option("table_uri", table)
+        .option("pipeline_id", "cdc")
+        .option("kafka_offsets", "true")
+        .option("checkpointLocation", str(tmp_path / "cp2"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    with pytest.raises(Exception, match="CdcPositionError") as caught:
+        query.awaitTermination(180)
+    assert "has moved to LSN" in str(caught.value)
+    assert DeltaTable(table).version() == version
+    conn.execute("SELECT pg_drop_replication_slot('shop_slot')")
+    conn.execute("DROP PUBLICATION shop")
+
+
+def test_types_print_as_exact_json(postgres):
+    conn = postgres.connect()
+    conn.execute("DROP TABLE IF EXISTS typed")
+    conn.execute("CREATE TYPE mood AS ENUM ('sad', 'happy')")
+    conn.execute(
+        "CREATE TABLE typed (id int PRIMARY KEY, n numeric, f float8, big bigint, t timestamp, d date, "
+        "j jsonb, tags text[], nums numeric[], u uuid, b bytea, m mood, i interval, nan float8)"
+    )
+    conn.execute("CREATE PUBLICATION typed_pub FOR TABLE typed")
+    conn.execute("SELECT pg_create_logical_replication_slot('typed_slot', 'pgoutput')")
+    conn.execute(
+        "INSERT INTO typed VALUES (1, 123456789012345678901234.5678, 0.1, 9007199254740993, "
+        "'2024-02-29 23:59:59.123456', '2024-02-29', '{\"a\": [1, null]}', '{x,\"y z\",NULL}', "
+        "'{1.10,2.25}', '6ecd8c99-4036-403d-bf84-cf8400f67836', '\\x00ff', 'happy', '1 day 02:00:00', 'NaN')"
+    )
+    rows = conn.execute(
+        "SELECT data FROM pg_logical_slot_peek_binary_changes('typed_slot', NULL, NULL, "
+        "'proto_version', '1', 'publication_names', 'typed_pub')"
+    ).fetchall()
+    messages = [pgoutput.decode(bytes(r[0])) for r in rows]
+    relation = next(m for m in messages if isinstance(m, pgoutput.Relation))
+    change = next(m for m in messages if isinstance(m, pgoutput.Change))
+    text = pgoutput.ValueEncoder().encode_row(relation, change.new)
+    assert '"n":123456789012345678901234.5678' in text and '"big":9007199254740993' in text
+    assert '"nums":[1.10,2.25]' in text
+    assert json.loads(text) == {
+        "id": 1,
+        "n": pytest.approx(1.2345678901234568e23),
+        "f": 0.1,
+        "big": 9007199254740993,
+        "t": "2024-02-29T23:59:59.123456",
+        "d": "2024-02-29",
+        "j": {"a": [1, None]},
+        "tags": ["x", "y z", None],
+        "nums": [1.1, 2.25],
+        "u": "6ecd8c99-4036-403d-bf84-cf8400f67836",
+        "b": "AP8=",
+        "m": "happy",
+        "i": "1 day 02:00:00",
+        "nan": "NaN",
+    }
+    assert relation.stream == "public.typed" and [c.name for c in relation.columns if c.key] == ["id"]
+    conn.execute("SELECT pg_drop_replication_slot('typed_slot')")
+    conn.execute("DROP PUBLICATION typed_pub")
+
+
+def test_setup_problems_are_named_before_anything_is_written(spark, postgres, tmp_path):
+    deltaflow.register(spark)
+    conn = postgres.connect()
+    base = PostgresCdcOptions(
+        host=postgres.host,
+        port=postgres.port,
+        user="postgres",
+        database="postgres",
+        publication="nope",
+        slot="nope_slot",
+        snapshot="never",
+    )
+    with (
+        connection(base, "test") as c,
+        pytest.raises(PostgresSetupError, match="publication 'nope' does not exist"),
+    ):
+        check_setup(c, base)
+
+    conn.execute("CREATE PUBLICATION setup_pub FOR ALL TABLES")
+    conn.execute("CREATE ROLE plain LOGIN")
+    plain = base.model_copy(update={"publication": "setup_pub", "user": "plain"})
+    with connection(plain, "test") as c, pytest.raises(PostgresSetupError, match="WITH REPLICATION"):
+        check_setup(c, plain)
+
+    conn.execute("SELECT pg_create_logical_replication_slot('other_plugin', 'test_decoding')")
+    other = base.model_copy(update={"publication": "setup_pub", "slot": "other_plugin"})
+    with connection(other, "test") as c, pytest.raises(PostgresSetupError, match="plugin 'test_decoding'"):
+        check_setup(c, other)
+
+    # Through Spark: the query does not start, no table, no slot.
+    table = str(tmp_path / "never")
+    with pytest.raises(Exception, match="does not exist"):
+        spark.readStream.format("postgres-cdc").options(
+            **_source_options(postgres, "missing_pub", "missing_slot")
+        ).load()
+    assert not (tmp_path / "never").exists()
+    assert (
+        conn.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'missing_slot'").fetchone()[
+            0
+        ]
+        == 0
+    )
+    del table
+
+    with pytest.raises(ConfigError, match="snapshot 'initial'"):
+        PostgresCdcOptions.from_spark_options({"publication": "p"})
+    conn.execute("SELECT pg_drop_replication_slot('other_plugin')")
+    conn.execute("DROP PUBLICATION setup_pub")
+    conn.execute("DROP ROLE plain")
+
+
+def test_a_server_without_logical_wal_is_refused():
+    with running_postgres("replica") as server:
+        options = PostgresCdcOptions(
+            host=server.host,
+            port=server.port,
+            user="postgres",
+            database="postgres",
+            publication="p",
+            snapshot="never",
+        )
+        with connection(options, "test") as c, pytest.raises(PostgresSetupError, match="wal_level = logical"):
+            check_setup(c, options)
+
+
+def test_a_dropped_slot_with_progress_in_the_table_is_refused(spark, postgres, tmp_path):
+    deltaflow.register(spark)
+    conn = postgres.connect()
+    conn.execute("CREATE TABLE gone (id int PRIMARY KEY)")
+    conn.execute("CREATE PUBLICATION gone_pub FOR TABLE gone")
+    table, checkpoint = str(tmp_path / "events"), str(tmp_path / "cp")
+    _run(spark, postgres, table, checkpoint, "gone_pub", "gone_slot")
+    conn.execute("INSERT INTO gone VALUES (1)")
+    _run(spark, postgres, table, checkpoint, "gone_pub", "gone_slot")
+    conn.execute("SELECT pg_drop_replication_slot('gone_slot')")
+    with pytest.raises(Exception) as caught:
+        _run(spark, postgres, table, str(tmp_path / "cp2"), "gone_pub", "gone_slot")
+    assert "is gone" in str(caught.value)
+    assert CdcPositionError.__name__ in str(caught.value)
+    assert (
+        conn.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'gone_slot'").fetchone()[0]
+        == 0
+    )
+    conn.execute("DROP PUBLICATION gone_pub")
