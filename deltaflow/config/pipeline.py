@@ -45,6 +45,8 @@ from deltaflow.config.identity import PipelineId
 from deltaflow.config.ingest import IngestConfig
 from deltaflow.config.locations import normalize_uri
 from deltaflow.config.models import problem
+from deltaflow.config.postgres import PIPELINE_OWNED as POSTGRES_OWNED
+from deltaflow.config.postgres import PostgresCdcOptions
 from deltaflow.config.sink import SinkOptions
 from deltaflow.config.transforms import parse_transform
 from deltaflow.config.units import parse_seconds, parse_size
@@ -221,8 +223,37 @@ class GeneratorSourceSpec(_Model):
     seed: int = Field(default=0, ge=0)
 
 
+class PostgresCdcSourceSpec(PostgresCdcOptions):
+    """A PostgreSQL publication's changes (``postgres-cdc``): one event row per change, progress
+    per replication slot in the sink's Delta log (:mod:`deltaflow.sources.postgres_cdc`).
+
+    The pipeline sets ``delta_table_uri``, ``pipeline_id`` and ``delta_storage_options`` from its
+    sink.
+    """
+
+    type: Literal["postgres-cdc"]
+
+    @model_validator(mode="after")
+    def _not_pipeline_owned(self) -> PostgresCdcSourceSpec:
+        for key in POSTGRES_OWNED:
+            if getattr(self, key):
+                raise ValueError(f"{key} is set by the pipeline (from its sink), not in the source")
+        return self
+
+    def source_options(self, pipeline_id: str, sink: SinkOptions) -> PostgresCdcOptions:
+        """The source's options, reading its progress from ``sink``'s table."""
+        values = self.model_dump(exclude={"type"}, exclude_defaults=True)
+        values.update(
+            delta_table_uri=sink.table_uri,
+            pipeline_id=pipeline_id,
+            delta_storage_options=dict(sink.storage_options),
+        )
+        return PostgresCdcOptions(**values)
+
+
 SourceSpec = Annotated[
-    FilesSourceSpec | DeltaSourceSpec | KafkaSourceSpec | GeneratorSourceSpec, Field(discriminator="type")
+    FilesSourceSpec | DeltaSourceSpec | KafkaSourceSpec | GeneratorSourceSpec | PostgresCdcSourceSpec,
+    Field(discriminator="type"),
 ]
 
 #: Sink options a pipeline sets itself.
@@ -249,10 +280,15 @@ class SinkSpec(SinkOptions):
                 raise ValueError(f"{key} is set by the pipeline, not per sink")
         return self
 
-    def sink_options(self, pipeline_id: str, checkpoint_location: str) -> SinkOptions:
-        """The :class:`SinkOptions` this sink writes with."""
+    def sink_options(
+        self, pipeline_id: str, checkpoint_location: str, *, source_offsets: bool = False
+    ) -> SinkOptions:
+        """The :class:`SinkOptions` this sink writes with (``source_offsets``: the source's end
+        offsets are the progress, as ``kafka_offsets`` records them)."""
         values = self.model_dump(exclude={"name", "connector", "when"}, exclude_defaults=True)
         values.update(pipeline_id=pipeline_id, checkpoint_location=checkpoint_location)
+        if source_offsets:
+            values["kafka_offsets"] = True
         return SinkOptions.build(values)
 
 
@@ -371,6 +407,12 @@ class PipelineSpec(_Model):
                 problems.append(
                     f"sinks[{i}]: a merge from a {self.source.type} source needs sequence_by (the rows of "
                     "one batch have no order of their own: which change of a key is the latest?)"
+                )
+        if self.source.type == "postgres-cdc":
+            if len(self.sinks) != 1 or self.sinks[0].when or self.sinks[0].write_mode != "append":
+                problems.append(
+                    "a postgres-cdc pipeline appends its events to one sink (its progress per replication "
+                    "slot lives in that table): several sinks, when and merge are not supported with it yet"
                 )
         if self.dead_letter is not None and normalize_uri(self.dead_letter.table_uri) in tables:
             problems.append("dead_letter.table_uri must be another table than the sinks'")

@@ -30,6 +30,7 @@ from deltaflow.config.pipeline import (
     GeneratorSourceSpec,
     KafkaSourceSpec,
     PipelineSpec,
+    PostgresCdcSourceSpec,
 )
 from deltaflow.config.sink import SinkOptions
 from deltaflow.config.transforms import parse_transform
@@ -86,7 +87,16 @@ def read_source(spark: SparkSession, spec: PipelineSpec, checkpoint: str) -> Dat
         return _delta(spark, src)
     if isinstance(src, GeneratorSourceSpec):
         return _generator(spark, src)
+    if isinstance(src, PostgresCdcSourceSpec):
+        return _postgres(spark, spec, src)
     return _kafka(spark, src)
+
+
+def _postgres(spark: SparkSession, spec: PipelineSpec, src: PostgresCdcSourceSpec) -> DataFrame:
+    from deltaflow.sources.postgres_cdc import FORMAT_NAME
+
+    options = src.source_options(spec.pipeline_id, spec.sinks[0]).to_spark_options()
+    return spark.readStream.format(FORMAT_NAME).options(**options).load()
 
 
 def _delta(spark: SparkSession, src: DeltaSourceSpec) -> DataFrame:
@@ -457,8 +467,9 @@ def start_pipeline(
         # view in the shared session would race with other pipelines starting).
         good = spark.newSession().createDataFrame([], good.schema)
     shape = process(good, spec)
+    cdc = isinstance(spec.source, PostgresCdcSourceSpec)
     sinks = [
-        _Sink(name, sink.sink_options(spec.pipeline_id, location), sink.when)
+        _Sink(name, sink.sink_options(spec.pipeline_id, location, source_offsets=cdc), sink.when)
         for name, sink in zip(spec.sink_names(), spec.sinks, strict=True)
     ]
     _check_expressions(spec, shape)
@@ -528,4 +539,6 @@ def describe_source(spec: PipelineSpec) -> str:
         return f"delta table {src.table_uri}" + (" (change feed)" if src.read_change_feed else "")
     if isinstance(src, GeneratorSourceSpec):
         return f"generator at {src.rows_per_second:g} rows/s"
+    if isinstance(src, PostgresCdcSourceSpec):
+        return f"postgres-cdc publication {src.publication} (slot {src.slot_name}) @ {src.where()}"
     return f"kafka {','.join(src.topics) or src.topic_pattern} @ {src.bootstrap_servers}"

@@ -1,0 +1,156 @@
+"""Options of the ``postgres-cdc`` source, shared by Spark's option strings and YAML pipelines.
+
+Nothing here connects: :mod:`deltaflow.sources.postgres_cdc` does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from deltaflow.config.identity import PipelineId
+from deltaflow.config.models import problems
+from deltaflow.errors import ConfigError
+
+__all__ = ["PIPELINE_OWNED", "PostgresCdcOptions", "slot_key"]
+
+#: Options a pipeline sets itself (from its first sink).
+PIPELINE_OWNED = ("delta_table_uri", "pipeline_id", "delta_storage_options")
+
+
+def slot_key(slot: str) -> str:
+    """The offsets' key of a slot (and the middle of its txn id in the Delta log)."""
+    return f"slot:{slot}"
+
+
+class PostgresCdcOptions(BaseModel):
+    """Options of the ``postgres-cdc`` source (Rivven's names where it has them).
+
+    Connection settings left out come from libpq's environment (``PGHOST``, ``PGPORT``,
+    ``PGDATABASE``, ``PGUSER``, ``PGPASSWORD``, ``PGSSLMODE``, ``PGPASSFILE``, ...).
+
+    Attributes:
+        host, port, database, user, password, sslmode: The server (``dbname`` is accepted for
+            ``database``).
+        publication: The publication whose tables are captured (``CREATE PUBLICATION``).
+        slot: The logical replication slot (default ``deltaflow_<publication>``); created with
+            the ``pgoutput`` plugin when missing.
+        snapshot: ``never``: changes from the slot's position on. (``initial``, a snapshot of
+            the published tables first, is not built yet and is refused.)
+        max_changes_per_batch: Admission control: a micro-batch ends after the transaction
+            that reaches this many pgoutput messages (0 = no limit). Transactions are never
+            split.
+        idle_progress_bytes: With no captured change, the WAL other tables write is still held
+            for the slot; once this much has passed, an empty micro-batch records the new
+            position in the table so the slot can move on.
+        delta_table_uri: The Delta table the pipeline writes with ``kafka_offsets``: the source
+            starts after the position committed there and never reads a transaction it holds,
+            and the slot is advanced only to it.
+        pipeline_id: The pipeline whose txn to read (the sink's ``pipeline_id``).
+        delta_storage_options: Storage options for reading that table (JSON object).
+        connect_timeout: Seconds to wait for a connection.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    host: str | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)
+    database: str | None = Field(default=None, validation_alias=AliasChoices("database", "dbname"))
+    user: str | None = None
+    password: SecretStr | None = None
+    sslmode: str | None = None
+    publication: str = Field(min_length=1)
+    slot: str | None = Field(default=None, pattern=r"^[a-z0-9_]{1,63}$")
+    snapshot: Literal["initial", "never"] = "initial"
+    max_changes_per_batch: int = Field(default=0, ge=0)
+    idle_progress_bytes: int = Field(default=64 << 20, ge=1)
+    delta_table_uri: str | None = None
+    pipeline_id: PipelineId | None = None
+    delta_storage_options: dict[str, str] = Field(default_factory=dict)
+    connect_timeout: float = Field(default=10.0, gt=0)
+
+    @field_validator("delta_storage_options", mode="before")
+    @classmethod
+    def _parse_settings(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return json.loads(value) if value.strip() else {}
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> PostgresCdcOptions:
+        if bool(self.delta_table_uri) != bool(self.pipeline_id):
+            raise ValueError("set both delta_table_uri and pipeline_id (or neither)")
+        if self.snapshot == "initial":
+            raise ValueError(
+                "snapshot 'initial' (the published tables' rows before the changes) is not built yet; "
+                "set snapshot: never to capture the changes from the slot's position on"
+            )
+        return self
+
+    @property
+    def slot_name(self) -> str:
+        if self.slot:
+            return self.slot
+        cleaned = "".join(c if c.isalnum() or c == "_" else "_" for c in self.publication.lower())
+        return f"deltaflow_{cleaned}"[:63]
+
+    @property
+    def key(self) -> str:
+        return slot_key(self.slot_name)
+
+    def connect_kwargs(self) -> dict[str, Any]:
+        """psycopg's keyword arguments, the password revealed (never log them)."""
+        out: dict[str, Any] = {
+            "connect_timeout": max(1, round(self.connect_timeout)),
+            "application_name": "deltaflow",
+        }
+        for name in ("host", "port", "user", "sslmode"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        if self.database is not None:
+            out["dbname"] = self.database
+        if self.password is not None:
+            out["password"] = self.password.get_secret_value()
+        return out
+
+    def where(self) -> str:
+        """The server for messages: ``host:port/database`` (libpq's defaults where unset)."""
+        return f"{self.host or '$PGHOST'}:{self.port or '$PGPORT'}/{self.database or '$PGDATABASE'}"
+
+    def to_spark_options(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for name, value in self.model_dump(exclude_defaults=True).items():
+            if name == "password" and self.password is not None:
+                out[name] = self.password.get_secret_value()
+            elif isinstance(value, dict):
+                out[name] = json.dumps(value)
+            else:
+                out[name] = str(value)
+        return out
+
+    @classmethod
+    def from_spark_options(cls, options: Mapping[str, str]) -> PostgresCdcOptions:
+        values: dict[str, Any] = {k.lower(): v for k, v in options.items() if k.lower() != "path"}
+        known = set(cls.model_fields) | {"dbname"}
+        unknown = set(values) - known
+        if unknown:
+            from deltaflow.errors import UnknownOptionError
+
+            raise UnknownOptionError(unknown, sorted(known))
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            raise ConfigError("invalid postgres-cdc source options: " + "; ".join(problems(exc))) from None

@@ -1,0 +1,150 @@
+"""A YAML ``postgres-cdc`` pipeline run by ``deltaflow run --once`` in its own process: SIGKILL
+between the Delta commit and the slot's advance, a lost checkpoint, restarts; every change lands
+exactly once (checked against a second slot created beside the pipeline's and never consumed)."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import textwrap
+
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from deltaflow.config.postgres import PostgresCdcOptions, slot_key
+from deltaflow.sources import pgoutput
+from deltaflow.sources.postgres_cdc import CdcRange, read_range
+from tests.pipeline.test_runner import _run_cli
+
+EVENTS = pa.schema(
+    [
+        ("data", pa.string()),
+        ("event_type", pa.string()),
+        ("timestamp", pa.timestamp("us", tz="UTC")),
+        ("stream", pa.string()),
+        ("lsn", pa.int64()),
+        ("xid", pa.int64()),
+        ("seq", pa.int32()),
+    ]
+)
+
+
+def _reference(postgres, slot: str) -> list[tuple]:
+    """Every event of ``slot`` (never advanced), read by the source's own reader."""
+    options = PostgresCdcOptions(
+        host=postgres.host,
+        port=postgres.port,
+        user=postgres.user,
+        database=postgres.dbname,
+        publication="crash_pub",
+        slot=slot,
+        snapshot="never",
+    )
+    with postgres.connect() as conn:
+        end = pgoutput.lsn_from_text(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
+    batches = list(read_range(CdcRange(0, end + 1, options, EVENTS)))
+    rows = pa.Table.from_batches(batches, EVENTS).to_pylist() if batches else []
+    return [(r["lsn"], r["seq"], r["xid"], r["stream"], r["event_type"], r["data"]) for r in rows]
+
+
+def _landed(table: str) -> list[tuple]:
+    rows = DeltaTable(table).to_pyarrow_table().to_pylist()
+    return sorted((r["lsn"], r["seq"], r["xid"], r["stream"], r["event_type"], r["data"]) for r in rows)
+
+
+def _confirmed(conn, slot: str) -> int:
+    text = conn.execute(
+        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+    )
+    return pgoutput.lsn_from_text(text.fetchone()[0])
+
+
+def _changes(conn, round_: int) -> None:
+    """Twelve transactions: inserts, updates, deletes, one touching both tables."""
+    base = round_ * 100
+    for i in range(6):
+        conn.execute("INSERT INTO crash_a VALUES (%s, %s)", (base + i, f"a{i}"))
+    with conn.transaction():
+        conn.execute("UPDATE crash_a SET name = name || '!' WHERE id >= %s", (base,))
+        conn.execute("INSERT INTO crash_b VALUES (%s, 1.25)", (base,))
+    for i in range(3):
+        conn.execute("UPDATE crash_b SET amount = amount + 1 WHERE id = %s", (base,))
+    conn.execute("DELETE FROM crash_a WHERE id = %s", (base + 1,))
+    conn.execute("INSERT INTO crash_b VALUES (%s, 99.99)", (base + 1,))
+
+
+def test_killed_after_its_commit_then_restarted_and_checkpoint_lost_is_exactly_once(postgres, tmp_path):
+    conn = postgres.connect()
+    conn.execute("CREATE TABLE crash_a (id int PRIMARY KEY, name text)")
+    conn.execute("CREATE TABLE crash_b (id int PRIMARY KEY, amount numeric(10, 2))")
+    conn.execute("CREATE PUBLICATION crash_pub FOR TABLE crash_a, crash_b")
+    conn.execute("SELECT pg_create_logical_replication_slot('crash_ref', 'pgoutput')")
+    conn.execute("SELECT pg_create_logical_replication_slot('crash_slot', 'pgoutput')")
+    table = tmp_path / "events"
+    path = tmp_path / "cdc.yaml"
+    path.write_text(
+        textwrap.dedent(
+            f"""
+            spark: {{master: "local[2]", conf: {{spark.sql.shuffle.partitions: "2"}}}}
+            pipelines:
+              - id: cdc
+                source:
+                  type: postgres-cdc
+                  host: {postgres.host}
+                  port: {postgres.port}
+                  user: {postgres.user}
+                  database: {postgres.dbname}
+                  publication: crash_pub
+                  slot: crash_slot
+                  snapshot: never
+                  max_changes_per_batch: 10
+                sinks:
+                  - table_uri: "{table}"
+            """
+        )
+    )
+    _changes(conn, 0)
+
+    # SIGKILL after batch 1's Delta commit: Spark has not recorded it, the slot is not advanced
+    # past it.
+    crashed = _run_cli(["run", str(path), "--once"], DELTAFLOW_TEST_CRASH_AT="after_commit:1")
+    _, err = crashed.communicate(timeout=300)
+    assert crashed.returncode == -signal.SIGKILL, err[-3000:]
+    progress = DeltaTable(str(table)).transaction_version(f"cdc-{slot_key('crash_slot')}-lsn")
+    assert progress is not None
+    assert _confirmed(conn, "crash_slot") <= progress + 1
+    assert len({h.get("deltaflow.epoch") for h in DeltaTable(str(table)).history()} - {None}) == 2
+
+    restarted = _run_cli(["run", str(path), "--once"])
+    _, err = restarted.communicate(timeout=300)
+    assert restarted.returncode == 0, err[-3000:]
+    reference = _reference(postgres, "crash_ref")
+    assert (
+        len(reference) == 18
+    )  # per round: 6 inserts, 6 + 1 in one transaction, 3 updates, 1 delete, 1 insert
+    assert _landed(str(table)) == reference
+    assert (
+        _confirmed(conn, "crash_slot")
+        <= DeltaTable(str(table)).transaction_version(f"cdc-{slot_key('crash_slot')}-lsn") + 1
+    )
+
+    # Round 2 with the Spark checkpoint lost: the source resumes from the table.
+    _changes(conn, 1)
+    conn.execute("ALTER TABLE crash_b ADD COLUMN note text")
+    conn.execute("INSERT INTO crash_b VALUES (500, 5, 'added column')")
+    conn.execute("TRUNCATE crash_a")
+    shutil.rmtree(table / "_deltaflow" / "checkpoints")
+    again = _run_cli(["run", str(path), "--once"])
+    _, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err[-3000:]
+    reference = _reference(postgres, "crash_ref")
+    assert len(reference) == 18 + 18 + 2
+    assert _landed(str(table)) == reference
+    assert any('"note":"added column"' in r[5] for r in reference)
+    assert (
+        _confirmed(conn, "crash_slot")
+        <= DeltaTable(str(table)).transaction_version(f"cdc-{slot_key('crash_slot')}-lsn") + 1
+    )
+    for slot in ("crash_ref", "crash_slot"):
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+    conn.execute("DROP PUBLICATION crash_pub")
