@@ -408,12 +408,12 @@ class PipelineSpec(_Model):
                     f"sinks[{i}]: a merge from a {self.source.type} source needs sequence_by (the rows of "
                     "one batch have no order of their own: which change of a key is the latest?)"
                 )
-        if self.source.type == "postgres-cdc":
-            if len(self.sinks) != 1 or self.sinks[0].when or self.sinks[0].write_mode != "append":
-                problems.append(
-                    "a postgres-cdc pipeline appends its events to one sink (its progress per replication "
-                    "slot lives in that table): several sinks, when and merge are not supported with it yet"
-                )
+        single = len(self.sinks) == 1 and not self.sinks[0].when and self.sinks[0].write_mode == "append"
+        if self.source.type == "postgres-cdc" and not single:
+            problems.append(
+                "a postgres-cdc pipeline appends its events to one sink (its progress per replication "
+                "slot lives in that table): several sinks, when and merge are not supported with it yet"
+            )
         if self.dead_letter is not None and normalize_uri(self.dead_letter.table_uri) in tables:
             problems.append("dead_letter.table_uri must be another table than the sinks'")
         if self.query and (self.transforms or self.filter or self.select):

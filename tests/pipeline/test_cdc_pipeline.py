@@ -67,7 +67,7 @@ def _changes(conn, round_: int) -> None:
     with conn.transaction():
         conn.execute("UPDATE crash_a SET name = name || '!' WHERE id >= %s", (base,))
         conn.execute("INSERT INTO crash_b VALUES (%s, 1.25)", (base,))
-    for i in range(3):
+    for _ in range(3):
         conn.execute("UPDATE crash_b SET amount = amount + 1 WHERE id = %s", (base,))
     conn.execute("DELETE FROM crash_a WHERE id = %s", (base + 1,))
     conn.execute("INSERT INTO crash_b VALUES (%s, 99.99)", (base + 1,))
