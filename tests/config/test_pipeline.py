@@ -117,8 +117,8 @@ def test_every_problem_is_reported_with_path_received_value_and_what_is_allowed(
         "pipelines[0].expectations[0].action: must be one of 'warn', 'drop' or 'fail' (received 'dropp')",
         "pipelines[0].sinks[0].partiton_columns: unknown key (did you mean 'partition_columns'?)",
         "pipelines[0].sinks[1]: pipeline_id is set by the pipeline, not per sink",
-        "pipelines[1].source: unknown source type; use one of 'files', 'delta', 'kafka', 'generator' "
-        "(received 'generater')",
+        "pipelines[1].source: unknown source type; use one of 'files', 'delta', 'kafka', 'generator', "
+        "'postgres-cdc' (received 'generater')",
         "pipelines[1].sinks: List should have at least 1 item after validation, not 0",
         "pipelines[2].source: format json needs schema (Spark DDL of the value's fields)",
         "pipelines[2].sinks[0].target_file_size_mb: Input should be greater than or equal to 1 (received 0)",
@@ -317,3 +317,27 @@ def test_an_inline_avro_schema_reaches_the_arrow_engines_source(tmp_path):
     options = source_options(None, config)  # type: ignore[arg-type] - Avro needs no Spark here
     assert (options["value_format"], options["avro_schema"]) == ("avro", avro)
     assert options["delta_storage_options"] == '{"AWS_REGION": "eu-west-1"}'  # the progress lookup
+
+
+def test_a_postgres_cdc_pipeline_takes_one_append_sink_and_leaves_its_progress_to_the_pipeline(tmp_path):
+    cdc = """
+        pipelines:
+          - id: cdc
+            source: {type: postgres-cdc, host: db, dbname: shop, publication: pub, snapshot: never%s}
+            sinks: [{table_uri: /lake/events, storage_options: {AWS_REGION: eu-west-1}}%s]
+    """
+    spec = load_pipelines(_write(tmp_path, cdc % ("", ""))).pipelines[0]
+    options = spec.source.source_options("cdc", spec.sinks[0])
+    assert (options.database, options.slot_name) == ("shop", "deltaflow_pub")
+    assert (options.delta_table_uri, options.pipeline_id) == ("/lake/events", "cdc")
+    assert options.delta_storage_options == {"AWS_REGION": "eu-west-1"}
+    assert spec.sinks[0].sink_options("cdc", "/cp", source_offsets=True).kafka_offsets
+
+    for extra, problem in [
+        ((", delta_table_uri: /x, pipeline_id: x", ""), "set by the pipeline"),
+        (("", ", {table_uri: /lake/more}"), "appends its events to one sink"),
+        ((", snapshot: initial", ""), "snapshot 'initial'"),
+    ]:
+        text = (cdc % extra).replace("snapshot: never, snapshot: initial", "snapshot: initial")
+        with pytest.raises(PipelineConfigError, match=problem):
+            load_pipelines(_write(tmp_path, text))
