@@ -47,8 +47,13 @@ class PostgresCdcOptions(BaseModel):
         publication: The publication whose tables are captured (``CREATE PUBLICATION``).
         slot: The logical replication slot (default ``deltaflow_<publication>``); created with
             the ``pgoutput`` plugin when missing.
-        snapshot: ``never``: changes from the slot's position on. (``initial``, a snapshot of
-            the published tables first, is not built yet and is refused.)
+        snapshot: ``initial`` (the default): the first micro-batch is every published table's
+            rows (``snapshot`` events) as of the slot's start, exactly (the slot is created with
+            an exported snapshot, over a replication connection), then the changes from there.
+            An existing slot the table holds nothing from is replaced by a new one for it.
+            ``never``: changes from the slot's position on (an existing slot keeps its own).
+        snapshot_chunk_mb: The snapshot reads a table in one Spark task per this many MiB of it
+            (ctid ranges, PostgreSQL 14+), so large tables are read in parallel.
         max_changes_per_batch: Admission control: a micro-batch ends after the transaction
             that reaches this many pgoutput messages (0 = no limit). Transactions are never
             split.
@@ -74,6 +79,7 @@ class PostgresCdcOptions(BaseModel):
     publication: str = Field(min_length=1)
     slot: str | None = Field(default=None, pattern=r"^[a-z0-9_]{1,63}$")
     snapshot: Literal["initial", "never"] = "initial"
+    snapshot_chunk_mb: int = Field(default=128, ge=1)
     max_changes_per_batch: int = Field(default=0, ge=0)
     idle_progress_bytes: int = Field(default=64 << 20, ge=1)
     delta_table_uri: str | None = None
@@ -92,11 +98,6 @@ class PostgresCdcOptions(BaseModel):
     def _check(self) -> PostgresCdcOptions:
         if bool(self.delta_table_uri) != bool(self.pipeline_id):
             raise ValueError("set both delta_table_uri and pipeline_id (or neither)")
-        if self.snapshot == "initial":
-            raise ValueError(
-                "snapshot 'initial' (the published tables' rows before the changes) is not built yet; "
-                "set snapshot: never to capture the changes from the slot's position on"
-            )
         return self
 
     @property

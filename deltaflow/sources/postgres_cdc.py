@@ -22,10 +22,12 @@ The slot serves one reader at a time, so a batch is one Spark task.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -75,6 +77,12 @@ IDLE_POLL_S = 0.25
 SLOT_BUSY_WAIT_S = 60.0
 
 Offsets = dict[str, dict[str, int]]
+#: The offsets' entries: the next commit LSN, and (once taken) the initial snapshot.
+_LSN, _SNAPSHOT = "lsn", "snapshot"
+
+
+def _snapshot_pending(position: Mapping[str, int], options: PostgresCdcOptions) -> bool:
+    return options.snapshot == "initial" and _SNAPSHOT not in position and int(position[_LSN]) == 0
 
 
 # -- connections and errors ----------------------------------------------------------------
@@ -208,6 +216,168 @@ class CdcRange(InputPartition):
     arrow_schema: Any = field(repr=False, default=None)
 
 
+@dataclass(frozen=True)
+class SnapshotRange(InputPartition):
+    """One published table (or a ctid range of a large one) read in the exported snapshot."""
+
+    relation: pgoutput.Relation
+    copy_sql: str
+    snapshot_name: str
+    lsn: int  # the slot's consistent point: the snapshot holds every commit before it
+    taken_us: int
+    options: PostgresCdcOptions = field(repr=False)
+    arrow_schema: Any = field(repr=False, default=None)
+
+
+def create_slot_exporting_snapshot(options: PostgresCdcOptions) -> tuple[Any, int, str]:
+    """Create the slot over a replication connection, exporting the snapshot its start matches.
+
+    Returns the connection (the snapshot lives while it stays open and idle), the slot's
+    consistent point and the snapshot's name.
+    """
+    import psycopg
+    from psycopg import sql
+
+    try:
+        conn = psycopg.connect(**options.connect_kwargs(), replication="database", autocommit=True)
+    except psycopg.Error as exc:
+        failure = _failure(exc, options, "opening a replication connection for the snapshot")
+        if isinstance(failure, PostgresAccessError):
+            raise PostgresSetupError(
+                f"{failure} (the initial snapshot needs a replication connection: a 'replication' line "
+                "in pg_hba.conf for this role and host, and the REPLICATION attribute)"
+            ) from None
+        raise failure from None
+    command = sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL pgoutput EXPORT_SNAPSHOT").format(
+        sql.Identifier(options.slot_name)
+    )
+    result = conn.pgconn.exec_(command.as_bytes(conn))
+    if result.status != 2:  # PGRES_TUPLES_OK
+        message = (result.error_message or b"").decode("utf-8", "replace").strip()
+        conn.close()
+        raise PostgresSetupError(
+            f"creating replication slot {options.slot_name!r} at {options.where()} failed: {message}"
+        )
+    lsn = pgoutput.lsn_from_text(bytes(result.get_value(0, 1) or b"0/0").decode())
+    name = bytes(result.get_value(0, 2) or b"").decode()
+    logger.info(
+        "created replication slot %r at %s (LSN %s) with snapshot %s",
+        options.slot_name,
+        options.where(),
+        pgoutput.lsn_to_text(lsn),
+        name,
+    )
+    return conn, lsn, name
+
+
+def _in_snapshot(conn: Any, name: str) -> None:
+    from psycopg import sql
+
+    conn.autocommit = False
+    conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+    conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(name)))
+
+
+def plan_snapshot(options: PostgresCdcOptions, name: str, lsn: int, arrow_schema: Any) -> list[SnapshotRange]:
+    """The snapshot's tasks: every table of the publication as the snapshot sees it (its column
+    list and row filter too, PostgreSQL 15+), large tables split into ctid ranges (14+)."""
+    from psycopg import sql
+
+    ranges: list[SnapshotRange] = []
+    with connection(options, "planning the snapshot") as conn:
+        _in_snapshot(conn, name)
+        version = int(conn.execute("SHOW server_version_num").fetchone()[0])
+        extra = "pt.attnames, pt.rowfilter" if version >= 150000 else "NULL::text[], NULL::text"
+        tables = conn.execute(
+            "SELECT c.oid, pt.schemaname, pt.tablename, "
+            f"pg_relation_size(c.oid) / current_setting('block_size')::int, {extra} "
+            "FROM pg_publication_tables pt "
+            "JOIN pg_namespace n ON n.nspname = pt.schemaname "
+            "JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename "
+            "WHERE pt.pubname = %s ORDER BY 2, 3",
+            (options.publication,),
+        ).fetchall()
+        taken = int(
+            conn.execute("SELECT (extract(epoch FROM statement_timestamp()) * 1e6)::bigint").fetchone()[0]
+        )
+        generated = "AND a.attgenerated = ''" if version >= 120000 else ""
+        block = int(conn.execute("SELECT current_setting('block_size')::int").fetchone()[0])
+        chunk_pages = max(1, options.snapshot_chunk_mb * (1 << 20) // block)
+        for oid, schema, table, pages, attnames, rowfilter in tables:
+            columns = conn.execute(
+                "SELECT a.attname, a.atttypid, coalesce(i.indisprimary, false) FROM pg_attribute a "
+                "LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary "
+                "AND a.attnum = ANY(i.indkey) WHERE a.attrelid = %s AND a.attnum > 0 "
+                f"AND NOT a.attisdropped {generated} ORDER BY a.attnum",
+                (oid,),
+            ).fetchall()
+            wanted = set(attnames) if attnames else None
+            relation = pgoutput.Relation(
+                int(oid),
+                str(schema),
+                str(table),
+                "d",
+                tuple(
+                    pgoutput.Column(str(n), int(t), bool(k))
+                    for n, t, k in columns
+                    if wanted is None or n in wanted
+                ),
+            )
+            select = (
+                sql.SQL("SELECT {} FROM {}.{}")
+                .format(
+                    sql.SQL(", ").join(sql.Identifier(c.name) for c in relation.columns),
+                    sql.Identifier(str(schema)),
+                    sql.Identifier(str(table)),
+                )
+                .as_string(conn)
+            )
+            chunks = math.ceil(int(pages) / chunk_pages) if version >= 140000 else 1
+            for i in range(max(1, chunks)):
+                conditions = [f"({rowfilter})"] if rowfilter else []
+                if chunks > 1:
+                    if i:
+                        conditions.append(f"ctid >= '({i * chunk_pages},0)'::tid")
+                    if i < chunks - 1:
+                        conditions.append(f"ctid < '({(i + 1) * chunk_pages},0)'::tid")
+                where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+                ranges.append(
+                    SnapshotRange(
+                        relation, f"COPY ({select}{where}) TO STDOUT", name, lsn, taken, options, arrow_schema
+                    )
+                )
+        conn.rollback()
+    return ranges
+
+
+def read_snapshot(task: SnapshotRange) -> Iterator[pa.RecordBatch]:
+    """The rows of one snapshot task as ``snapshot`` events (commit LSN = consistent point - 1:
+    before every change the slot streams)."""
+    import psycopg
+
+    opts = task.options
+    encoder = pgoutput.ValueEncoder()
+    out = _Events(task.arrow_schema)
+    marker = pgoutput.Begin(task.lsn - 1, task.taken_us, 0)
+    with connection(opts, f"reading the snapshot of {task.relation.stream}") as conn:
+        try:
+            _in_snapshot(conn, task.snapshot_name)
+        except psycopg.errors.InvalidParameterValue as exc:
+            raise PostgresUnavailableError(
+                f"the snapshot of publication {opts.publication!r} at {opts.where()} is no longer available "
+                f"({str(exc).strip()}): the process that planned it has stopped; the batch is planned "
+                "again (a new slot and snapshot) when the pipeline restarts"
+            ) from None
+        with conn.cursor().copy(task.copy_sql) as copy:
+            for seq, row in enumerate(copy.rows()):
+                out.add(encoder.encode_row(task.relation, row), "snapshot", task.relation.stream, marker, seq)
+                if out.size >= CHUNK_ROWS:
+                    yield out.flush()
+        conn.rollback()
+    if out.size:
+        yield out.flush()
+
+
 class PostgresCdcDataSource(DataSource):
     """Spark data source ``postgres-cdc`` (streaming reads)."""
 
@@ -239,40 +409,55 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         self._target: int | None = None  # availableNow: the WAL position at start
         self._confirmed: int | None = None  # the slot's confirmed_flush_lsn, as last seen
         self._latest: Offsets | None = None
+        self._export: Any = None  # the connection whose slot creation exported the snapshot
 
     # -- driver ------------------------------------------------------------------------------
 
-    def _committed(self) -> int | None:
-        """The next LSN according to the Delta table (``None``: no table, or nothing yet)."""
+    def _progress(self) -> tuple[int | None, bool]:
+        """What the Delta table holds: the next LSN (``None``: no change batch yet) and whether
+        the initial snapshot is in it."""
         opts = self._options
         if not opts.delta_table_uri or not opts.pipeline_id:
-            return None
+            return None, False
         from deltaflow.config.locations import normalize_uri
         from deltaflow.delta import log as delta_log
         from deltaflow.delta.progress import kafka_progress
 
         table = delta_log.load(normalize_uri(opts.delta_table_uri), opts.delta_storage_options)
-        done = kafka_progress(table, opts.pipeline_id, {opts.key: ["lsn"]})
-        last = done.get(opts.key, {}).get("lsn")
-        return None if last is None else last + 1
+        done = kafka_progress(table, opts.pipeline_id, {opts.key: [_LSN, _SNAPSHOT]}).get(opts.key, {})
+        last = done.get(_LSN)
+        return (None if last is None else last + 1), _SNAPSHOT in done
+
+    def _committed(self) -> int | None:
+        return self._progress()[0]
 
     def initialOffset(self) -> Offsets:  # noqa: N802
         if self._initial is None:
-            self._initial = {self._options.key: {"lsn": self._initial_lsn()}}
+            self._initial = {self._options.key: self._initial_position()}
         return {k: dict(v) for k, v in self._initial.items()}
 
-    def _initial_lsn(self) -> int:
+    def _initial_position(self) -> dict[str, int]:
         opts = self._options
-        committed = self._committed()
+        committed, snapshot_done = self._progress()
+        if opts.snapshot == "initial" and committed is None and not snapshot_done:
+            with connection(opts, "checking the server") as conn:
+                check_setup(conn, opts)
+            logger.info(
+                "postgres-cdc source starts with a snapshot of publication %r (slot %r)",
+                opts.publication,
+                opts.slot_name,
+            )
+            return {_LSN: 0}  # the first batch is the snapshot (latestOffset)
         with connection(opts, "preparing the replication slot") as conn:
             state = check_setup(conn, opts)
             if state is None:
-                if committed is not None:
+                if committed is not None or snapshot_done:
+                    held = pgoutput.lsn_to_text(committed) if committed is not None else "its snapshot"
                     raise CdcPositionError(
                         f"replication slot {opts.slot_name!r} at {opts.where()} is gone, but "
-                        f"{opts.delta_table_uri} holds changes up to LSN {pgoutput.lsn_to_text(committed)} "
-                        "from it: the changes since then are no longer kept by PostgreSQL. Start over "
-                        "deliberately (a new pipeline_id or table), or restore the slot",
+                        f"{opts.delta_table_uri} holds changes up to {held} from it: the changes since "
+                        "then are no longer kept by PostgreSQL. Start over deliberately (a new "
+                        "pipeline_id or table), or restore the slot",
                         pipeline_id=opts.pipeline_id,
                     )
                 row = conn.execute(
@@ -304,7 +489,7 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
             opts.slot_name,
             "yes" if committed is not None else "nothing",
         )
-        return start
+        return {_LSN: start, _SNAPSHOT: 1} if snapshot_done else {_LSN: start}
 
     def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
         with connection(self._options, "reading the WAL position") as conn:
@@ -319,7 +504,11 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:  # noqa: N802
         opts = self._options
-        begin = int(start[opts.key]["lsn"])
+        position = start[opts.key]
+        if _snapshot_pending(position, opts):
+            return {opts.key: {_LSN: 0, _SNAPSHOT: 1}}  # the snapshot batch
+        self._close_export()  # the snapshot batch, if any, is done
+        begin = int(position[_LSN])
         nchanges = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         with connection(opts, "reading the slot's changes") as conn:
             self._advance(conn, begin)
@@ -345,14 +534,14 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
                 last = commit_lsn
         if last is not None:
             end = last + 1
-        elif upto - begin >= opts.idle_progress_bytes:
+        elif upto - max(begin, self._confirmed or 0) >= opts.idle_progress_bytes:
             end = upto  # nothing captured for a while: record the position, free the WAL
         else:
             end = begin
-        self._latest = {opts.key: {"lsn": max(end, upto)}}
+        self._latest = {opts.key: {**position, _LSN: max(end, upto)}}
         if end == begin and self._target is None:
             time.sleep(IDLE_POLL_S)
-        return {opts.key: {"lsn": end}}
+        return {opts.key: {**position, _LSN: end}}
 
     def reportLatestOffset(self) -> Offsets | None:  # noqa: N802
         return self._latest
@@ -379,23 +568,65 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         self._confirmed = target
         logger.debug("slot %r advanced to %s", opts.slot_name, pgoutput.lsn_to_text(target))
 
-    def partitions(self, start: Offsets, end: Offsets) -> list[CdcRange]:
+    def partitions(self, start: Offsets, end: Offsets) -> list[InputPartition]:
         key = self._options.key
-        begin, stop = int(start[key]["lsn"]), int(end[key]["lsn"])
-        committed = self._committed()
+        committed, snapshot_done = self._progress()
+        if _snapshot_pending(start[key], self._options):
+            # Replayed after its commit landed: nothing to read.
+            return [] if snapshot_done else self._snapshot_partitions()
+        begin, stop = int(start[key][_LSN]), int(end[key][_LSN])
         if committed is not None:
             begin = max(begin, committed)  # never read what the table holds already
         return [CdcRange(begin, stop, self._options, self._arrow)] if stop > begin else []
 
+    def _snapshot_partitions(self) -> list[InputPartition]:
+        """Start a new slot whose creation exports a snapshot (held open by this process until
+        the next batch is planned) and plan reading every published table in it."""
+        opts = self._options
+        self._close_export()
+        with connection(opts, "preparing the snapshot") as conn:
+            if check_setup(conn, opts) is not None:
+                # Nothing of this slot is in the table (the snapshot is not): a new slot, whose
+                # start the snapshot matches exactly, replaces it.
+                logger.warning(
+                    "replication slot %r exists but %s holds nothing from it: it is replaced by a new "
+                    "slot whose start the snapshot matches",
+                    opts.slot_name,
+                    opts.delta_table_uri or "the table",
+                )
+                _with_slot(conn, opts, "SELECT pg_drop_replication_slot(%s)", (opts.slot_name,))
+        self._export, lsn, name = create_slot_exporting_snapshot(opts)
+        ranges = plan_snapshot(opts, name, lsn, self._arrow)
+        logger.info(
+            "snapshot of publication %r at LSN %s: %d table(s) in %d task(s)",
+            opts.publication,
+            pgoutput.lsn_to_text(lsn),
+            len({r.relation.oid for r in ranges}),
+            len(ranges),
+        )
+        return list(ranges)
+
+    def _close_export(self) -> None:
+        if self._export is not None:
+            with contextlib.suppress(Exception):
+                self._export.close()
+            self._export = None
+
     def commit(self, end: Offsets) -> None:
         with connection(self._options, "advancing the replication slot") as conn:
-            self._advance(conn, int(end[self._options.key]["lsn"]))
+            self._advance(conn, int(end[self._options.key][_LSN]))
+
+    def stop(self) -> None:
+        self._close_export()
 
     # -- executor ----------------------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, CdcRange)
-        yield from read_range(partition)
+        if isinstance(partition, SnapshotRange):
+            yield from read_snapshot(partition)
+        else:
+            assert isinstance(partition, CdcRange)
+            yield from read_range(partition)
 
 
 def read_range(task: CdcRange) -> Iterator[pa.RecordBatch]:
@@ -456,7 +687,7 @@ class _Events:
         self.size = 0
         self.flushed = False
 
-    def _add(self, data: str, kind: str, stream: str, begin: pgoutput.Begin, seq: int) -> None:
+    def add(self, data: str, kind: str, stream: str, begin: pgoutput.Begin, seq: int) -> None:
         c = self._columns
         c["data"].append(data)
         c["event_type"].append(kind)
@@ -484,13 +715,13 @@ class _Events:
             data = '{"before":' + before + ',"after":' + encoder.encode_row(relation, change.new) + "}"
         else:
             data = _old(encoder, relation, change)
-        self._add(data, change.kind, relation.stream, begin, seq)
+        self.add(data, change.kind, relation.stream, begin, seq)
 
     def truncate(
         self, relation: pgoutput.Relation, message: pgoutput.Truncate, begin: pgoutput.Begin, seq: int
     ) -> None:
         data = json.dumps({"cascade": message.cascade, "restart_identity": message.restart_identity})
-        self._add(data, "truncate", relation.stream, begin, seq)
+        self.add(data, "truncate", relation.stream, begin, seq)
 
     def flush(self) -> pa.RecordBatch:
         import pyarrow as pa

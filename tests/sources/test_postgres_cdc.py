@@ -235,8 +235,8 @@ def test_setup_problems_are_named_before_anything_is_written(spark, postgres, tm
         == 0
     )
 
-    with pytest.raises(ConfigError, match=r"snapshot .initial. .the published"):
-        PostgresCdcOptions.from_spark_options({"publication": "p"})
+    with pytest.raises(ConfigError, match="delta_table_uri and pipeline_id"):
+        PostgresCdcOptions.from_spark_options({"publication": "p", "pipeline_id": "x"})
     conn.execute("SELECT pg_drop_replication_slot('other_plugin')")
     conn.execute("DROP PUBLICATION setup_pub")
     conn.execute("DROP ROLE plain")
@@ -275,3 +275,59 @@ def test_a_dropped_slot_with_progress_in_the_table_is_refused(spark, postgres, t
         == 0
     )
     conn.execute("DROP PUBLICATION gone_pub")
+
+
+def test_the_initial_snapshot_matches_the_slots_start_then_the_changes_follow(spark, postgres, tmp_path):
+    deltaflow.register(spark)
+    conn = postgres.connect()
+    conn.execute("CREATE TABLE snap_a (id int PRIMARY KEY, name text, secret text)")
+    conn.execute("CREATE TABLE snap_b (id int PRIMARY KEY, amount numeric(10, 2), pad text)")
+    # A column list and a row filter (PostgreSQL 15): the snapshot applies them as pgoutput does.
+    conn.execute("CREATE PUBLICATION snap_pub FOR TABLE snap_a (id, name), snap_b WHERE (id > 0)")
+    conn.execute("INSERT INTO snap_a VALUES (1, 'one', 'x'), (2, 'two', 'y'), (3, NULL, 'z')")
+    # ~3 MiB: read by several tasks with snapshot_chunk_mb = 1.
+    conn.execute(
+        "INSERT INTO snap_b SELECT i - 5, i / 100.0, repeat('p', 300) FROM generate_series(1, 9000) i"
+    )
+    # A slot that exists but gave the table nothing is replaced by one whose start the
+    # snapshot matches.
+    conn.execute("SELECT pg_create_logical_replication_slot('snap_slot', 'pgoutput')")
+    table, checkpoint = str(tmp_path / "events"), str(tmp_path / "cp")
+    options = {"snapshot": "initial", "snapshot_chunk_mb": "1"}
+
+    _run(spark, postgres, table, checkpoint, "snap_pub", "snap_slot", **options)
+    rows = DeltaTable(table).to_pyarrow_table().to_pylist()
+    assert {r["event_type"] for r in rows} == {"snapshot"}
+    a = sorted(json.loads(r["data"])["id"] for r in rows if r["stream"] == "public.snap_a")
+    assert a == [1, 2, 3]
+    assert all("secret" not in r["data"] for r in rows if r["stream"] == "public.snap_a")
+    b = sorted(json.loads(r["data"])["id"] for r in rows if r["stream"] == "public.snap_b")
+    assert b == list(range(1, 9000 - 4))  # ids <= 0 filtered out, each row once
+    assert len(rows) == 3 + len(b)
+    (lsn,) = {r["lsn"] for r in rows}
+    history = DeltaTable(table).history()
+    assert len([h for h in history if "deltaflow.epoch" in h]) == 1  # one commit...
+    assert len(DeltaTable(table).file_uris()) >= 3  # ...of several tasks' files
+    progress = DeltaTable(table).transaction_version(f"cdc-{slot_key('snap_slot')}-snapshot")
+    assert progress == 0
+    consistent = _slot_confirmed(conn, "snap_slot")
+    assert lsn == consistent - 1  # before every change the new slot streams
+
+    conn.execute("INSERT INTO snap_a VALUES (4, 'four', 's')")
+    conn.execute("UPDATE snap_b SET amount = 0 WHERE id = 1")
+    conn.execute("DELETE FROM snap_a WHERE id = 2")
+    _run(spark, postgres, table, checkpoint, "snap_pub", "snap_slot", **options)
+    changes = sorted(
+        (r["lsn"], r["seq"], r["event_type"], r["stream"], r["data"])
+        for r in DeltaTable(table).to_pyarrow_table().to_pylist()
+        if r["event_type"] != "snapshot"
+    )
+    assert [(k, s, json.loads(d)) for _, _, k, s, d in changes] == [
+        ("insert", "public.snap_a", {"id": 4, "name": "four"}),
+        ("update", "public.snap_b", {"before": None, "after": {"id": 1, "amount": 0.0, "pad": "p" * 300}}),
+        ("delete", "public.snap_a", {"id": 2}),
+    ]
+    assert all(c[0] > lsn for c in changes)
+    assert len(DeltaTable(table).to_pyarrow_table()) == len(rows) + 3
+    conn.execute("SELECT pg_drop_replication_slot('snap_slot')")
+    conn.execute("DROP PUBLICATION snap_pub")
