@@ -1,6 +1,7 @@
 """A YAML ``postgres-cdc`` pipeline run by ``deltaflow run --once`` in its own process: SIGKILL
-between the Delta commit and the slot's advance, a lost checkpoint, restarts; every change lands
-exactly once (checked against a second slot created beside the pipeline's and never consumed)."""
+while the initial snapshot is written, SIGKILL between the Delta commit and the slot's advance,
+a lost checkpoint, restarts; every row and change lands exactly once (changes checked against a
+second slot created beside the pipeline's and never consumed)."""
 
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def _changes(conn, round_: int) -> None:
     for i in range(6):
         conn.execute("INSERT INTO crash_a VALUES (%s, %s)", (base + i, f"a{i}"))
     with conn.transaction():
-        conn.execute("UPDATE crash_a SET name = name || '!' WHERE id >= %s", (base,))
+        conn.execute("UPDATE crash_a SET name = name || '!' WHERE id BETWEEN %s AND %s", (base, base + 99))
         conn.execute("INSERT INTO crash_b VALUES (%s, 1.25)", (base,))
     for _ in range(3):
         conn.execute("UPDATE crash_b SET amount = amount + 1 WHERE id = %s", (base,))
@@ -73,13 +74,13 @@ def _changes(conn, round_: int) -> None:
     conn.execute("INSERT INTO crash_b VALUES (%s, 99.99)", (base + 1,))
 
 
-def test_killed_after_its_commit_then_restarted_and_checkpoint_lost_is_exactly_once(postgres, tmp_path):
+def test_killed_in_the_snapshot_and_after_a_commit_then_checkpoint_lost_is_exactly_once(postgres, tmp_path):
     conn = postgres.connect()
     conn.execute("CREATE TABLE crash_a (id int PRIMARY KEY, name text)")
     conn.execute("CREATE TABLE crash_b (id int PRIMARY KEY, amount numeric(10, 2))")
     conn.execute("CREATE PUBLICATION crash_pub FOR TABLE crash_a, crash_b")
-    conn.execute("SELECT pg_create_logical_replication_slot('crash_ref', 'pgoutput')")
-    conn.execute("SELECT pg_create_logical_replication_slot('crash_slot', 'pgoutput')")
+    conn.execute("INSERT INTO crash_a SELECT i, 'before' FROM generate_series(1000, 1199) i")
+    conn.execute("INSERT INTO crash_b SELECT i, i FROM generate_series(1000, 1049) i")
     table = tmp_path / "events"
     path = tmp_path / "cdc.yaml"
     path.write_text(
@@ -96,24 +97,39 @@ def test_killed_after_its_commit_then_restarted_and_checkpoint_lost_is_exactly_o
                   database: {postgres.dbname}
                   publication: crash_pub
                   slot: crash_slot
-                  snapshot: never
                   max_changes_per_batch: 10
                 sinks:
                   - table_uri: "{table}"
             """
         )
     )
+
+    # SIGKILL with the snapshot's files written and nothing committed: its exported snapshot is
+    # gone with the process, so the restart takes a new slot and snapshot for the same batch.
+    crashed = _run_cli(["run", str(path), "--once"], DELTAFLOW_TEST_CRASH_AT="before_commit:0")
+    _, err = crashed.communicate(timeout=300)
+    assert crashed.returncode == -signal.SIGKILL, err[-3000:]
+    restarted = _run_cli(["run", str(path), "--once"])
+    _, err = restarted.communicate(timeout=300)
+    assert restarted.returncode == 0, err[-3000:]
+    snapshot = _landed(str(table))
+    assert {r[4] for r in snapshot} == {"snapshot"}
+    assert sorted((r[3], r[5]) for r in snapshot) == sorted(
+        [("public.crash_a", f'{{"id":{i},"name":"before"}}') for i in range(1000, 1200)]
+        + [("public.crash_b", f'{{"id":{i},"amount":{i}.00}}') for i in range(1000, 1050)]
+    )
+    conn.execute("SELECT pg_create_logical_replication_slot('crash_ref', 'pgoutput')")
     _changes(conn, 0)
 
-    # SIGKILL after batch 1's Delta commit: Spark has not recorded it, the slot is not advanced
-    # past it.
-    crashed = _run_cli(["run", str(path), "--once"], DELTAFLOW_TEST_CRASH_AT="after_commit:1")
+    # SIGKILL after batch 2's Delta commit (batch 0 is the snapshot): Spark has not recorded it,
+    # the slot is not advanced past it.
+    crashed = _run_cli(["run", str(path), "--once"], DELTAFLOW_TEST_CRASH_AT="after_commit:2")
     _, err = crashed.communicate(timeout=300)
     assert crashed.returncode == -signal.SIGKILL, err[-3000:]
     progress = DeltaTable(str(table)).transaction_version(f"cdc-{slot_key('crash_slot')}-lsn")
     assert progress is not None
     assert _confirmed(conn, "crash_slot") <= progress + 1
-    assert len({h.get("deltaflow.epoch") for h in DeltaTable(str(table)).history()} - {None}) == 2
+    assert len({h.get("deltaflow.epoch") for h in DeltaTable(str(table)).history()} - {None}) == 3
 
     restarted = _run_cli(["run", str(path), "--once"])
     _, err = restarted.communicate(timeout=300)
@@ -122,7 +138,7 @@ def test_killed_after_its_commit_then_restarted_and_checkpoint_lost_is_exactly_o
     assert (
         len(reference) == 18
     )  # per round: 6 inserts, 6 + 1 in one transaction, 3 updates, 1 delete, 1 insert
-    assert _landed(str(table)) == reference
+    assert _landed(str(table)) == sorted(snapshot + reference)
     assert (
         _confirmed(conn, "crash_slot")
         <= DeltaTable(str(table)).transaction_version(f"cdc-{slot_key('crash_slot')}-lsn") + 1
@@ -139,7 +155,7 @@ def test_killed_after_its_commit_then_restarted_and_checkpoint_lost_is_exactly_o
     assert again.returncode == 0, err[-3000:]
     reference = _reference(postgres, "crash_ref")
     assert len(reference) == 18 + 18 + 2
-    assert _landed(str(table)) == reference
+    assert _landed(str(table)) == sorted(snapshot + reference)
     assert any('"note":"added column"' in r[5] for r in reference)
     assert (
         _confirmed(conn, "crash_slot")
