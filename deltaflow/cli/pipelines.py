@@ -130,6 +130,8 @@ def _describe_pipelines(name: str, file: Any) -> None:
         extra = f"; {len(spec.expectations)} expectation(s)" if spec.expectations else ""
         off = "" if spec.enabled else " (disabled)"
         click.echo(f"{spec.pipeline_id}{off}: {describe_source(spec)} => {routes}{extra}{_engine(spec)}")
+    for note in file.notes:
+        click.echo(f"  rivven {note}")
     click.echo(f"{name}: {len(file.pipelines)} pipeline(s), valid")
 
 

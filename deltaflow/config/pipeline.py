@@ -35,6 +35,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     field_validator,
@@ -47,6 +48,7 @@ from deltaflow.config.locations import normalize_uri
 from deltaflow.config.models import problem
 from deltaflow.config.postgres import PIPELINE_OWNED as POSTGRES_OWNED
 from deltaflow.config.postgres import PostgresCdcOptions
+from deltaflow.config.rivven import is_rivven_layout, translate
 from deltaflow.config.sink import SinkOptions
 from deltaflow.config.transforms import parse_transform
 from deltaflow.config.units import parse_seconds, parse_size
@@ -527,6 +529,12 @@ class PipelineFile(_Model):
 
     pipelines: list[PipelineSpec] = Field(min_length=1)
     spark: SparkSpec = Field(default_factory=SparkSpec)
+    #: For a Rivven connector file: what each of its keys became (:mod:`deltaflow.config.rivven`).
+    _notes: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def notes(self) -> list[str]:
+        return list(self._notes)
 
     @model_validator(mode="after")
     def _unique(self) -> PipelineFile:
@@ -572,10 +580,24 @@ def load_pipelines(path: str | Path, env: Mapping[str, str] | None = None) -> Pi
     data = _substitute(raw, env if env is not None else os.environ, "", problems)
     if problems:
         raise PipelineConfigError(str(path), problems)
+    notes: list[str] = []
+    if is_rivven_layout(data):
+        translation = translate(data)
+        if translation.problems:
+            raise PipelineConfigError(str(path), translation.problems)
+        data, notes = translation.data, translation.notes
     try:
-        return PipelineFile.model_validate(data)
+        file = PipelineFile.model_validate(data)
     except ValidationError as exc:
-        raise PipelineConfigError(str(path), _problems(exc, data)) from None
+        found = _problems(exc, data)
+        if notes:
+            found = [
+                *found,
+                "(a Rivven file: the paths above are of deltaflow's layout; see the notes of validate)",
+            ]
+        raise PipelineConfigError(str(path), found) from None
+    file._notes = notes
+    return file
 
 
 def _substitute(value: Any, env: Mapping[str, str], where: str, problems: list[str]) -> Any:

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from deltaflow.config.locations import normalize_uri
@@ -54,8 +56,17 @@ _ERROR = "_deltaflow_error"
 _RAW = "_deltaflow_raw"
 
 
+def state_dir() -> Path:
+    """deltaflow's local state (``$DELTAFLOW_STATE_DIR``, else ``$XDG_STATE_HOME/deltaflow``)."""
+    if os.environ.get("DELTAFLOW_STATE_DIR"):
+        return Path(os.environ["DELTAFLOW_STATE_DIR"])
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "deltaflow"
+
+
 def checkpoint_location(spec: PipelineSpec) -> str:
-    """``checkpoint_location``, or ``<first sink>/_deltaflow/checkpoints/<id>`` for local tables."""
+    """``checkpoint_location``, or ``<first sink>/_deltaflow/checkpoints/<id>`` for local tables
+    (a ``postgres-cdc`` pipeline into a remote table: ``<state_dir()>/checkpoints/<id>``)."""
     if spec.checkpoint_location:
         return normalize_uri(spec.checkpoint_location)
     from deltaflow.pipeline.api import default_checkpoint_location
@@ -64,6 +75,10 @@ def checkpoint_location(spec: PipelineSpec) -> str:
     try:
         return default_checkpoint_location(first)
     except ConfigError:
+        if isinstance(spec.source, PostgresCdcSourceSpec):
+            # The table holds the progress (per slot): a checkpoint on this machine only saves
+            # work, and losing it loses nothing.
+            return str(state_dir() / "checkpoints" / spec.pipeline_id)
         raise ConfigError(
             f"pipeline {spec.pipeline_id!r}: its first sink {first.table_uri!r} is not on the local "
             "filesystem; "
