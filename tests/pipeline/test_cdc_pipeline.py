@@ -164,3 +164,141 @@ def test_killed_in_the_snapshot_and_after_a_commit_then_checkpoint_lost_is_exact
     for slot in ("crash_ref", "crash_slot"):
         conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
     conn.execute("DROP PUBLICATION crash_pub")
+
+
+def _rivven_database(postgres, database: str):
+    """``database`` with a publication ``rivven_pub``, owned by a role named as this OS user
+    (Rivven's examples name no user: libpq then connects as the OS user)."""
+    import getpass
+
+    import psycopg
+
+    user = getpass.getuser()
+    admin = postgres.connect()
+    if not admin.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (user,)).fetchone():
+        admin.execute(f'CREATE ROLE "{user}" LOGIN REPLICATION')
+    if not admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone():
+        admin.execute(f'CREATE DATABASE {database} OWNER "{user}"')
+    conn = psycopg.connect(
+        host=postgres.host, port=postgres.port, user=user, dbname=database, autocommit=True
+    )
+    if not conn.execute("SELECT 1 FROM pg_publication WHERE pubname = 'rivven_pub'").fetchone():
+        conn.execute("CREATE TABLE users (id int PRIMARY KEY, name text, joined timestamptz)")
+        conn.execute("CREATE PUBLICATION rivven_pub FOR TABLE users")
+        conn.execute("INSERT INTO users VALUES (1, 'Alice', '2024-01-15 10:30:00Z'), (2, 'Bob', NULL)")
+    return conn
+
+
+BASIC_LOCAL_SETUP = """\
+# Capture Postgres CDC events to local Delta table
+sources:
+  postgres:
+    connector: postgres-cdc
+    config:
+      host: {host}
+      port: {port}
+      database: mydb
+      publication: rivven_pub
+
+sinks:
+  delta:
+    connector: delta-lake
+    config:
+      table_uri: {table}
+      batch_size: 1000
+      flush_interval_secs: 10
+"""
+
+
+def test_rivvens_basic_local_setup_runs_as_written(spark, postgres, tmp_path):
+    from deltaflow.config.pipeline import load_pipelines
+    from deltaflow.service.daemon import run_pipelines
+
+    conn = _rivven_database(postgres, "mydb")
+    table = tmp_path / "events"
+    path = tmp_path / "rivven.yaml"
+    path.write_text(BASIC_LOCAL_SETUP.format(host=postgres.host, port=postgres.port, table=table))
+    file = load_pipelines(path)
+    run_pipelines(spark, file.pipelines, available_now=True)  # the snapshot
+    conn.execute("UPDATE users SET name = 'Alice B.' WHERE id = 1")
+    conn.execute("DELETE FROM users WHERE id = 2")
+    run_pipelines(spark, file.pipelines, available_now=True)  # the changes
+
+    rows = DeltaTable(str(table)).to_pyarrow_table().sort_by([("lsn", "ascending"), ("seq", "ascending")])
+    events = [(r["event_type"], r["stream"], r["data"]) for r in rows.to_pylist()]
+    assert sorted(events[:2]) == [
+        ("snapshot", "public.users", '{"id":1,"name":"Alice","joined":"2024-01-15T10:30:00+00:00"}'),
+        ("snapshot", "public.users", '{"id":2,"name":"Bob","joined":null}'),
+    ]
+    assert events[2:] == [
+        (
+            "update",
+            "public.users",
+            '{"before":null,"after":{"id":1,"name":"Alice B.","joined":"2024-01-15T10:30:00+00:00"}}',
+        ),
+        ("delete", "public.users", '{"id":2}'),
+    ]
+    # Rivven's four columns, as its readers query them.
+    names = DeltaTable(str(table)).schema().to_arrow().names
+    assert names[:4] == ["data", "event_type", "timestamp", "stream"]
+    conn.execute("SELECT pg_drop_replication_slot('deltaflow_rivven_pub')")
+
+
+def test_rivvens_production_s3_setup_runs_against_an_s3_endpoint(spark, postgres, s3, tmp_path, monkeypatch):
+    from deltaflow.config.pipeline import load_pipelines
+    from deltaflow.service.daemon import run_pipelines
+
+    conn = _rivven_database(postgres, "production")
+    monkeypatch.setenv("DELTAFLOW_STATE_DIR", str(tmp_path / "state"))
+    uri = s3.uri("warehouse-events")
+    text = f"""\
+sources:
+  postgres:
+    connector: postgres-cdc
+    config:
+      host: {postgres.host}
+      port: {postgres.port}
+      database: production
+      publication: rivven_pub
+      slot_name: rivven_prod
+
+sinks:
+  delta:
+    connector: delta-lake
+    config:
+      table_uri: {uri}
+      batch_size: 50000
+      flush_interval_secs: 120
+      compression: zstd
+      partition_columns:
+        - event_type
+      s3:
+        region: us-east-1
+        endpoint: {s3.endpoint}
+        access_key_id: testing
+        secret_access_key: testing
+        path_style_access: true
+        allow_http: true
+      table_properties:
+        delta.logRetentionDuration: "interval 30 days"
+        delta.deletedFileRetentionDuration: "interval 7 days"
+"""
+    path = tmp_path / "rivven.yaml"
+    path.write_text(text)
+    file = load_pipelines(path)
+    run_pipelines(spark, file.pipelines, available_now=True)
+    conn.execute("INSERT INTO users VALUES (3, 'Cy', now())")
+    run_pipelines(spark, file.pipelines, available_now=True)
+
+    table = DeltaTable(uri, storage_options=s3.storage_options)
+    rows = table.to_pyarrow_table().to_pylist()
+    assert sorted((r["event_type"], r["data"][:8]) for r in rows) == [
+        ("insert", '{"id":3,'),
+        ("snapshot", '{"id":1,'),
+        ("snapshot", '{"id":2,'),
+    ]
+    assert table.metadata().partition_columns == ["event_type"]
+    assert table.metadata().configuration["delta.deletedFileRetentionDuration"] == "interval 7 days"
+    assert all(uri.endswith(".zstd.parquet") for uri in table.file_uris())
+    assert (tmp_path / "state" / "checkpoints" / "postgres-delta").is_dir()
+    conn.execute("SELECT pg_drop_replication_slot('rivven_prod')")
