@@ -154,6 +154,7 @@ class Metrics:
             _SOURCE,
             registry=r,
         )
+        r.register(_RivvenNames(self))
 
     # -- sink ---------------------------------------------------------------------------------
 
@@ -240,6 +241,56 @@ class Metrics:
 #: The observed metric under which a query reports its messages when its rows are not messages
 #: (the Arrow ingest path's rows are one file description per task).
 MESSAGES_OBSERVATION = "deltaflow"
+
+
+class _RivvenNames:
+    """Rivven's Delta sink metrics (``rivven_delta_<name>``), derived from ours when scraped:
+    dashboards built on Rivven keep working, and nothing is counted twice."""
+
+    def __init__(self, owner: Metrics) -> None:
+        self._m = owner
+
+    def describe(self) -> list[Any]:
+        return []  # names are known only at collection time: no duplicate check against ours
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        m = self._m
+        counters = {
+            "records_written": m._records,
+            "records_failed": m._failed,
+            "bytes_written": m._bytes,
+            "commits_success": m._commits,
+            "commits_failed": m._commit_failures,
+            "commit_retries": m._retries,
+            "files_created": m._files,
+            "batches_flushed": m._flushed,
+        }
+        for name, metric in counters.items():
+            family = CounterMetricFamily(f"rivven_delta_{name}", f"Rivven's name of {name}.", labels=_SINK)
+            for sample in _samples(metric, "_total"):
+                family.add_metric([sample.labels["pipeline"], sample.labels["table"]], sample.value)
+            yield family
+        sums = {
+            "commit_latency_us": (m._commit_latency, 1e6),
+            "write_latency_us": (m._write_latency, 1e6),
+            "batch_size_sum": (m._batch_records, 1.0),
+        }
+        for name, (histogram, scale) in sums.items():
+            family = CounterMetricFamily(f"rivven_delta_{name}", f"Rivven's name of {name}.", labels=_SINK)
+            for sample in _samples(histogram, "_sum"):
+                family.add_metric([sample.labels["pipeline"], sample.labels["table"]], sample.value * scale)
+            yield family
+        for name, gauge in (("batch_size_min", m._batch_min), ("batch_size_max", m._batch_max)):
+            g = GaugeMetricFamily(f"rivven_delta_{name}", f"Rivven's name of {name}.", labels=_SINK)
+            for sample in _samples(gauge, ""):
+                g.add_metric([sample.labels["pipeline"], sample.labels["table"]], sample.value)
+            yield g
+
+
+def _samples(metric: Any, suffix: str) -> list[Any]:
+    return [s for family in metric.collect() for s in family.samples if s.name == family.name + suffix]
 
 
 def _messages_scale(progress: Mapping[str, Any]) -> float:
