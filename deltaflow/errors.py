@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 __all__ = [
+    "CdcDecodeError",
     "CdcPositionError",
     "CheckpointMismatchError",
     "CommitError",
@@ -207,6 +208,11 @@ class PostgresSetupError(TerminalError):
 class CdcPositionError(TerminalError):
     """The Delta table and the replication slot disagree about where the changes stand (the
     slot is gone or has moved past the table): continuing would lose changes."""
+
+
+class CdcDecodeError(TerminalError):
+    """A change PostgreSQL sent could not be decoded; the message names its LSN (retrying reads
+    the same bytes again)."""
 
 
 class PipelineConfigError(ConfigError):

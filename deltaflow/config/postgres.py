@@ -30,6 +30,13 @@ __all__ = ["PIPELINE_OWNED", "PostgresCdcOptions", "slot_key"]
 PIPELINE_OWNED = ("delta_table_uri", "pipeline_id", "delta_storage_options")
 
 
+#: The session settings every connection of the source uses (see ``connect_kwargs``).
+SESSION_OPTIONS = (
+    "-c DateStyle=ISO -c IntervalStyle=postgres -c extra_float_digits=3 -c bytea_output=hex "
+    "-c client_encoding=UTF8 -c TimeZone=UTC"
+)
+
+
 def slot_key(slot: str) -> str:
     """The offsets' key of a slot (and the middle of its txn id in the Delta log)."""
     return f"slot:{slot}"
@@ -81,7 +88,7 @@ class PostgresCdcOptions(BaseModel):
     snapshot: Literal["initial", "never"] = "initial"
     snapshot_chunk_mb: int = Field(default=128, ge=1)
     max_changes_per_batch: int = Field(default=0, ge=0)
-    idle_progress_bytes: int = Field(default=64 << 20, ge=1)
+    idle_progress_bytes: int = Field(default=16 << 20, ge=1)
     delta_table_uri: str | None = None
     pipeline_id: PipelineId | None = None
     delta_storage_options: dict[str, str] = Field(default_factory=dict)
@@ -116,6 +123,9 @@ class PostgresCdcOptions(BaseModel):
         out: dict[str, Any] = {
             "connect_timeout": max(1, round(self.connect_timeout)),
             "application_name": "deltaflow",
+            # pgoutput prints values with the reading session's settings: fix the ones that
+            # change the text (a role's or database's defaults could say otherwise).
+            "options": SESSION_OPTIONS,
         }
         for name in ("host", "port", "user", "sslmode"):
             value = getattr(self, name)

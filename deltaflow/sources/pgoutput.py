@@ -134,12 +134,12 @@ class Truncate:
 Message = Begin | Commit | Relation | Change | Truncate | None
 
 
-def _string(data: bytes, pos: int) -> tuple[str, int]:
+def _string(data: bytes, pos: int, encoding: str) -> tuple[str, int]:
     end = data.index(0, pos)
-    return data[pos:end].decode("utf-8"), end + 1
+    return data[pos:end].decode(encoding), end + 1
 
 
-def _tuple(data: bytes, pos: int) -> tuple[Values, int]:
+def _tuple(data: bytes, pos: int, encoding: str) -> tuple[Values, int]:
     (count,) = _INT16.unpack_from(data, pos)
     pos += 2
     values: list[Any] = []
@@ -149,7 +149,7 @@ def _tuple(data: bytes, pos: int) -> tuple[Values, int]:
         if kind == 0x74:  # 't': text
             (size,) = _INT32.unpack_from(data, pos)
             pos += 4
-            values.append(data[pos : pos + size].decode("utf-8"))
+            values.append(data[pos : pos + size].decode(encoding))
             pos += size
         elif kind == 0x6E:  # 'n': null
             values.append(None)
@@ -160,9 +160,10 @@ def _tuple(data: bytes, pos: int) -> tuple[Values, int]:
     return tuple(values), pos
 
 
-def decode(data: bytes) -> Message:
+def decode(data: bytes, encoding: str = "utf-8") -> Message:
     """One pgoutput message; ``None`` for the kinds a change stream does not need (origin,
-    type, logical messages)."""
+    type, logical messages). Names and values are in the session's client ``encoding`` (pgoutput
+    converts them from the database's)."""
     kind = data[0]
     if kind == 0x42:  # 'B'
         lsn, ts, xid = _HEADER_BEGIN.unpack_from(data, 1)
@@ -172,31 +173,31 @@ def decode(data: bytes) -> Message:
         return Commit(lsn, end, ts + _PG_EPOCH_US)
     if kind == 0x49:  # 'I': oid, 'N', new tuple
         (oid,) = _INT32.unpack_from(data, 1)
-        new, _ = _tuple(data, 6)
+        new, _ = _tuple(data, 6, encoding)
         return Change("insert", oid, new, None, False)
     if kind == 0x55:  # 'U': oid, ['K'|'O' old tuple], 'N' new tuple
         (oid,) = _INT32.unpack_from(data, 1)
         pos, old, old_is_key = 5, None, False
         if data[pos] in (0x4B, 0x4F):
             old_is_key = data[pos] == 0x4B
-            old, pos = _tuple(data, pos + 1)
-        new, _ = _tuple(data, pos + 1)
+            old, pos = _tuple(data, pos + 1, encoding)
+        new, _ = _tuple(data, pos + 1, encoding)
         return Change("update", oid, new, old, old_is_key)
     if kind == 0x44:  # 'D': oid, 'K'|'O', old tuple
         (oid,) = _INT32.unpack_from(data, 1)
-        old, _ = _tuple(data, 6)
+        old, _ = _tuple(data, 6, encoding)
         return Change("delete", oid, None, old, data[5] == 0x4B)
     if kind == 0x52:  # 'R'
         (oid,) = _INT32.unpack_from(data, 1)
-        namespace, pos = _string(data, 5)
-        name, pos = _string(data, pos)
+        namespace, pos = _string(data, 5, encoding)
+        name, pos = _string(data, pos, encoding)
         identity = chr(data[pos])
         (count,) = _INT16.unpack_from(data, pos + 1)
         pos += 3
         columns = []
         for _ in range(count):
             flags = data[pos]
-            column, pos = _string(data, pos + 1)
+            column, pos = _string(data, pos + 1, encoding)
             (type_oid,) = _INT32.unpack_from(data, pos)
             pos += 8  # type oid, type modifier
             columns.append(Column(column, type_oid, bool(flags & 1)))
@@ -217,6 +218,7 @@ _NUMBERS = {20, 21, 23, 26, 700, 701, 1700}  # int8, int2, int4, oid, float4, fl
 _BOOL = 16
 _JSON = {114, 3802}
 _TIMESTAMPTZ = 1184
+_TEXT_ARRAY = 1009
 #: Types whose text psycopg parses into Python values we print as ISO 8601 / base64.
 _PARSED = {1114, 1082, 1083, 1266, 17}  # timestamp, date, time, timetz, bytea
 
@@ -256,7 +258,20 @@ class ValueEncoder:
         from psycopg import adapters
         from psycopg.pq import Format
 
-        if oid == _TIMESTAMPTZ or oid in _PARSED or _array_element(oid) is not None:
+        element = _array_element(oid)
+        if element is not None:
+            # Split as text[] (psycopg parses the array syntax), then each element as a scalar
+            # of its own type. Lower bounds (``[2:3]={...}``) are not kept.
+            split = adapters.get_loader(_TEXT_ARRAY, Format.TEXT)
+            assert split is not None
+            splitter = split(_TEXT_ARRAY)
+            inner = self._encoder(element)
+
+            def array(text: str) -> str:
+                return _nested(splitter.load(text.encode("utf-8")), inner)
+
+            return _or_text(array)
+        if oid == _TIMESTAMPTZ or oid in _PARSED:
             loader_cls = adapters.get_loader(oid, Format.TEXT)
             if loader_cls is None:
                 return json.dumps
@@ -265,8 +280,35 @@ class ValueEncoder:
             def parsed(text: str) -> str:
                 return _dump(loader.load(text.encode("utf-8")))
 
-            return parsed
+            return _or_text(parsed)
         return json.dumps
+
+
+def _or_text(encode: Callable[[str], str]) -> Callable[[str], str]:
+    """``encode``, or PostgreSQL's text as a JSON string for values Python cannot hold
+    (``infinity`` timestamps, BC dates, years past 9999, ``24:00``)."""
+
+    def guarded(text: str) -> str:
+        try:
+            return encode(text)
+        except (ValueError, OverflowError, ArithmeticError, psycopg_data_error()):
+            return json.dumps(text)
+
+    return guarded
+
+
+def psycopg_data_error() -> type[Exception]:
+    from psycopg import DataError
+
+    return DataError
+
+
+def _nested(value: Any, inner: Callable[[str], str]) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return "[" + ",".join(_nested(v, inner) for v in value) + "]"
+    return inner(str(value))
 
 
 def _array_element(oid: int) -> int | None:

@@ -26,6 +26,7 @@ import contextlib
 import json
 import logging
 import math
+import struct
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -42,6 +43,7 @@ from pyspark.sql.streaming.datasource import (
 
 from deltaflow.config.postgres import PostgresCdcOptions, slot_key
 from deltaflow.errors import (
+    CdcDecodeError,
     CdcPositionError,
     DeltaflowError,
     PostgresAccessError,
@@ -107,9 +109,11 @@ def _failure(exc: BaseException, options: PostgresCdcOptions, doing: str) -> Del
 
 @contextmanager
 def connection(options: PostgresCdcOptions, doing: str) -> Iterator[Any]:
-    """An autocommit connection in UTC (timestamps print as UTC); psycopg errors become
-    deltaflow's: unreachable → :class:`PostgresUnavailableError` (transient), refused →
-    :class:`PostgresAccessError`."""
+    """An autocommit connection with fixed session settings (UTC, ISO dates, exact floats:
+    ``SESSION_OPTIONS``). psycopg's errors become deltaflow's: unreachable →
+    :class:`PostgresUnavailableError` (transient), refused → :class:`PostgresAccessError`, a
+    slot PostgreSQL can no longer read from → :class:`CdcPositionError`, anything else the
+    server refuses (a publication or slot dropped meanwhile) → :class:`PostgresSetupError`."""
     import psycopg
 
     try:
@@ -117,12 +121,36 @@ def connection(options: PostgresCdcOptions, doing: str) -> Iterator[Any]:
     except psycopg.Error as exc:
         raise _failure(exc, options, f"connecting ({doing})") from None
     try:
-        conn.execute("SET TimeZone = 'UTC'")
         yield conn
     except psycopg.OperationalError as exc:
+        if isinstance(exc, psycopg.errors.ObjectNotInPrerequisiteState):
+            raise CdcPositionError(
+                f"PostgreSQL at {options.where()}: {doing} failed: {_first_line(exc)} (the slot cannot "
+                "serve the changes the table lacks: start over deliberately with a new slot and pipeline_id)"
+            ) from None
         raise _failure(exc, options, doing) from None
+    except psycopg.Error as exc:
+        raise PostgresSetupError(
+            f"PostgreSQL at {options.where()}: {doing} failed: {_first_line(exc)}"
+        ) from None
     finally:
         conn.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def check_encoding(conn: Any, options: PostgresCdcOptions) -> None:
+    """pgoutput's text arrives in the client encoding (UTF8, ``SESSION_OPTIONS``), converted
+    from the database's; a SQL_ASCII database's text has no encoding to convert from."""
+    if str(conn.execute("SHOW server_encoding").fetchone()[0]) == "SQL_ASCII":
+        raise PostgresSetupError(
+            f"database {options.database or '$PGDATABASE'} at {options.where()} has encoding SQL_ASCII: "
+            "its text has no known encoding, so change data cannot be decoded reliably (use a UTF8 "
+            "database)"
+        )
 
 
 @dataclass(frozen=True)
@@ -516,24 +544,33 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
                 conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0]
             )
             upto = min(flushed, self._target) if self._target is not None else flushed
-            # Only what planning needs: each transaction's commit LSN and whether it changed
-            # anything of the publication (B = begin, I/U/D/T = changes).
+            # Only what planning needs: each transaction's commit LSN (B) and whether it changed
+            # anything of the publication (I/U/D/T); one (null) row per other message, so that
+            # an exhausted change budget shows.
             rows = _with_slot(
                 conn,
                 opts,
-                "SELECT substr(data, 1, 9) FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, %s, "
-                "%s, %s, %s, %s) WHERE get_byte(data, 0) IN (66, 73, 85, 68, 84)",
+                "SELECT CASE WHEN get_byte(data, 0) IN (66, 73, 85, 68, 84) THEN substr(data, 1, 9) END "
+                "FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, %s, %s, %s, %s, %s)",
                 (opts.slot_name, pgoutput.lsn_to_text(upto), nchanges, *_peek_options(opts)),
             ).fetchall()
-        commit_lsn, last = -1, None
+        commit_lsn, last, newest = -1, None, None
         for (head,) in rows:
+            if head is None:
+                continue
             head = bytes(head)
             if head[0] == 0x42:
                 commit_lsn = int.from_bytes(head[1:9], "big", signed=True)
+                if commit_lsn >= begin:
+                    newest = commit_lsn
             elif commit_lsn >= begin:
                 last = commit_lsn
         if last is not None:
             end = last + 1
+        elif nchanges is not None and len(rows) >= nchanges and newest is not None:
+            # The budget went to transactions without captured changes (PostgreSQL < 15 sends
+            # empty ones): move past them, or the next plan would see the same ones again.
+            end = newest + 1
         elif upto - max(begin, self._confirmed or 0) >= opts.idle_progress_bytes:
             end = upto  # nothing captured for a while: record the position, free the WAL
         else:
@@ -547,17 +584,19 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         return self._latest
 
     def _advance(self, conn: Any, to: int) -> None:
-        """Move the slot's confirmed position to ``to``, never beyond what the table holds."""
+        """Move the slot's confirmed position to ``to``, never beyond what the table holds.
+
+        The slot's state is read every time: an advance reaches disk only at PostgreSQL's next
+        checkpoint, so after a server crash the slot may stand where it stood before.
+        """
         opts = self._options
-        if self._confirmed is not None and to <= self._confirmed:
+        state = slot_state(conn, opts.slot_name)
+        self._confirmed = state.confirmed if state else None
+        if state is None or to <= state.confirmed:
             return
         committed = self._committed() if opts.delta_table_uri else to
         target = min(to, committed) if committed is not None else None
-        if target is None:
-            return
-        state = slot_state(conn, opts.slot_name)
-        if state is None or target <= state.confirmed:
-            self._confirmed = state.confirmed if state else None
+        if target is None or target <= state.confirmed:
             return
         _with_slot(
             conn,
@@ -596,7 +635,11 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
                 )
                 _with_slot(conn, opts, "SELECT pg_drop_replication_slot(%s)", (opts.slot_name,))
         self._export, lsn, name = create_slot_exporting_snapshot(opts)
-        ranges = plan_snapshot(opts, name, lsn, self._arrow)
+        try:
+            ranges = plan_snapshot(opts, name, lsn, self._arrow)
+        except BaseException:
+            self._close_export()
+            raise
         logger.info(
             "snapshot of publication %r at LSN %s: %d table(s) in %d task(s)",
             opts.publication,
@@ -638,8 +681,12 @@ def read_range(task: CdcRange) -> Iterator[pa.RecordBatch]:
     relations: dict[int, pgoutput.Relation] = {}
     out = _Events(task.arrow_schema)
     with connection(opts, "reading the slot's changes") as conn:
+        check_encoding(conn, opts)
         conn.autocommit = False
-        query = "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, %s, %s, %s, %s)"
+        query = (
+            "SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, "
+            "%s, %s, %s, %s)"
+        )
         params = (opts.slot_name, pgoutput.lsn_to_text(task.end), *_peek_options(opts))
         deadline = time.monotonic() + SLOT_BUSY_WAIT_S
         while True:
@@ -649,22 +696,30 @@ def read_range(task: CdcRange) -> Iterator[pa.RecordBatch]:
                     cursor.execute(query, params)
                     begin: pgoutput.Begin | None = None
                     seq, taken = 0, False
-                    for (data,) in cursor:
-                        message = pgoutput.decode(bytes(data))
-                        if isinstance(message, pgoutput.Relation):
-                            relations[message.oid] = message
-                        elif isinstance(message, pgoutput.Begin):
-                            begin, seq = message, 0
-                            taken = task.start <= message.commit_lsn < task.end
-                        elif begin is None or not taken:
-                            continue
-                        elif isinstance(message, pgoutput.Change):
-                            out.change(encoder, relations[message.relation_oid], message, begin, seq)
-                            seq += 1
-                        elif isinstance(message, pgoutput.Truncate):
-                            for oid in message.relation_oids:
-                                out.truncate(relations[oid], message, begin, seq)
+                    for at, data in cursor:
+                        try:
+                            message = pgoutput.decode(bytes(data))
+                            if isinstance(message, pgoutput.Relation):
+                                relations[message.oid] = message
+                            elif isinstance(message, pgoutput.Begin):
+                                begin, seq = message, 0
+                                taken = task.start <= message.commit_lsn < task.end
+                            elif begin is None or not taken:
+                                continue
+                            elif isinstance(message, pgoutput.Change):
+                                out.change(encoder, relations[message.relation_oid], message, begin, seq)
                                 seq += 1
+                            elif isinstance(message, pgoutput.Truncate):
+                                for oid in message.relation_oids:
+                                    out.truncate(relations[oid], message, begin, seq)
+                                    seq += 1
+                        except (ValueError, KeyError, IndexError, struct.error) as exc:
+                            raise CdcDecodeError(
+                                f"publication {opts.publication!r} at {opts.where()}: the change at LSN {at} "
+                                f"(transaction {begin.xid if begin else '?'}) could not be decoded: "
+                                f"{type(exc).__name__}: {exc}",
+                                lsn=at,
+                            ) from None
                         if out.size >= CHUNK_ROWS:
                             yield out.flush()
                 conn.rollback()

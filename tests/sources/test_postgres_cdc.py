@@ -7,13 +7,21 @@ from __future__ import annotations
 import json
 import shutil
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
 import deltaflow
 from deltaflow.errors import CdcPositionError, ConfigError, PostgresSetupError
 from deltaflow.sources import pgoutput
-from deltaflow.sources.postgres_cdc import PostgresCdcOptions, check_setup, connection, slot_key
+from deltaflow.sources.postgres_cdc import (
+    CdcRange,
+    PostgresCdcOptions,
+    check_setup,
+    connection,
+    read_range,
+    slot_key,
+)
 from tests.fixtures.postgres import running_postgres
 
 
@@ -331,3 +339,167 @@ def test_the_initial_snapshot_matches_the_slots_start_then_the_changes_follow(sp
     assert len(DeltaTable(table).to_pyarrow_table()) == len(rows) + 3
     conn.execute("SELECT pg_drop_replication_slot('snap_slot')")
     conn.execute("DROP PUBLICATION snap_pub")
+
+
+EVENTS = pa.schema(
+    [
+        ("data", pa.string()),
+        ("event_type", pa.string()),
+        ("timestamp", pa.timestamp("us", tz="UTC")),
+        ("stream", pa.string()),
+        ("lsn", pa.int64()),
+        ("xid", pa.int64()),
+        ("seq", pa.int32()),
+    ]
+)
+
+
+def _read_all(server, options: PostgresCdcOptions) -> list[dict]:
+    """Every event of the slot so far, through the source's own reader (no Spark)."""
+    with server.connect() as conn:
+        end = pgoutput.lsn_from_text(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
+    batches = list(read_range(CdcRange(0, end + 1, options, EVENTS)))
+    return pa.Table.from_batches(batches, EVENTS).to_pylist() if batches else []
+
+
+def test_values_read_exactly_whatever_the_roles_session_defaults(postgres):
+    conn = postgres.connect()
+    conn.execute("CREATE ROLE odd LOGIN REPLICATION")
+    for setting in ("DateStyle = 'SQL, DMY'", "extra_float_digits = 0", "IntervalStyle = sql_standard"):
+        conn.execute(f"ALTER ROLE odd SET {setting}")
+    conn.execute("ALTER ROLE odd SET bytea_output = escape")
+    conn.execute(
+        "CREATE TABLE odd_t (id int PRIMARY KEY, ts timestamptz, tsi timestamp, d date, t time, f float8, "
+        "i interval, b bytea, ja jsonb[], fa float8[], ia interval[], ra int4range[], m int[][])"
+    )
+    conn.execute("GRANT SELECT ON odd_t TO odd")
+    conn.execute("CREATE PUBLICATION odd_pub FOR TABLE odd_t")
+    conn.execute("SELECT pg_create_logical_replication_slot('odd_slot', 'pgoutput')")
+    conn.execute(
+        "INSERT INTO odd_t VALUES (1, '2024-03-01 12:00+00', '2024-03-01 12:00', '2024-03-01', '12:00', "
+        "0.1::float8 + 0.2::float8, "
+        "'1 mon 1 day', '\\x00ff', ARRAY['{\"a\": 1}'::jsonb], ARRAY['NaN'::float8, 'Infinity'], "
+        "ARRAY['1 mon 1 day'::interval], ARRAY[int4range(1, 5)], '{{1,2},{3,NULL}}')"
+    )
+    conn.execute(
+        "INSERT INTO odd_t (id, ts, tsi, d, t) VALUES (2, 'infinity', '-infinity', '2000-01-01 BC', '24:00')"
+    )
+    options = PostgresCdcOptions(
+        host=postgres.host,
+        port=postgres.port,
+        user="odd",
+        database="postgres",
+        publication="odd_pub",
+        slot="odd_slot",
+        snapshot="never",
+    )
+    rows = [json.loads(r["data"]) for r in _read_all(postgres, options)]
+    assert rows[0] == {
+        "id": 1,
+        "ts": "2024-03-01T12:00:00+00:00",
+        "tsi": "2024-03-01T12:00:00",
+        "d": "2024-03-01",
+        "t": "12:00:00",
+        "f": 0.30000000000000004,  # every digit: extra_float_digits is the source's, not the role's
+        "i": "1 mon 1 day",
+        "b": "AP8=",
+        "ja": [{"a": 1}],
+        "fa": ["NaN", "Infinity"],
+        "ia": ["1 mon 1 day"],
+        "ra": ["[1,5)"],
+        "m": [[1, 2], [3, None]],
+    }
+    # Values Python's date types cannot hold stay PostgreSQL's text; the stream goes on.
+    assert {k: v for k, v in rows[1].items() if v is not None} == {
+        "id": 2,
+        "ts": "infinity",
+        "tsi": "-infinity",
+        "d": "2000-01-01 BC",
+        "t": "24:00:00",
+    }
+    conn.execute("SELECT pg_drop_replication_slot('odd_slot')")
+    conn.execute("DROP PUBLICATION odd_pub")
+
+
+def test_a_latin1_database_decodes_its_text(postgres):
+    admin = postgres.connect()
+    admin.execute("CREATE DATABASE latin ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
+    conn = postgres.connect(dbname="latin")
+    conn.execute("CREATE TABLE café (id int PRIMARY KEY, name text)")
+    conn.execute("CREATE PUBLICATION latin_pub FOR TABLE café")
+    conn.execute("SELECT pg_create_logical_replication_slot('latin_slot', 'pgoutput')")
+    conn.execute("INSERT INTO café VALUES (1, 'naïve crème brûlée')")
+    options = PostgresCdcOptions(
+        host=postgres.host,
+        port=postgres.port,
+        user="postgres",
+        database="latin",
+        publication="latin_pub",
+        slot="latin_slot",
+        snapshot="never",
+    )
+    (row,) = _read_all(postgres, options)
+    assert (row["stream"], json.loads(row["data"])) == (
+        "public.café",
+        {"id": 1, "name": "naïve crème brûlée"},
+    )
+    conn.execute("SELECT pg_drop_replication_slot('latin_slot')")
+
+
+def test_planning_keeps_transactions_whole_under_a_budget_and_records_idle_progress(postgres):
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+    from deltaflow.sources.postgres_cdc import PostgresCdcStreamReader
+
+    conn = postgres.connect()
+    conn.execute("CREATE TABLE plan_t (id int PRIMARY KEY)")
+    conn.execute("CREATE TABLE plan_other (id int)")
+    conn.execute("CREATE PUBLICATION plan_pub FOR TABLE plan_t")
+    options = PostgresCdcOptions(
+        host=postgres.host,
+        port=postgres.port,
+        user="postgres",
+        database="postgres",
+        publication="plan_pub",
+        slot="plan_slot",
+        snapshot="never",
+        idle_progress_bytes=512 * 1024,
+    )
+    reader = PostgresCdcStreamReader(options, EVENTS)
+    start = reader.initialOffset()
+    key = slot_key("plan_slot")
+    with conn.transaction():
+        conn.execute("INSERT INTO plan_t SELECT generate_series(1, 30)")  # one transaction, 30 changes
+    conn.execute("INSERT INTO plan_t VALUES (31)")
+    conn.execute("INSERT INTO plan_t VALUES (32)")
+
+    # A budget of 5 messages: the whole first transaction (never split); then a budget of 3:
+    # the one transaction that reaches it.
+    first = reader.latestOffset(start, ReadMaxRows(5))
+    (part,) = reader.partitions(start, first)
+    ids = [json.loads(r["data"])["id"] for b in read_range(part) for r in b.to_pylist()]
+    assert ids == list(range(1, 31))
+    second = reader.latestOffset(first, ReadMaxRows(3))  # B, R, I, C of one transaction
+    (part,) = reader.partitions(first, second)
+    assert [json.loads(r["data"])["id"] for b in read_range(part) for r in b.to_pylist()] == [31]
+    everything = reader.latestOffset(second, ReadAllAvailable())
+    (part,) = reader.partitions(second, everything)
+    assert [json.loads(r["data"])["id"] for b in read_range(part) for r in b.to_pylist()] == [32]
+
+    # Nothing captured, other tables writing: no batch until idle_progress_bytes of WAL passed,
+    # then an empty batch that moves the position (and lets the slot free the WAL).
+    assert reader.latestOffset(everything, ReadAllAvailable()) == everything
+    conn.execute("INSERT INTO plan_other SELECT generate_series(1, 20000)")  # ~1 MiB of WAL
+    idle = reader.latestOffset(everything, ReadAllAvailable())
+    assert idle[key]["lsn"] > everything[key]["lsn"]
+    (part,) = reader.partitions(everything, idle)
+    assert list(read_range(part)) == []
+    reader.commit(idle)
+    assert _slot_confirmed(conn, "plan_slot") == idle[key]["lsn"]  # no table: Spark's commit is the word
+
+    # The publication dropped under a running stream: a terminal error naming it.
+    conn.execute("DROP PUBLICATION plan_pub")
+    conn.execute("INSERT INTO plan_t VALUES (33)")
+    with pytest.raises(PostgresSetupError, match="plan_pub"):
+        reader.latestOffset(idle, ReadAllAvailable())
+    conn.execute("SELECT pg_drop_replication_slot('plan_slot')")
