@@ -15,15 +15,22 @@ numeric                                         ``Infinity`` as strings)
 boolean                                         ``true`` / ``false``
 json, jsonb                                     the document itself (nested JSON)
 timestamptz                                     ISO 8601 string in UTC (``...+00:00``)
-timestamp, date, time                           ISO 8601 string
+timestamp, date, time                           ISO 8601 string (values Python cannot hold, such
+                                                as ``infinity``, BC dates or ``24:00``: as
+                                                PostgreSQL printed them)
 bytea                                           base64 string
-arrays of the types above                       JSON arrays of the same values
+arrays                                          JSON arrays (nested for several dimensions),
+                                                each element encoded as its type's scalar;
+                                                lower bounds (``[2:3]=``) are not kept
 anything else (text, varchar, uuid, enums,      string, as PostgreSQL printed it
-interval, inet, ...)
+interval, ranges, inet, ...)
 =============================================  ==============================================
 
-A value PostgreSQL did not send (an unchanged TOASTed column of an update) is left out of the
-object, so a consumer can tell "unchanged" from ``null``.
+The reading session fixes the settings that change PostgreSQL's text (``DateStyle=ISO``,
+``IntervalStyle=postgres``, ``extra_float_digits=3``, ``bytea_output=hex``, UTF8, UTC), so the
+output does not depend on a role's or database's defaults. A value PostgreSQL did not send (an
+unchanged TOASTed column of an update) is left out of the object, so a consumer can tell
+"unchanged" from ``null``.
 """
 
 from __future__ import annotations
