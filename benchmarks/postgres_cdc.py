@@ -13,7 +13,8 @@ source into the ``deltaflow`` sink with the slot's progress in the table (``kafk
 3. **lag**: the query runs on Spark's default trigger while ``pgbench -R RATE -T SECONDS``
    commits a steady load; a poller watches the Delta log every 50 ms. Lag of a change =
    the mtime of the commit file that added it - its PostgreSQL commit time (the event's
-   ``timestamp``). The first ``--warmup`` seconds are left out.
+   ``timestamp``; files rewritten by auto-compaction, ``dataChange: false``, are not new rows).
+   The first ``--warmup`` seconds are left out.
 
     .venv/bin/python benchmarks/postgres_cdc.py [--scale 10] [--transactions 20000] [--rate 200]
         [--seconds 60]
@@ -109,7 +110,7 @@ class LogPoller(threading.Thread):
             visible_us = int(entry.stat().st_mtime * 1e6)
             for line in entry.read_text().splitlines():
                 action = json.loads(line)
-                if "add" in action:
+                if "add" in action and action["add"].get("dataChange", True):  # not compaction's
                     from urllib.parse import unquote
 
                     path = self.table / unquote(action["add"]["path"])

@@ -56,7 +56,14 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql.types import StructType
 
-__all__ = ["EVENT_SCHEMA", "FORMAT_NAME", "PostgresCdcDataSource", "PostgresCdcOptions", "slot_key"]
+__all__ = [
+    "EVENT_SCHEMA",
+    "FORMAT_NAME",
+    "PostgresCdcDataSource",
+    "PostgresCdcOptions",
+    "event_arrow_schema",
+    "slot_key",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +76,24 @@ FORMAT_NAME = "postgres-cdc"
 EVENT_SCHEMA = (
     "data STRING, event_type STRING, timestamp TIMESTAMP, stream STRING, lsn BIGINT, xid BIGINT, seq INT"
 )
+
+
+def event_arrow_schema() -> pa.Schema:
+    """:data:`EVENT_SCHEMA` as Arrow: what the tasks yield and the event table holds."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("data", pa.string()),
+            ("event_type", pa.string()),
+            ("timestamp", pa.timestamp("us", tz="UTC")),
+            ("stream", pa.string()),
+            ("lsn", pa.int64()),
+            ("xid", pa.int64()),
+            ("seq", pa.int32()),
+        ]
+    )
+
 
 #: Rows per Arrow batch handed to Spark.
 CHUNK_ROWS = 10_000

@@ -9,42 +9,18 @@ import shutil
 import signal
 import textwrap
 
-import pyarrow as pa
 from deltalake import DeltaTable
 
-from deltaflow.config.postgres import PostgresCdcOptions, slot_key
+from deltaflow.config.postgres import slot_key
 from deltaflow.sources import pgoutput
-from deltaflow.sources.postgres_cdc import CdcRange, read_range
+from tests.config.test_rivven import BASIC
+from tests.fixtures.postgres import cdc_options, read_all_events
 from tests.pipeline.test_runner import _run_cli
-
-EVENTS = pa.schema(
-    [
-        ("data", pa.string()),
-        ("event_type", pa.string()),
-        ("timestamp", pa.timestamp("us", tz="UTC")),
-        ("stream", pa.string()),
-        ("lsn", pa.int64()),
-        ("xid", pa.int64()),
-        ("seq", pa.int32()),
-    ]
-)
 
 
 def _reference(postgres, slot: str) -> list[tuple]:
     """Every event of ``slot`` (never advanced), read by the source's own reader."""
-    options = PostgresCdcOptions(
-        host=postgres.host,
-        port=postgres.port,
-        user=postgres.user,
-        database=postgres.dbname,
-        publication="crash_pub",
-        slot=slot,
-        snapshot="never",
-    )
-    with postgres.connect() as conn:
-        end = pgoutput.lsn_from_text(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
-    batches = list(read_range(CdcRange(0, end + 1, options, EVENTS)))
-    rows = pa.Table.from_batches(batches, EVENTS).to_pylist() if batches else []
+    rows = read_all_events(postgres, cdc_options(postgres, "crash_pub", slot))
     return [(r["lsn"], r["seq"], r["xid"], r["stream"], r["event_type"], r["data"]) for r in rows]
 
 
@@ -189,27 +165,6 @@ def _rivven_database(postgres, database: str):
     return conn
 
 
-BASIC_LOCAL_SETUP = """\
-# Capture Postgres CDC events to local Delta table
-sources:
-  postgres:
-    connector: postgres-cdc
-    config:
-      host: {host}
-      port: {port}
-      database: mydb
-      publication: rivven_pub
-
-sinks:
-  delta:
-    connector: delta-lake
-    config:
-      table_uri: {table}
-      batch_size: 1000
-      flush_interval_secs: 10
-"""
-
-
 def test_rivvens_basic_local_setup_runs_as_written(spark, postgres, tmp_path):
     from deltaflow.config.pipeline import load_pipelines
     from deltaflow.service.daemon import run_pipelines
@@ -217,7 +172,9 @@ def test_rivvens_basic_local_setup_runs_as_written(spark, postgres, tmp_path):
     conn = _rivven_database(postgres, "mydb")
     table = tmp_path / "events"
     path = tmp_path / "rivven.yaml"
-    path.write_text(BASIC_LOCAL_SETUP.format(host=postgres.host, port=postgres.port, table=table))
+    # Rivven's Basic Local Setup as its document prints it; only host, port and path differ.
+    text = textwrap.dedent(BASIC).replace("host: localhost", f"host: {postgres.host}")
+    path.write_text(text.replace("port: 5432", f"port: {postgres.port}").replace("/tmp/events", str(table)))
     file = load_pipelines(path)
     run_pipelines(spark, file.pipelines, available_now=True)  # the snapshot
     conn.execute("UPDATE users SET name = 'Alice B.' WHERE id = 1")

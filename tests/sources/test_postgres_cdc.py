@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import shutil
 
-import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
@@ -15,14 +14,14 @@ import deltaflow
 from deltaflow.errors import CdcPositionError, ConfigError, PostgresSetupError
 from deltaflow.sources import pgoutput
 from deltaflow.sources.postgres_cdc import (
-    CdcRange,
     PostgresCdcOptions,
     check_setup,
     connection,
+    event_arrow_schema,
     read_range,
     slot_key,
 )
-from tests.fixtures.postgres import running_postgres
+from tests.fixtures.postgres import cdc_options, read_all_events, running_postgres
 
 
 def _source_options(postgres, publication: str, slot: str, **extra: str) -> dict[str, str]:
@@ -341,27 +340,6 @@ def test_the_initial_snapshot_matches_the_slots_start_then_the_changes_follow(sp
     conn.execute("DROP PUBLICATION snap_pub")
 
 
-EVENTS = pa.schema(
-    [
-        ("data", pa.string()),
-        ("event_type", pa.string()),
-        ("timestamp", pa.timestamp("us", tz="UTC")),
-        ("stream", pa.string()),
-        ("lsn", pa.int64()),
-        ("xid", pa.int64()),
-        ("seq", pa.int32()),
-    ]
-)
-
-
-def _read_all(server, options: PostgresCdcOptions) -> list[dict]:
-    """Every event of the slot so far, through the source's own reader (no Spark)."""
-    with server.connect() as conn:
-        end = pgoutput.lsn_from_text(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
-    batches = list(read_range(CdcRange(0, end + 1, options, EVENTS)))
-    return pa.Table.from_batches(batches, EVENTS).to_pylist() if batches else []
-
-
 def test_values_read_exactly_whatever_the_roles_session_defaults(postgres):
     conn = postgres.connect()
     conn.execute("CREATE ROLE odd LOGIN REPLICATION")
@@ -384,16 +362,8 @@ def test_values_read_exactly_whatever_the_roles_session_defaults(postgres):
     conn.execute(
         "INSERT INTO odd_t (id, ts, tsi, d, t) VALUES (2, 'infinity', '-infinity', '2000-01-01 BC', '24:00')"
     )
-    options = PostgresCdcOptions(
-        host=postgres.host,
-        port=postgres.port,
-        user="odd",
-        database="postgres",
-        publication="odd_pub",
-        slot="odd_slot",
-        snapshot="never",
-    )
-    rows = [json.loads(r["data"]) for r in _read_all(postgres, options)]
+    options = cdc_options(postgres, "odd_pub", "odd_slot", user="odd")
+    rows = [json.loads(r["data"]) for r in read_all_events(postgres, options)]
     assert rows[0] == {
         "id": 1,
         "ts": "2024-03-01T12:00:00+00:00",
@@ -429,16 +399,8 @@ def test_a_latin1_database_decodes_its_text(postgres):
     conn.execute("CREATE PUBLICATION latin_pub FOR TABLE café")
     conn.execute("SELECT pg_create_logical_replication_slot('latin_slot', 'pgoutput')")
     conn.execute("INSERT INTO café VALUES (1, 'naïve crème brûlée')")
-    options = PostgresCdcOptions(
-        host=postgres.host,
-        port=postgres.port,
-        user="postgres",
-        database="latin",
-        publication="latin_pub",
-        slot="latin_slot",
-        snapshot="never",
-    )
-    (row,) = _read_all(postgres, options)
+    options = cdc_options(postgres, "latin_pub", "latin_slot", database="latin")
+    (row,) = read_all_events(postgres, options)
     assert (row["stream"], json.loads(row["data"])) == (
         "public.café",
         {"id": 1, "name": "naïve crème brûlée"},
@@ -455,17 +417,8 @@ def test_planning_keeps_transactions_whole_under_a_budget_and_records_idle_progr
     conn.execute("CREATE TABLE plan_t (id int PRIMARY KEY)")
     conn.execute("CREATE TABLE plan_other (id int)")
     conn.execute("CREATE PUBLICATION plan_pub FOR TABLE plan_t")
-    options = PostgresCdcOptions(
-        host=postgres.host,
-        port=postgres.port,
-        user="postgres",
-        database="postgres",
-        publication="plan_pub",
-        slot="plan_slot",
-        snapshot="never",
-        idle_progress_bytes=512 * 1024,
-    )
-    reader = PostgresCdcStreamReader(options, EVENTS)
+    options = cdc_options(postgres, "plan_pub", "plan_slot", idle_progress_bytes=512 * 1024)
+    reader = PostgresCdcStreamReader(options, event_arrow_schema())
     start = reader.initialOffset()
     key = slot_key("plan_slot")
     with conn.transaction():
