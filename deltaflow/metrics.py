@@ -245,7 +245,12 @@ MESSAGES_OBSERVATION = "deltaflow"
 
 class _RivvenNames:
     """Rivven's Delta sink metrics (``rivven_delta_<name>``), derived from ours when scraped:
-    dashboards built on Rivven keep working, and nothing is counted twice."""
+    dashboards built on Rivven keep working, and nothing is counted twice.
+
+    Names as Rivven's document shows them (``records_written_total``, ``commits_total``,
+    ``commit_latency_avg_ms``), its metric table's names for the rest, and its computed gauges
+    (average commit and write latency, success rate, average batch size).
+    """
 
     def __init__(self, owner: Metrics) -> None:
         self._m = owner
@@ -261,16 +266,19 @@ class _RivvenNames:
             "records_written": m._records,
             "records_failed": m._failed,
             "bytes_written": m._bytes,
-            "commits_success": m._commits,
+            "commits": m._commits,
             "commits_failed": m._commit_failures,
             "commit_retries": m._retries,
             "files_created": m._files,
             "batches_flushed": m._flushed,
         }
+        totals: dict[str, dict[tuple[str, str], float]] = {}
         for name, metric in counters.items():
             family = CounterMetricFamily(f"rivven_delta_{name}", f"Rivven's name of {name}.", labels=_SINK)
             for sample in _samples(metric, "_total"):
-                family.add_metric([sample.labels["pipeline"], sample.labels["table"]], sample.value)
+                labels = (sample.labels["pipeline"], sample.labels["table"])
+                family.add_metric(list(labels), sample.value)
+                totals.setdefault(name, {})[labels] = sample.value
             yield family
         sums = {
             "commit_latency_us": (m._commit_latency, 1e6),
@@ -280,13 +288,37 @@ class _RivvenNames:
         for name, (histogram, scale) in sums.items():
             family = CounterMetricFamily(f"rivven_delta_{name}", f"Rivven's name of {name}.", labels=_SINK)
             for sample in _samples(histogram, "_sum"):
-                family.add_metric([sample.labels["pipeline"], sample.labels["table"]], sample.value * scale)
+                labels = (sample.labels["pipeline"], sample.labels["table"])
+                family.add_metric(list(labels), sample.value * scale)
+                totals.setdefault(name, {})[labels] = sample.value * scale
             yield family
         for name, gauge in (("batch_size_min", m._batch_min), ("batch_size_max", m._batch_max)):
             g = GaugeMetricFamily(f"rivven_delta_{name}", f"Rivven's name of {name}.", labels=_SINK)
             for sample in _samples(gauge, ""):
                 g.add_metric([sample.labels["pipeline"], sample.labels["table"]], sample.value)
             yield g
+        commits, failed = totals.get("commits", {}), totals.get("commits_failed", {})
+        computed = {
+            "commit_latency_avg_ms": _ratio(totals.get("commit_latency_us", {}), commits, 1e-3),
+            "write_latency_avg_ms": _ratio(
+                totals.get("write_latency_us", {}), totals.get("batches_flushed", {}), 1e-3
+            ),
+            "batch_size_avg": _ratio(totals.get("batch_size_sum", {}), commits, 1.0),
+            "success_rate": _ratio(
+                commits, {k: commits.get(k, 0) + failed.get(k, 0) for k in {*commits, *failed}}, 1.0
+            ),
+        }
+        for name, values in computed.items():
+            g = GaugeMetricFamily(f"rivven_delta_{name}", f"Rivven's computed {name}.", labels=_SINK)
+            for labels, value in values.items():
+                g.add_metric(list(labels), value)
+            yield g
+
+
+def _ratio(
+    numerator: Mapping[tuple[str, str], float], denominator: Mapping[tuple[str, str], float], scale: float
+) -> dict[tuple[str, str], float]:
+    return {k: numerator.get(k, 0.0) / d * scale for k, d in denominator.items() if d}
 
 
 def _samples(metric: Any, suffix: str) -> list[Any]:

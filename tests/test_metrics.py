@@ -63,13 +63,16 @@ def test_facade_names_labels_and_lag_from_a_progress_report():
     assert got[("rivven_delta_records_written_total", sink)] == 15
     assert got[("rivven_delta_records_failed_total", sink)] == 3
     assert got[("rivven_delta_bytes_written_total", sink)] == 400
-    assert got[("rivven_delta_commits_success_total", sink)] == 2
+    assert got[("rivven_delta_commits_total", sink)] == 2
     assert got[("rivven_delta_commit_retries_total", sink)] == 1
     assert got[("rivven_delta_files_created_total", sink)] == 3
     assert got[("rivven_delta_commit_latency_us_total", sink)] == 30_000
     assert got[("rivven_delta_batch_size_sum_total", sink)] == 15
     assert got[("rivven_delta_batch_size_min", sink)] == 5
     assert got[("rivven_delta_batch_size_max", sink)] == 10
+    assert got[("rivven_delta_commit_latency_avg_ms", sink)] == 15
+    assert got[("rivven_delta_batch_size_avg", sink)] == 7.5
+    assert got[("rivven_delta_success_rate", sink)] == 1
 
 
 def test_ingest_counts_what_it_commits_and_dead_letters(spark, kafka, tmp_path):

@@ -542,6 +542,16 @@ class PipelineFile(_Model):
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:
             raise ValueError(f"pipeline id(s) used twice: {', '.join(dupes)}")
+        slots: dict[tuple[str, str, str, str], str] = {}
+        for p in self.pipelines:
+            if isinstance(p.source, PostgresCdcSourceSpec):
+                other = slots.setdefault(p.source.slot_identity(), p.pipeline_id)
+                if other != p.pipeline_id:
+                    raise ValueError(
+                        f"pipelines {other!r} and {p.pipeline_id!r} read the same replication slot "
+                        f"{p.source.slot_name!r}: a slot serves one reader (each would advance it past "
+                        "what the other holds); give each its own slot"
+                    )
         return self
 
     def selected(self, ids: list[str] | tuple[str, ...] = ()) -> list[PipelineSpec]:
@@ -571,7 +581,7 @@ def load_pipelines(path: str | Path, env: Mapping[str, str] | None = None) -> Pi
     except OSError as exc:
         raise PipelineConfigError(str(path), [f"cannot read the file: {exc.strerror or exc}"]) from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_unique_key_loader())  # a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise PipelineConfigError(str(path), [f"not valid YAML: {exc}"]) from None
     if not isinstance(raw, dict):
@@ -598,6 +608,29 @@ def load_pipelines(path: str | Path, env: Mapping[str, str] | None = None) -> Pi
         raise PipelineConfigError(str(path), found) from None
     file._notes = notes
     return file
+
+
+def _unique_key_loader() -> Any:
+    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML would keep the
+    last one silently: a second sink of the same name would replace the first)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        "while reading a mapping",
+                        node.start_mark,
+                        f"found the key {key!r} twice",
+                        key_node.start_mark,
+                    )
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
 
 
 def _substitute(value: Any, env: Mapping[str, str], where: str, problems: list[str]) -> Any:

@@ -33,7 +33,10 @@ PIPELINE_OWNED = ("delta_table_uri", "pipeline_id", "delta_storage_options")
 #: The session settings every connection of the source uses (see ``connect_kwargs``).
 SESSION_OPTIONS = (
     "-c DateStyle=ISO -c IntervalStyle=postgres -c extra_float_digits=3 -c bytea_output=hex "
-    "-c client_encoding=UTF8 -c TimeZone=UTC"
+    "-c client_encoding=UTF8 -c TimeZone=UTC "
+    # The exporting replication connection idles in its transaction while the snapshot's tasks
+    # run, and a snapshot's COPY may run long: a server's timeouts must not end either.
+    "-c idle_in_transaction_session_timeout=0 -c statement_timeout=0"
 )
 
 
@@ -64,6 +67,10 @@ class PostgresCdcOptions(BaseModel):
         max_changes_per_batch: Admission control: a micro-batch ends after the transaction
             that reaches this many pgoutput messages (0 = no limit). Transactions are never
             split.
+        batch_interval: Pacing (seconds, 0 = none), for queries on Spark's default trigger: a
+            micro-batch starts once this long has passed since the previous one started, or at
+            once when ``max_changes_per_batch`` is reached or the previous batch reached it (a
+            backlog drains at full speed). Rivven's ``flush_interval_secs``.
         idle_progress_bytes: With no captured change, the WAL other tables write is still held
             for the slot; once this much has passed, an empty micro-batch records the new
             position in the table so the slot can move on.
@@ -88,6 +95,7 @@ class PostgresCdcOptions(BaseModel):
     snapshot: Literal["initial", "never"] = "initial"
     snapshot_chunk_mb: int = Field(default=128, ge=1)
     max_changes_per_batch: int = Field(default=0, ge=0)
+    batch_interval: float = Field(default=0.0, ge=0)
     idle_progress_bytes: int = Field(default=16 << 20, ge=1)
     delta_table_uri: str | None = None
     pipeline_id: PipelineId | None = None
@@ -113,6 +121,10 @@ class PostgresCdcOptions(BaseModel):
             return self.slot
         cleaned = "".join(c if c.isalnum() or c == "_" else "_" for c in self.publication.lower())
         return f"deltaflow_{cleaned}"[:63]
+
+    def slot_identity(self) -> tuple[str, str, str, str]:
+        """Where the slot lives: two pipelines with the same identity would share one slot."""
+        return (self.host or "", str(self.port or ""), self.database or "", self.slot_name)
 
     @property
     def key(self) -> str:
@@ -162,6 +174,13 @@ class PostgresCdcOptions(BaseModel):
 
             raise UnknownOptionError(unknown, sorted(known))
         try:
-            return cls(**values)
+            opts = cls(**values)
         except ValidationError as exc:
             raise ConfigError("invalid postgres-cdc source options: " + "; ".join(problems(exc))) from None
+        if opts.snapshot == "initial" and not opts.delta_table_uri:
+            raise ConfigError(
+                "postgres-cdc: snapshot 'initial' needs delta_table_uri and pipeline_id (the Delta table "
+                "the sink writes with kafka_offsets: it records that the snapshot was taken; without it "
+                "a replayed first batch would take a second snapshot); or set snapshot: never"
+            )
+        return opts

@@ -19,12 +19,15 @@ Rivven's Delta sink keys and where they go:
 ``storage_options``
 ``batch_size``             the source's ``max_changes_per_batch`` (a micro-batch ends after the
                            transaction that reaches it; transactions are never split)
-``flush_interval_secs``    the pipeline's ``trigger_interval``
+``flush_interval_secs``    the source's ``batch_interval``: changes wait at most this long, and
+                           a micro-batch starts at once when ``batch_size`` changes wait (as
+                           Rivven flushes on either), so a backlog drains at full speed
 ``s3:``                    ``storage_options``: ``AWS_REGION``, ``AWS_ENDPOINT_URL``,
                            ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
                            ``AWS_VIRTUAL_HOSTED_STYLE_REQUEST=false`` (``path_style_access``),
                            ``AWS_ALLOW_HTTP`` (``allow_http``)
-``gcs:``                   ``storage_options``: ``GOOGLE_SERVICE_ACCOUNT_PATH``
+``gcs:``                   refused: deltaflow's Parquet writers (pyarrow) take GCS credentials
+                           from ``GOOGLE_APPLICATION_CREDENTIALS`` only, which delta-rs reads too
 ``azure:``                 ``storage_options``: ``AZURE_STORAGE_ACCOUNT_NAME``,
                            ``AZURE_STORAGE_ACCOUNT_KEY``
 =========================  =====================================================================
@@ -65,7 +68,6 @@ STORAGE_BLOCKS: dict[str, dict[str, str]] = {
         "path_style_access": "AWS_VIRTUAL_HOSTED_STYLE_REQUEST",
         "allow_http": "AWS_ALLOW_HTTP",
     },
-    "gcs": {"service_account_path": "GOOGLE_SERVICE_ACCOUNT_PATH"},
     "azure": {"account": "AZURE_STORAGE_ACCOUNT_NAME", "access_key": "AZURE_STORAGE_ACCOUNT_KEY"},
 }
 _SECRET_WORDS = ("secret", "key", "password", "token")
@@ -153,8 +155,12 @@ def _joins(
             out.problems.append(
                 f"pipelines.{name}.sink: no sink {wanted_sink!r} (the file has {', '.join(sinks)})"
             )
+        elif not isinstance(spec.get("enabled", True), bool):
+            out.problems.append(
+                f"pipelines.{name}.enabled: must be true or false (received {spec['enabled']!r})"
+            )
         else:
-            joins.append((str(name), str(wanted_source), str(wanted_sink), _flag(spec.get("enabled", True))))
+            joins.append((str(name), str(wanted_source), str(wanted_sink), bool(spec.get("enabled", True))))
     return joins
 
 
@@ -175,11 +181,12 @@ def _pipeline(
         )
         return None
     source_spec: dict[str, Any] = {"type": kind}
+    rivven_name: dict[str, str] = {}
     for key, value in config.items():
         target = SOURCE_RENAMES.get(key, key)
-        if key != target:
-            out.notes.append(f"{where}.config.{key}: the source's {target} ({_shown(key, value)})")
+        out.notes.append(f"{where}.config.{key}: the source's {target} ({_shown(key, value)})")
         source_spec[target] = value
+        rivven_name[target] = f"{where}.config.{key}"
     if "streams" in source:
         out.problems.append(
             f"{where}.streams: deltaflow captures the publication's tables; choose them with the publication "
@@ -202,16 +209,27 @@ def _pipeline(
         path = f"{sink_where}.config.{key}"
         if key in SINK_SAME:
             sink_spec[key] = value
-        elif key == "batch_size":
-            source_spec.setdefault("max_changes_per_batch", value)
-            out.notes.append(
-                f"{path}: {value!r} -> the source's max_changes_per_batch (a micro-batch ends after the "
-                "transaction that reaches it; transactions are never split)"
+            if key != "storage_options":
+                out.notes.append(f"{path}: the sink's {key} ({_shown(key, value)})")
+        elif key in ("batch_size", "flush_interval_secs"):
+            target = "max_changes_per_batch" if key == "batch_size" else "batch_interval"
+            if target in source_spec:
+                out.notes.append(f"{path}: {value!r} not used: the source sets {target} itself")
+                continue
+            source_spec[target] = value
+            rivven_name[target] = path
+            meaning = (
+                "a micro-batch ends after the transaction that reaches it; transactions are never split"
+                if key == "batch_size"
+                else f"changes wait at most {value} s; a micro-batch starts at once when batch_size "
+                "changes wait"
             )
-        elif key == "flush_interval_secs":
-            pipeline["trigger_interval"] = value
-            out.notes.append(
-                f"{path}: {value!r} -> the pipeline's trigger_interval (seconds between micro-batches)"
+            out.notes.append(f"{path}: {value!r} -> the source's {target} ({meaning})")
+        elif key == "gcs":
+            out.problems.append(
+                f"{path}: set GOOGLE_APPLICATION_CREDENTIALS=<service account file> in the environment "
+                "instead (deltaflow's Parquet writers read GCS credentials only from there; delta-rs does "
+                "too) and remove the block"
             )
         elif key in STORAGE_BLOCKS and isinstance(value, dict):
             names = STORAGE_BLOCKS[key]
@@ -222,18 +240,43 @@ def _pipeline(
                 text = str(setting).lower() if isinstance(setting, bool) else str(setting)
                 if option == "path_style_access":
                     text = "false" if _flag(setting) else "true"
-                storage.setdefault(names[option], text)
+                given = next((k for k in storage if k.lower() == names[option].lower()), None)
+                if given is not None:  # storage_options name it already (in any case): it wins
+                    out.notes.append(f"{path}.{option}: not used: storage_options sets {given}")
+                    continue
+                storage[names[option]] = text
                 out.notes.append(
                     f"{path}.{option}: storage option {names[option]}={_shown(names[option], text)}"
                 )
         else:
-            known = [*SINK_SAME, "batch_size", "flush_interval_secs", *STORAGE_BLOCKS]
+            known = [*SINK_SAME, "batch_size", "flush_interval_secs", *STORAGE_BLOCKS, "gcs"]
             out.problems.append(f"{path}: unknown key of Rivven's Delta sink (known: {', '.join(known)})")
     if storage:
         sink_spec["storage_options"] = storage
+    _check_source(source_spec, rivven_name, where, out)
     pipeline["sinks"] = [sink_spec]
     out.notes.append(f"pipeline {pipeline_id}: sources.{source_name} -> sinks.{sink_name}")
     return pipeline
+
+
+def _check_source(
+    spec: Mapping[str, Any], rivven_name: Mapping[str, str], where: str, out: Translation
+) -> None:
+    """The source's options as deltaflow validates them, each problem at its Rivven path
+    (``rivven_name``: option -> the Rivven key that set it)."""
+    from pydantic import ValidationError
+
+    from deltaflow.config.models import problem
+    from deltaflow.config.postgres import PostgresCdcOptions
+
+    try:
+        PostgresCdcOptions(**{k: v for k, v in spec.items() if k != "type"})
+    except ValidationError as exc:
+        for err in exc.errors(include_url=False):
+            field = str(err["loc"][0]) if err["loc"] else ""
+            name = rivven_name.get(field, field)
+            at = f"sinks.{name[len('<sink>.') :]}" if name.startswith("<sink>.") else f"{where}.config.{name}"
+            out.problems.append(problem(err, at if field else f"{where}.config"))
 
 
 def _connector(where: str, spec: Any, out: Translation) -> tuple[str, dict[str, Any], str] | None:

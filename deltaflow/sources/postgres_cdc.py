@@ -278,6 +278,7 @@ class SnapshotRange(InputPartition):
     snapshot_name: str
     lsn: int  # the slot's consistent point: the snapshot holds every commit before it
     taken_us: int
+    chunk: int  # the events' xid: (stream, lsn, xid, seq) stays unique across a table's tasks
     options: PostgresCdcOptions = field(repr=False)
     arrow_schema: Any = field(repr=False, default=None)
 
@@ -338,12 +339,13 @@ def plan_snapshot(options: PostgresCdcOptions, name: str, lsn: int, arrow_schema
 
     ranges: list[SnapshotRange] = []
     with connection(options, "planning the snapshot") as conn:
+        check_encoding(conn, options)
         _in_snapshot(conn, name)
         version = int(conn.execute("SHOW server_version_num").fetchone()[0])
         extra = "pt.attnames, pt.rowfilter" if version >= 150000 else "NULL::text[], NULL::text"
         tables = conn.execute(
             "SELECT c.oid, pt.schemaname, pt.tablename, "
-            f"pg_relation_size(c.oid) / current_setting('block_size')::int, {extra} "
+            f"pg_relation_size(c.oid) / current_setting('block_size')::int, {extra}, c.relkind "
             "FROM pg_publication_tables pt "
             "JOIN pg_namespace n ON n.nspname = pt.schemaname "
             "JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename "
@@ -356,7 +358,7 @@ def plan_snapshot(options: PostgresCdcOptions, name: str, lsn: int, arrow_schema
         generated = "AND a.attgenerated = ''" if version >= 120000 else ""
         block = int(conn.execute("SELECT current_setting('block_size')::int").fetchone()[0])
         chunk_pages = max(1, options.snapshot_chunk_mb * (1 << 20) // block)
-        for oid, schema, table, pages, attnames, rowfilter in tables:
+        for oid, schema, table, pages, attnames, rowfilter, relkind in tables:
             columns = conn.execute(
                 "SELECT a.attname, a.atttypid, coalesce(i.indisprimary, false) FROM pg_attribute a "
                 "LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary "
@@ -376,10 +378,14 @@ def plan_snapshot(options: PostgresCdcOptions, name: str, lsn: int, arrow_schema
                     if wanted is None or n in wanted
                 ),
             )
+            # An inheritance parent without ONLY would repeat its children's rows (published, and
+            # streamed, as their own tables); a partitioned root reads its partitions.
+            only = sql.SQL("" if str(relkind) == "p" else "ONLY ")
             select = (
-                sql.SQL("SELECT {} FROM {}.{}")
+                sql.SQL("SELECT {} FROM {}{}.{}")
                 .format(
                     sql.SQL(", ").join(sql.Identifier(c.name) for c in relation.columns),
+                    only,
                     sql.Identifier(str(schema)),
                     sql.Identifier(str(table)),
                 )
@@ -396,7 +402,14 @@ def plan_snapshot(options: PostgresCdcOptions, name: str, lsn: int, arrow_schema
                 where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
                 ranges.append(
                     SnapshotRange(
-                        relation, f"COPY ({select}{where}) TO STDOUT", name, lsn, taken, options, arrow_schema
+                        relation,
+                        f"COPY ({select}{where}) TO STDOUT",
+                        name,
+                        lsn,
+                        taken,
+                        i,
+                        options,
+                        arrow_schema,
                     )
                 )
         conn.rollback()
@@ -411,14 +424,15 @@ def read_snapshot(task: SnapshotRange) -> Iterator[pa.RecordBatch]:
     opts = task.options
     encoder = pgoutput.ValueEncoder()
     out = _Events(task.arrow_schema)
-    marker = pgoutput.Begin(task.lsn - 1, task.taken_us, 0)
+    marker = pgoutput.Begin(task.lsn - 1, task.taken_us, task.chunk)
     with connection(opts, f"reading the snapshot of {task.relation.stream}") as conn:
         try:
             _in_snapshot(conn, task.snapshot_name)
         except psycopg.errors.InvalidParameterValue as exc:
             raise PostgresUnavailableError(
                 f"the snapshot of publication {opts.publication!r} at {opts.where()} is no longer available "
-                f"({str(exc).strip()}): the process that planned it has stopped; the batch is planned "
+                f"({str(exc).strip()}): the replication connection that exported it is gone (its "
+                "planning process stopped, or the server or a proxy closed it); the batch is planned "
                 "again (a new slot and snapshot) when the pipeline restarts"
             ) from None
         with conn.cursor().copy(task.copy_sql) as copy:
@@ -463,6 +477,10 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         self._confirmed: int | None = None  # the slot's confirmed_flush_lsn, as last seen
         self._latest: Offsets | None = None
         self._export: Any = None  # the connection whose slot creation exported the snapshot
+        # Pacing (batch_interval): when the next batch is due, and whether the last one reached
+        # the change budget (more is waiting: the next starts at once).
+        self._due = 0.0
+        self._left_behind = False
 
     # -- driver ------------------------------------------------------------------------------
 
@@ -565,6 +583,7 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         nchanges = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         with connection(opts, "reading the slot's changes") as conn:
             self._advance(conn, begin)
+            self._check_position(begin, position)
             flushed = pgoutput.lsn_from_text(
                 conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0]
             )
@@ -603,7 +622,36 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         self._latest = {opts.key: {**position, _LSN: max(end, upto)}}
         if end == begin and self._target is None:
             time.sleep(IDLE_POLL_S)
+        elif opts.batch_interval and self._target is None:
+            now = time.monotonic()
+            full = nchanges is not None and len(rows) >= nchanges
+            if now < self._due and not (full or self._left_behind):
+                time.sleep(min(IDLE_POLL_S, self._due - now))
+                return {opts.key: dict(position)}  # held back: "no new data" until due
+            self._due, self._left_behind = now + opts.batch_interval, full
         return {opts.key: {**position, _LSN: end}}
+
+    def _check_position(self, begin: int, position: Mapping[str, int]) -> None:
+        """A slot beyond both this stream's position and the table's: another reader moved it,
+        and the changes in between are gone for this stream."""
+        confirmed = self._confirmed
+        if confirmed is None:
+            raise CdcPositionError(
+                f"replication slot {self._options.slot_name!r} at {self._options.where()} is gone",
+                pipeline_id=self._options.pipeline_id,
+            )
+        after_snapshot = begin == 0 and _SNAPSHOT in position  # the slot starts where the snapshot ends
+        if confirmed <= begin or after_snapshot:
+            return
+        committed = self._committed()
+        if committed is None or confirmed > committed:
+            raise CdcPositionError(
+                f"replication slot {self._options.slot_name!r} at {self._options.where()} has moved to LSN "
+                f"{pgoutput.lsn_to_text(confirmed)}, past this stream's position "
+                f"{pgoutput.lsn_to_text(begin)} and what its table holds: another reader uses the slot, "
+                "and the changes in between are lost to this stream; give each pipeline its own slot",
+                pipeline_id=self._options.pipeline_id,
+            )
 
     def reportLatestOffset(self) -> Offsets | None:  # noqa: N802
         return self._latest

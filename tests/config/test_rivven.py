@@ -78,10 +78,10 @@ def test_the_basic_local_setup_is_one_cdc_pipeline(tmp_path):
         "initial",
     )
     assert spec.source.max_changes_per_batch == 1000
-    assert spec.trigger_interval == 10
+    assert spec.source.batch_interval == 10 and spec.trigger_interval is None
     assert [s.table_uri for s in spec.sinks] == ["/tmp/events"] and spec.sink_names() == ["delta"]
     assert any("batch_size" in n and "max_changes_per_batch" in n for n in file.notes)
-    assert any("flush_interval_secs" in n and "trigger_interval" in n for n in file.notes)
+    assert any("flush_interval_secs" in n and "batch_interval" in n for n in file.notes)
 
 
 def test_the_production_s3_setup_keeps_every_sink_setting(tmp_path):
@@ -90,7 +90,7 @@ def test_the_production_s3_setup_keeps_every_sink_setting(tmp_path):
     assert (sink.compression, sink.partition_columns) == ("zstd", ("event_type",))
     assert sink.storage_options == {"AWS_REGION": "us-east-1"}
     assert sink.table_properties["delta.deletedFileRetentionDuration"] == "interval 7 days"
-    assert spec.source.max_changes_per_batch == 50000 and spec.trigger_interval == 120
+    assert spec.source.max_changes_per_batch == 50000 and spec.source.batch_interval == 120
 
 
 def test_storage_blocks_become_storage_options_and_secrets_stay_out_of_the_notes(tmp_path):
@@ -183,3 +183,57 @@ def test_several_sources_and_sinks_are_joined_by_pipelines(tmp_path):
     path.write_text(two_sinks + "pipelines:\n  p: {source: postgres, sink: nowhere}\n")
     with pytest.raises(PipelineConfigError, match="no sink 'nowhere'"):
         load_pipelines(path)
+
+
+def test_rivven_keys_are_checked_at_their_rivven_paths_and_every_key_is_explained(tmp_path):
+    def load(text: str):
+        path = tmp_path / "r.yaml"
+        path.write_text(textwrap.dedent(text))
+        return load_pipelines(path)
+
+    with pytest.raises(
+        PipelineConfigError, match=r"sources\.postgres\.config\.snapshot_mode: must be one of"
+    ):
+        load(
+            BASIC.replace(
+                "publication: rivven_pub", "publication: rivven_pub\n          snapshot_mode: when_needed"
+            )
+        )
+    with pytest.raises(PipelineConfigError, match=r"sinks\.delta\.config\.batch_size"):
+        load(BASIC.replace("batch_size: 1000", "batch_size: -1"))
+    with pytest.raises(PipelineConfigError, match="found the key 'delta' twice"):
+        load(BASIC + "      delta:\n        connector: delta-lake\n        config: {table_uri: /tmp/other}\n")
+    with pytest.raises(PipelineConfigError, match="GOOGLE_APPLICATION_CREDENTIALS"):
+        load(
+            BASIC.replace(
+                "batch_size: 1000", "batch_size: 1000\n          gcs: {service_account_path: /k.json}"
+            )
+        )
+    joined = BASIC + "    pipelines:\n      p: {source: postgres, sink: delta, enabled: ture}\n"
+    with pytest.raises(PipelineConfigError, match=r"pipelines\.p\.enabled: must be true or false"):
+        load(joined)
+    fanned = (
+        BASIC.replace(
+            "    sinks:\n",
+            "    sinks:\n      other:\n        connector: delta-lake\n        config: {table_uri: /tmp/o}\n",
+        )
+        + "    pipelines:\n"
+        + "      p1: {source: postgres, sink: delta}\n      p2: {source: postgres, sink: other}\n"
+    )
+    with pytest.raises(PipelineConfigError, match="read the same replication slot 'deltaflow_rivven_pub'"):
+        load(fanned)
+
+    # storage_options given in any case win over the s3 block's; every key has a note.
+    file = load(
+        PRODUCTION.replace(
+            "            region: us-east-1",
+            "            region: us-east-1\n          storage_options: {aws_region: eu-west-1}",
+        )
+    )
+    assert file.pipelines[0].sinks[0].storage_options == {"aws_region": "eu-west-1"}
+    notes = "\n".join(file.notes)
+    assert "sinks.delta.config.s3.region: not used: storage_options sets aws_region" in notes
+    for key in ("host", "port", "database", "publication"):
+        assert f"sources.postgres.config.{key}: the source's {key}" in notes
+    for key in ("table_uri", "compression", "partition_columns", "table_properties"):
+        assert f"sinks.delta.config.{key}: the sink's {key}" in notes

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 
 import pytest
 from deltalake import DeltaTable
@@ -456,3 +457,63 @@ def test_planning_keeps_transactions_whole_under_a_budget_and_records_idle_progr
     with pytest.raises(PostgresSetupError, match="plan_pub"):
         reader.latestOffset(idle, ReadAllAvailable())
     conn.execute("SELECT pg_drop_replication_slot('plan_slot')")
+
+
+def test_the_snapshot_reads_each_row_once_under_its_own_table_and_outlives_idle_timeouts(postgres):
+    admin = postgres.connect()
+    admin.execute("CREATE DATABASE strict_db")
+    # A managed database's habit: idle transactions are ended after a second.
+    admin.execute("ALTER DATABASE strict_db SET idle_in_transaction_session_timeout = '1s'")
+    conn = postgres.connect(dbname="strict_db")
+    conn.execute("CREATE TABLE parent (id int PRIMARY KEY, v text)")
+    conn.execute("CREATE TABLE child () INHERITS (parent)")
+    conn.execute("CREATE PUBLICATION inh_pub FOR TABLE parent")  # publishes the child too
+    conn.execute("INSERT INTO parent VALUES (1, 'p')")
+    conn.execute("INSERT INTO child VALUES (2, 'c')")
+    options = cdc_options(postgres, "inh_pub", "inh_slot", database="strict_db", snapshot="initial")
+    from deltaflow.sources.postgres_cdc import create_slot_exporting_snapshot, plan_snapshot, read_snapshot
+
+    exporter, lsn, name = create_slot_exporting_snapshot(options)
+    try:
+        ranges = plan_snapshot(options, name, lsn, event_arrow_schema())
+        time.sleep(2)  # past the database's idle timeout: the exporting connection must stay
+        rows = [row for task in ranges for batch in read_snapshot(task) for row in batch.to_pylist()]
+    finally:
+        exporter.close()
+    assert sorted((r["stream"], r["data"]) for r in rows) == [
+        ("public.child", '{"id":2,"v":"c"}'),
+        ("public.parent", '{"id":1,"v":"p"}'),
+    ]
+    assert {r["lsn"] for r in rows} == {lsn - 1}
+    conn.execute("SELECT pg_drop_replication_slot('inh_slot')")
+
+
+def test_another_reader_moving_the_slot_stops_the_stream_and_pacing_holds_batches(postgres):
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+    from deltaflow.sources.postgres_cdc import PostgresCdcStreamReader
+
+    conn = postgres.connect()
+    conn.execute("CREATE TABLE paced (id int PRIMARY KEY)")
+    conn.execute("CREATE PUBLICATION paced_pub FOR TABLE paced")
+    options = cdc_options(postgres, "paced_pub", "paced_slot", batch_interval=30)
+    reader = PostgresCdcStreamReader(options, event_arrow_schema())
+    start = reader.initialOffset()
+    conn.execute("INSERT INTO paced VALUES (1)")
+    first = reader.latestOffset(start, ReadAllAvailable())
+    assert first != start  # the first batch is due at once
+    reader.commit(first)
+    conn.execute("INSERT INTO paced VALUES (2)")
+    assert reader.latestOffset(first, ReadAllAvailable()) == first  # held back: not due for 30 s
+    conn.execute("INSERT INTO paced SELECT generate_series(3, 10)")
+    assert reader.latestOffset(first, ReadMaxRows(3)) != first  # the budget is reached: at once
+
+    # Someone else advances the slot past this stream's position: refused, nothing skipped.
+    conn.execute("SELECT pg_replication_slot_advance('paced_slot', pg_current_wal_flush_lsn())")
+    with pytest.raises(CdcPositionError, match="another reader uses the slot"):
+        reader.latestOffset(first, ReadAllAvailable())
+    conn.execute("SELECT pg_drop_replication_slot('paced_slot')")
+    conn.execute("DROP PUBLICATION paced_pub")
+
+    with pytest.raises(ConfigError, match="snapshot 'initial' needs delta_table_uri"):
+        PostgresCdcOptions.from_spark_options({"publication": "p"})
