@@ -13,7 +13,7 @@ from deltalake import DeltaTable
 
 from deltaflow.config.postgres import slot_key
 from deltaflow.sources import pgoutput
-from tests.config.test_rivven import BASIC
+from tests.config.test_rivven import BASIC, PRODUCTION
 from tests.fixtures.postgres import cdc_options, read_all_events
 from tests.pipeline.test_runner import _run_cli
 
@@ -176,10 +176,16 @@ def test_rivvens_basic_local_setup_runs_as_written(spark, postgres, tmp_path):
     text = textwrap.dedent(BASIC).replace("host: localhost", f"host: {postgres.host}")
     path.write_text(text.replace("port: 5432", f"port: {postgres.port}").replace("/tmp/events", str(table)))
     file = load_pipelines(path)
-    run_pipelines(spark, file.pipelines, available_now=True)  # the snapshot
-    conn.execute("UPDATE users SET name = 'Alice B.' WHERE id = 1")
-    conn.execute("DELETE FROM users WHERE id = 2")
-    run_pipelines(spark, file.pipelines, available_now=True)  # the changes
+    try:
+        run_pipelines(spark, file.pipelines, available_now=True)  # the snapshot
+        conn.execute("UPDATE users SET name = 'Alice B.' WHERE id = 1")
+        conn.execute("DELETE FROM users WHERE id = 2")
+        run_pipelines(spark, file.pipelines, available_now=True)  # the changes
+    finally:  # slots are the cluster's: the next example's database uses the same name
+        conn.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+            "WHERE slot_name = 'deltaflow_rivven_pub'"
+        )
 
     rows = DeltaTable(str(table)).to_pyarrow_table().sort_by([("lsn", "ascending"), ("seq", "ascending")])
     events = [(r["event_type"], r["stream"], r["data"]) for r in rows.to_pylist()]
@@ -198,7 +204,6 @@ def test_rivvens_basic_local_setup_runs_as_written(spark, postgres, tmp_path):
     # Rivven's four columns, as its readers query them.
     names = DeltaTable(str(table)).schema().to_arrow().names
     assert names[:4] == ["data", "event_type", "timestamp", "stream"]
-    conn.execute("SELECT pg_drop_replication_slot('deltaflow_rivven_pub')")
 
 
 def test_rivvens_production_s3_setup_runs_against_an_s3_endpoint(spark, postgres, s3, tmp_path, monkeypatch):
@@ -208,38 +213,15 @@ def test_rivvens_production_s3_setup_runs_against_an_s3_endpoint(spark, postgres
     conn = _rivven_database(postgres, "production")
     monkeypatch.setenv("DELTAFLOW_STATE_DIR", str(tmp_path / "state"))
     uri = s3.uri("warehouse-events")
-    text = f"""\
-sources:
-  postgres:
-    connector: postgres-cdc
-    config:
-      host: {postgres.host}
-      port: {postgres.port}
-      database: production
-      publication: rivven_pub
-      slot_name: rivven_prod
-
-sinks:
-  delta:
-    connector: delta-lake
-    config:
-      table_uri: {uri}
-      batch_size: 50000
-      flush_interval_secs: 120
-      compression: zstd
-      partition_columns:
-        - event_type
-      s3:
-        region: us-east-1
-        endpoint: {s3.endpoint}
-        access_key_id: testing
-        secret_access_key: testing
-        path_style_access: true
-        allow_http: true
-      table_properties:
-        delta.logRetentionDuration: "interval 30 days"
-        delta.deletedFileRetentionDuration: "interval 7 days"
-"""
+    # Rivven's Production S3 Setup as its document prints it, pointed at this server and at moto
+    # with the S3-compatible keys its document shows for MinIO; the database is "production".
+    text = textwrap.dedent(PRODUCTION).replace("host: db.prod.internal", f"host: {postgres.host}")
+    text = text.replace("port: 5432", f"port: {postgres.port}")
+    text = text.replace("s3://data-lake/warehouse/events", uri).replace(
+        "    region: us-east-1",
+        f"    region: us-east-1\n        endpoint: {s3.endpoint}\n        access_key_id: testing\n"
+        "        secret_access_key: testing\n        path_style_access: true\n        allow_http: true",
+    )
     path = tmp_path / "rivven.yaml"
     path.write_text(text)
     file = load_pipelines(path)
@@ -258,4 +240,4 @@ sinks:
     assert table.metadata().configuration["delta.deletedFileRetentionDuration"] == "interval 7 days"
     assert all(uri.endswith(".zstd.parquet") for uri in table.file_uris())
     assert (tmp_path / "state" / "checkpoints" / "postgres-delta").is_dir()
-    conn.execute("SELECT pg_drop_replication_slot('rivven_prod')")
+    conn.execute("SELECT pg_drop_replication_slot('deltaflow_rivven_pub')")

@@ -204,15 +204,7 @@ def test_types_print_as_exact_json(postgres):
 def test_setup_problems_are_named_before_anything_is_written(spark, postgres, tmp_path):
     deltaflow.register(spark)
     conn = postgres.connect()
-    base = PostgresCdcOptions(
-        host=postgres.host,
-        port=postgres.port,
-        user="postgres",
-        database="postgres",
-        publication="nope",
-        slot="nope_slot",
-        snapshot="never",
-    )
+    base = cdc_options(postgres, "nope", "nope_slot")
     with (
         connection(base, "test") as c,
         pytest.raises(PostgresSetupError, match="publication 'nope' does not exist"),
@@ -252,14 +244,7 @@ def test_setup_problems_are_named_before_anything_is_written(spark, postgres, tm
 
 def test_a_server_without_logical_wal_is_refused():
     with running_postgres("replica") as server:
-        options = PostgresCdcOptions(
-            host=server.host,
-            port=server.port,
-            user="postgres",
-            database="postgres",
-            publication="p",
-            snapshot="never",
-        )
+        options = cdc_options(server, "p", "p_slot")
         with connection(options, "test") as c, pytest.raises(PostgresSetupError, match="wal_level = logical"):
             check_setup(c, options)
 
