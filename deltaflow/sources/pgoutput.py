@@ -298,13 +298,13 @@ def _or_text(encode: Callable[[str], str]) -> Callable[[str], str]:
     def guarded(text: str) -> str:
         try:
             return encode(text)
-        except (ValueError, OverflowError, ArithmeticError, psycopg_data_error()):
+        except (ValueError, OverflowError, ArithmeticError, _data_error()):
             return json.dumps(text)
 
     return guarded
 
 
-def psycopg_data_error() -> type[Exception]:
+def _data_error() -> type[Exception]:
     from psycopg import DataError
 
     return DataError

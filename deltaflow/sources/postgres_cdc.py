@@ -125,8 +125,7 @@ _ACCESS = (
 
 
 def _failure(exc: BaseException, options: PostgresCdcOptions, doing: str) -> DeltaflowError:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    message = f"PostgreSQL at {options.where()}: {doing} failed: {text}"
+    message = f"PostgreSQL at {options.where()}: {doing} failed: {_first_line(exc)}"
     if any(marker in str(exc) for marker in _ACCESS):
         return PostgresAccessError(message + " (check the connection settings and the role's rights)")
     return PostgresUnavailableError(message)
@@ -221,6 +220,11 @@ def check_setup(conn: Any, options: PostgresCdcOptions) -> SlotState | None:
                 "another slot (option slot)"
             )
     return state
+
+
+def flush_lsn(conn: Any) -> int:
+    """The WAL position flushed to disk: no commit below it is still to come."""
+    return pgoutput.lsn_from_text(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
 
 
 def slot_state(conn: Any, slot: str) -> SlotState | None:
@@ -564,9 +568,7 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
 
     def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
         with connection(self._options, "reading the WAL position") as conn:
-            self._target = pgoutput.lsn_from_text(
-                conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0]
-            )
+            self._target = flush_lsn(conn)
 
     def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
         if self._options.max_changes_per_batch:
@@ -584,9 +586,7 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         with connection(opts, "reading the slot's changes") as conn:
             self._advance(conn, begin)
             self._check_position(begin, position)
-            flushed = pgoutput.lsn_from_text(
-                conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0]
-            )
+            flushed = flush_lsn(conn)
             upto = min(flushed, self._target) if self._target is not None else flushed
             # Only what planning needs: each transaction's commit LSN (B) and whether it changed
             # anything of the publication (I/U/D/T); one (null) row per other message, so that
