@@ -42,6 +42,8 @@ def test_a_pipeline_submitted_to_two_executors_commits_files_from_both_exactly_o
             "--conf",
             "spark.executor.memory=1g",
             "--conf",
+            "spark.cores.max=2",  # what the ratio below counts against (unset, it waits for nothing)
+            "--conf",
             "spark.scheduler.minRegisteredResourcesRatio=1.0",  # wait for both executors
             "--conf",
             "spark.scheduler.maxRegisteredResourcesWaitingTime=180s",  # however long they take
@@ -83,8 +85,9 @@ def test_arrow_ingest_on_two_executors_commits_files_from_both_exactly_once(tmp_
 
     submit = Path(sys.executable).with_name("spark-submit")
     args = [str(submit), "--master", "local-cluster[2,1,1024]", "--conf", "spark.executor.memory=1g"]
-    # Both executors before the first batch (on a loaded machine they take long to start).
-    args += ["--conf", "spark.scheduler.minRegisteredResourcesRatio=1.0"]
+    # Both executors before the first batch (on a loaded machine they take long to start). A
+    # standalone cluster's ratio counts against spark.cores.max: unset, it waits for nothing.
+    args += ["--conf", "spark.cores.max=2", "--conf", "spark.scheduler.minRegisteredResourcesRatio=1.0"]
     args += ["--conf", "spark.scheduler.maxRegisteredResourcesWaitingTime=180s"]
     args += ["--conf", f"spark.executorEnv.PYTHONPATH={ROOT}"]  # the executors run the code under test
     args += [str(Path(deltaflow.cli.__file__).with_name("__main__.py")), "ingest", topic, str(tmp_path / "t")]
