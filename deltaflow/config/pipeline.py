@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -242,13 +242,14 @@ class PostgresCdcSourceSpec(PostgresCdcOptions):
                 raise ValueError(f"{key} is set by the pipeline (from its sink), not in the source")
         return self
 
-    def source_options(self, pipeline_id: str, sink: SinkOptions) -> PostgresCdcOptions:
-        """The source's options, reading its progress from ``sink``'s table."""
+    def source_options(self, pipeline_id: str, sinks: Sequence[SinkOptions]) -> PostgresCdcOptions:
+        """The source's options, reading its progress from every table of ``sinks``."""
         values = self.model_dump(exclude={"type"}, exclude_defaults=True)
         values.update(
-            delta_table_uri=sink.table_uri,
+            delta_table_uri=sinks[0].table_uri,
             pipeline_id=pipeline_id,
-            delta_storage_options=dict(sink.storage_options),
+            delta_storage_options=dict(sinks[0].storage_options),
+            more_delta_tables={s.table_uri: dict(s.storage_options) for s in sinks[1:]},
         )
         return PostgresCdcOptions(**values)
 
@@ -269,11 +270,23 @@ class SinkSpec(SinkOptions):
         name: The sink's name in logs and metrics (default: ``sink<N>``).
         connector: ``delta`` (``delta-lake`` is accepted as in Rivven's files).
         when: A Spark SQL predicate: only rows for which it is true go to this sink.
+        stream: ``postgres-cdc`` pipelines, with ``write_mode: merge``: the PostgreSQL table
+            (``schema.table``) this sink's table mirrors (``key_columns`` default to its primary
+            key; see :mod:`deltaflow.sinks.mirror`).
     """
 
     name: str | None = None
     connector: Literal["delta", "delta-lake"] = "delta"
     when: str | None = None
+    stream: str | None = Field(default=None, pattern=r"^[^.]+\.[^.]+$")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mirror(cls, values: Any) -> Any:
+        if isinstance(values, Mapping) and values.get("stream") and values.get("write_mode") == "merge":
+            values = {**values}
+            values.setdefault("cdc_format", "postgres")
+        return values
 
     @model_validator(mode="after")
     def _not_pipeline_owned(self) -> SinkSpec:
@@ -287,7 +300,7 @@ class SinkSpec(SinkOptions):
     ) -> SinkOptions:
         """The :class:`SinkOptions` this sink writes with (``source_offsets``: the source's end
         offsets are the progress, as ``kafka_offsets`` records them)."""
-        values = self.model_dump(exclude={"name", "connector", "when"}, exclude_defaults=True)
+        values = self.model_dump(exclude={"name", "connector", "when", "stream"}, exclude_defaults=True)
         values.update(pipeline_id=pipeline_id, checkpoint_location=checkpoint_location)
         if source_offsets:
             values["kafka_offsets"] = True
@@ -404,18 +417,17 @@ class PipelineSpec(_Model):
                 problems.append(f"sinks {tables[uri]!r} and {name!r} write the same table {uri}")
             tables[uri] = name
         for i, sink in enumerate(self.sinks):
-            ordered = self.source.type == "kafka" or sink.cdc_format == "debezium" or sink.sequence_by
+            ordered = (
+                self.source.type in ("kafka", "postgres-cdc")
+                or sink.cdc_format == "debezium"
+                or sink.sequence_by
+            )
             if sink.write_mode == "merge" and not ordered:
                 problems.append(
                     f"sinks[{i}]: a merge from a {self.source.type} source needs sequence_by (the rows of "
                     "one batch have no order of their own: which change of a key is the latest?)"
                 )
-        single = len(self.sinks) == 1 and not self.sinks[0].when and self.sinks[0].write_mode == "append"
-        if self.source.type == "postgres-cdc" and not single:
-            problems.append(
-                "a postgres-cdc pipeline appends its events to one sink (its progress per replication "
-                "slot lives in that table): several sinks, when and merge are not supported with it yet"
-            )
+        problems += self._postgres_problems()
         if self.dead_letter is not None and normalize_uri(self.dead_letter.table_uri) in tables:
             problems.append("dead_letter.table_uri must be another table than the sinks'")
         if self.query and (self.transforms or self.filter or self.select):
@@ -437,6 +449,38 @@ class PipelineSpec(_Model):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def _postgres_problems(self) -> list[str]:
+        """A postgres-cdc pipeline writes mirror tables (merge sinks with ``stream``) and at
+        most one event table (an append sink taking every event): each records the progress
+        per slot, and an event table is written last so that a crash between two tables'
+        commits never leaves it ahead of a mirror."""
+        out = []
+        cdc = self.source.type == "postgres-cdc"
+        for i, sink in enumerate(self.sinks):
+            at = f"sinks[{i}]"
+            if sink.stream and not cdc:
+                out.append(f"{at}: stream names a PostgreSQL table: it needs a postgres-cdc source")
+            elif sink.stream and sink.write_mode != "merge":
+                out.append(f"{at}: stream makes a mirror table: set write_mode: merge")
+            elif cdc and sink.write_mode == "merge" and not sink.stream:
+                out.append(f"{at}: a merge from postgres-cdc mirrors one table: set stream: schema.table")
+            elif cdc and sink.write_mode == "overwrite":
+                out.append(f"{at}: a postgres-cdc pipeline appends events or merges mirrors; no overwrite")
+            other_order = sink.sequence_by or sink.cdc_format not in ("none", "postgres")
+            if cdc and sink.write_mode == "merge" and other_order:
+                out.append(f"{at}: a mirror is ordered by LSN: leave out sequence_by and cdc_format")
+            if cdc and sink.when:
+                out.append(f"{at}: when is not supported with postgres-cdc (a mirror takes its stream)")
+        if cdc and sum(s.write_mode == "append" for s in self.sinks) > 1:
+            out.append("a postgres-cdc pipeline appends its events to one table at most (besides mirrors)")
+        mirrors = any(s.stream for s in self.sinks)
+        used = [k for k in ("transforms", "filter", "select", "query", "expectations") if getattr(self, k)]
+        if cdc and mirrors and used:
+            out.append(
+                f"mirror tables take the events as the source reads them: {', '.join(used)} cannot apply"
+            )
+        return out
 
     def sink_names(self) -> list[str]:
         return [s.name or f"sink{i}" for i, s in enumerate(self.sinks)]

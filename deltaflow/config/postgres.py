@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import (
@@ -24,10 +25,10 @@ from deltaflow.config.identity import PipelineId
 from deltaflow.config.models import problems
 from deltaflow.errors import ConfigError
 
-__all__ = ["PIPELINE_OWNED", "PostgresCdcOptions", "slot_key"]
+__all__ = ["PIPELINE_OWNED", "PgColumn", "PgTable", "PostgresCdcOptions", "slot_key"]
 
-#: Options a pipeline sets itself (from its first sink).
-PIPELINE_OWNED = ("delta_table_uri", "pipeline_id", "delta_storage_options")
+#: Options a pipeline sets itself (from its sinks).
+PIPELINE_OWNED = ("delta_table_uri", "pipeline_id", "delta_storage_options", "more_delta_tables")
 
 
 #: The session settings every connection of the source uses (see ``connect_kwargs``).
@@ -79,6 +80,9 @@ class PostgresCdcOptions(BaseModel):
             and the slot is advanced only to it.
         pipeline_id: The pipeline whose txn to read (the sink's ``pipeline_id``).
         delta_storage_options: Storage options for reading that table (JSON object).
+        more_delta_tables: The pipeline's other tables recording the same progress (mirror
+            tables), table URI -> storage options (JSON object): the source starts after what
+            ALL of them hold, and the slot is advanced only to that.
         connect_timeout: Seconds to wait for a connection.
     """
 
@@ -100,9 +104,10 @@ class PostgresCdcOptions(BaseModel):
     delta_table_uri: str | None = None
     pipeline_id: PipelineId | None = None
     delta_storage_options: dict[str, str] = Field(default_factory=dict)
+    more_delta_tables: dict[str, dict[str, str]] = Field(default_factory=dict)
     connect_timeout: float = Field(default=10.0, gt=0)
 
-    @field_validator("delta_storage_options", mode="before")
+    @field_validator("delta_storage_options", "more_delta_tables", mode="before")
     @classmethod
     def _parse_settings(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -113,7 +118,15 @@ class PostgresCdcOptions(BaseModel):
     def _check(self) -> PostgresCdcOptions:
         if bool(self.delta_table_uri) != bool(self.pipeline_id):
             raise ValueError("set both delta_table_uri and pipeline_id (or neither)")
+        if self.more_delta_tables and not self.delta_table_uri:
+            raise ValueError("more_delta_tables needs delta_table_uri")
         return self
+
+    def progress_tables(self) -> list[tuple[str, dict[str, str]]]:
+        """Every table holding this source's progress, with its storage options."""
+        if not self.delta_table_uri:
+            return []
+        return [(self.delta_table_uri, self.delta_storage_options), *self.more_delta_tables.items()]
 
     @property
     def slot_name(self) -> str:
@@ -184,3 +197,37 @@ class PostgresCdcOptions(BaseModel):
                 "a replayed first batch would take a second snapshot); or set snapshot: never"
             )
         return opts
+
+
+@dataclass(frozen=True)
+class PgColumn:
+    """A column of a PostgreSQL table as its catalog describes it (domains resolved to their
+    base type).
+
+    Attributes:
+        name: The column's name.
+        type_name: The base type's ``pg_type.typname`` (``int4``, ``numeric``, ``_text``, ...).
+        kind: ``pg_type.typtype`` of the base type (``b`` base, ``e`` enum, ``c`` composite, ...).
+        element: For arrays, the element type's name (``None`` otherwise).
+        element_kind: For arrays, the element type's ``typtype``.
+        precision, scale: ``numeric(p, s)``'s precision and scale (``None``: unconstrained).
+    """
+
+    name: str
+    type_name: str
+    kind: str = "b"
+    element: str | None = None
+    element_kind: str | None = None
+    precision: int | None = None
+    scale: int | None = None
+
+
+@dataclass(frozen=True)
+class PgTable:
+    """A PostgreSQL table as a mirror needs it: columns, key, replica identity."""
+
+    stream: str  # schema.table
+    columns: tuple[PgColumn, ...]
+    primary_key: tuple[str, ...]
+    identity_key: tuple[str, ...]  # what a delete carries: the replica identity's columns
+    replica_identity: str  # d(efault) | f(ull) | i(ndex) | n(othing)

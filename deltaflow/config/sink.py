@@ -32,7 +32,7 @@ __all__ = [
 
 Compression = Literal["snappy", "zstd", "gzip", "lz4", "none"]
 WriteMode = Literal["append", "overwrite", "merge"]
-CdcFormat = Literal["none", "op", "debezium"]
+CdcFormat = Literal["none", "op", "debezium", "postgres"]
 SchemaMode = Literal["strict", "merge"]
 WritePath = Literal["auto", "spark", "arrow"]
 
@@ -60,7 +60,9 @@ class SinkOptions(BaseModel):
         key_columns: ``merge``: the columns identifying a row.
         cdc_format: ``merge``: how a row says what happened: ``none`` (every row is an upsert),
             ``op`` (an ``op_column`` with c/r/u/d or insert/update/delete), ``debezium`` (a
-            Debezium envelope: ``before``, ``after``, ``op``, ``ts_ms``, ``source``).
+            Debezium envelope: ``before``, ``after``, ``op``, ``ts_ms``, ``source``),
+            ``postgres`` (``postgres-cdc`` events of one table: a mirror, set by pipelines for
+            a sink with ``stream``; ``key_columns`` default to the table's primary key).
         op_column: ``cdc_format: op``: the column holding the operation.
         sequence_by: ``merge``: a Spark SQL expression ordering the changes of one key (an LSN,
             a version, a timestamp; Debezium default ``source.lsn``, else ``ts_ms``). Within a
@@ -158,8 +160,11 @@ class SinkOptions(BaseModel):
 
     @model_validator(mode="after")
     def _check_merge(self) -> SinkOptions:
-        if self.write_mode == "merge" and not self.key_columns:
-            raise ValueError("write_mode merge needs key_columns (the columns identifying a row)")
+        if self.write_mode == "merge" and not self.key_columns and self.cdc_format != "postgres":
+            raise ValueError(
+                "write_mode merge needs key_columns (the columns identifying a row; a mirror of a "
+                "PostgreSQL table in a postgres-cdc pipeline: stream: schema.table)"
+            )
         if self.write_mode != "merge" and (self.key_columns or self.cdc_format != "none" or self.sequence_by):
             raise ValueError("key_columns, cdc_format and sequence_by apply to write_mode merge only")
         return self

@@ -16,7 +16,7 @@ from deltaflow.errors import CheckpointMismatchError
 if TYPE_CHECKING:
     from deltalake import DeltaTable
 
-__all__ = ["is_committed", "kafka_progress", "kafka_txn_id", "transaction_version"]
+__all__ = ["advancing_txns", "is_committed", "kafka_progress", "kafka_txn_id", "transaction_version"]
 
 
 def transaction_version(table: DeltaTable | None, app_id: str) -> int | None:
@@ -44,6 +44,20 @@ def kafka_progress(
             if version is not None:
                 out.setdefault(topic, {})[str(p)] = int(version)
     return out
+
+
+def advancing_txns(
+    table: DeltaTable | None, app_id: str, end: Mapping[str, Mapping[str, int]]
+) -> dict[str, int]:
+    """Txns ``<app_id>-<topic>-<partition>`` = last offset of a batch ending at ``end`` (next
+    offsets), for the partitions it advances beyond what ``table`` holds (never back)."""
+    done = kafka_progress(table, app_id, {t: list(parts) for t, parts in end.items()})
+    return {
+        kafka_txn_id(app_id, topic, p): stop - 1
+        for topic, parts in end.items()
+        for p, stop in parts.items()
+        if stop > 0 and stop - 1 > done.get(topic, {}).get(p, -1)
+    }
 
 
 def is_committed(

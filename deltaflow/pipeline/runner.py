@@ -33,6 +33,7 @@ from deltaflow.config.pipeline import (
     KafkaSourceSpec,
     PipelineSpec,
     PostgresCdcSourceSpec,
+    SinkSpec,
 )
 from deltaflow.config.sink import SinkOptions
 from deltaflow.config.transforms import parse_transform
@@ -45,6 +46,9 @@ from deltaflow.sources.files import files_stream
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
+
+    from deltaflow.config.postgres import PgTable
+    from deltaflow.sinks.mirror import MirrorWriter
 
 
 __all__ = ["PipelineWriter", "choose_engine", "describe_source", "process", "start_pipeline"]
@@ -110,8 +114,14 @@ def read_source(spark: SparkSession, spec: PipelineSpec, checkpoint: str) -> Dat
 def _postgres(spark: SparkSession, spec: PipelineSpec, src: PostgresCdcSourceSpec) -> DataFrame:
     from deltaflow.sources.postgres_cdc import FORMAT_NAME
 
-    options = src.source_options(spec.pipeline_id, spec.sinks[0]).to_spark_options()
+    options = src.source_options(spec.pipeline_id, _cdc_sinks_in_order(spec)).to_spark_options()
     return spark.readStream.format(FORMAT_NAME).options(**options).load()
+
+
+def _cdc_sinks_in_order(spec: PipelineSpec) -> list[SinkSpec]:
+    """A postgres-cdc pipeline's tables in commit order: mirrors, then the event table (last: a
+    crash between two commits never leaves the event table ahead of a mirror)."""
+    return sorted(spec.sinks, key=lambda s: s.write_mode != "merge")
 
 
 def _delta(spark: SparkSession, src: DeltaSourceSpec) -> DataFrame:
@@ -225,12 +235,19 @@ class _Sink:
 class PipelineWriter:
     """``foreachBatch`` function of one pipeline (the steps in the module docstring)."""
 
-    def __init__(self, spec: PipelineSpec, sinks: Sequence[_Sink], dead_letter: SinkOptions | None) -> None:
+    def __init__(
+        self,
+        spec: PipelineSpec,
+        sinks: Sequence[_Sink],
+        dead_letter: SinkOptions | None,
+        mirrors: Sequence[MirrorWriter] = (),
+    ) -> None:
         from deltaflow.sinks.batch_writer import SparkBatchWriter
         from deltaflow.sinks.merge import MergeWriter
 
         self._spec = spec
         self._sinks = list(sinks)
+        self._mirrors = list(mirrors)
         self._writers: dict[str, Callable[[DataFrame, int], None]] = {
             s.name: MergeWriter(s.options) if s.options.write_mode == "merge" else SparkBatchWriter(s.options)
             for s in sinks
@@ -239,7 +256,7 @@ class PipelineWriter:
         self._kafka = isinstance(spec.source, KafkaSourceSpec)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        reused = len(self._sinks) > 1 or bool(self._spec.expectations) or self._kafka
+        reused = len(self._sinks) + len(self._mirrors) > 1 or bool(self._spec.expectations) or self._kafka
         if reused:
             batch = batch.persist()
         try:
@@ -252,6 +269,11 @@ class PipelineWriter:
         from pyspark.sql import functions as F  # noqa: N812
 
         spec = self._spec
+        if self._mirrors:
+            # Mirrors first (their commit order: see _cdc_sinks_in_order), from one collection.
+            events = batch.toArrow()
+            for mirror in self._mirrors:
+                mirror(events, batch_id)
         letters: list[DataFrame] = []
         if self._kafka:
             # Messages without a value (tombstones: Debezium follows each delete with one) are no
@@ -486,7 +508,9 @@ def start_pipeline(
     sinks = [
         _Sink(name, sink.sink_options(spec.pipeline_id, location, source_offsets=cdc), sink.when)
         for name, sink in zip(spec.sink_names(), spec.sinks, strict=True)
+        if not sink.stream
     ]
+    mirrors = _mirrors(spec, location)
     _check_expressions(spec, shape)
     for sink in sinks:
         if sink.options.write_mode == "merge":
@@ -504,7 +528,8 @@ def start_pipeline(
         dead_letter = _claim(dead_letter)
     # Every table this pipeline writes: an earlier process running it can no longer commit.
     sinks = [_Sink(s.name, _claim(s.options), s.when) for s in sinks]
-    writer = PipelineWriter(spec, sinks, dead_letter)
+    mirrors = [m.with_options(_claim(m.options)) for m in mirrors]
+    writer = PipelineWriter(spec, sinks, dead_letter, mirrors)
     if on_engine is not None:
         on_engine("spark")
     stream = (
@@ -524,6 +549,39 @@ def start_pipeline(
         location,
     )
     return stream.start()
+
+
+def _mirrors(spec: PipelineSpec, location: str) -> list[MirrorWriter]:
+    """The pipeline's mirror tables, checked against the PostgreSQL catalog and created."""
+    src = spec.source
+    wanted = [s for s in spec.sinks if s.stream]
+    if not isinstance(src, PostgresCdcSourceSpec) or not wanted:
+        return []
+    from deltaflow.sinks.mirror import MirrorWriter
+    from deltaflow.sources.postgres_catalog import describe_table, published_streams
+
+    options = src.source_options(spec.pipeline_id, _cdc_sinks_in_order(spec))
+    published = published_streams(options)
+    out = []
+    for sink in wanted:
+        stream = sink.stream or ""
+        if stream not in published:
+            raise ConfigError(
+                f"pipeline {spec.pipeline_id!r}: the mirror of {stream} ({sink.table_uri}) reads a table "
+                f"publication {src.publication!r} does not publish (it has "
+                f"{', '.join(published) or 'none'}): ALTER PUBLICATION {src.publication} ADD TABLE {stream}",
+                pipeline_id=spec.pipeline_id,
+            )
+
+        def describe(stream: str = stream) -> PgTable:
+            return describe_table(options, stream)
+
+        mirror = MirrorWriter(
+            sink.sink_options(spec.pipeline_id, location, source_offsets=True), stream, options.key, describe
+        )
+        mirror.prepare()  # the key checked, the table created from the catalog
+        out.append(mirror)
+    return out
 
 
 def _check_expressions(spec: PipelineSpec, shape: DataFrame) -> None:

@@ -393,15 +393,7 @@ class _DeltaSink:
     def _kafka_txns(self, table: Any, end: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
         """Txns ``<pipeline_id>-<topic>-<partition>`` = last offset of the batch ending at ``end``,
         for the partitions it advances beyond what the log holds (versions never move back)."""
-
-        app = self.options.pipeline_id or ""
-        done = progress.kafka_progress(table, app, {t: list(parts) for t, parts in end.items()})
-        return {
-            progress.kafka_txn_id(app, topic, p): stop - 1
-            for topic, parts in end.items()
-            for p, stop in parts.items()
-            if stop > 0 and stop - 1 > done.get(topic, {}).get(p, -1)
-        }
+        return progress.advancing_txns(table, self.options.pipeline_id or "", end)
 
     def _check(self, table: Any, files: Sequence[WrittenFile]) -> None:
         from deltaflow.delta import commit

@@ -108,6 +108,11 @@ Offsets = dict[str, dict[str, int]]
 _LSN, _SNAPSHOT = "lsn", "snapshot"
 
 
+def _tables(options: PostgresCdcOptions) -> str:
+    """The pipeline's tables, for messages."""
+    return " and ".join(u for u, _ in options.progress_tables()) or "the table"
+
+
 def _snapshot_pending(position: Mapping[str, int], options: PostgresCdcOptions) -> bool:
     return options.snapshot == "initial" and _SNAPSHOT not in position and int(position[_LSN]) == 0
 
@@ -489,19 +494,50 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
     # -- driver ------------------------------------------------------------------------------
 
     def _progress(self) -> tuple[int | None, bool]:
-        """What the Delta table holds: the next LSN (``None``: no change batch yet) and whether
-        the initial snapshot is in it."""
+        """What the pipeline's Delta tables hold, ALL of them (mirror tables and the event
+        table record the same progress; a crash between their commits leaves one behind): the
+        next LSN (``None``: some table has no change batch yet) and whether the initial
+        snapshot is in every table."""
         opts = self._options
-        if not opts.delta_table_uri or not opts.pipeline_id:
+        if not opts.pipeline_id:
             return None, False
         from deltaflow.config.locations import normalize_uri
         from deltaflow.delta import log as delta_log
         from deltaflow.delta.progress import kafka_progress
 
-        table = delta_log.load(normalize_uri(opts.delta_table_uri), opts.delta_storage_options)
-        done = kafka_progress(table, opts.pipeline_id, {opts.key: [_LSN, _SNAPSHOT]}).get(opts.key, {})
-        last = done.get(_LSN)
-        return (None if last is None else last + 1), _SNAPSHOT in done
+        nexts: list[int | None] = []
+        snapshots = []
+        for uri, storage in opts.progress_tables():
+            table = delta_log.load(normalize_uri(uri), storage)
+            done = kafka_progress(table, opts.pipeline_id, {opts.key: [_LSN, _SNAPSHOT]}).get(opts.key, {})
+            last = done.get(_LSN)
+            nexts.append(None if last is None else last + 1)
+            snapshots.append(_SNAPSHOT in done)
+        if not nexts:
+            return None, False
+        held = [n for n in nexts if n is not None]
+        return (min(held) if len(held) == len(nexts) else None), all(snapshots)
+
+    def _check_no_changes_held(self, doing: str) -> None:
+        """Refuse to start the slot afresh while a table holds changes read from it (a table
+        added to a running pipeline: a new slot would lose those tables' changes since)."""
+        opts = self._options
+        from deltaflow.config.locations import normalize_uri
+        from deltaflow.delta import log as delta_log
+        from deltaflow.delta.progress import kafka_progress
+
+        tables = opts.progress_tables()
+        for uri, storage in tables:
+            table = delta_log.load(normalize_uri(uri), storage)
+            if kafka_progress(table, opts.pipeline_id or "", {opts.key: [_LSN]}).get(opts.key):
+                behind = [u for u, _ in tables if u != uri]
+                raise CdcPositionError(
+                    f"{doing} for {', '.join(behind)} would start replication slot {opts.slot_name!r} "
+                    f"afresh, but {uri} holds changes read from it: a table added to a running "
+                    "postgres-cdc pipeline cannot be given its snapshot there. Mirror it in a pipeline "
+                    "of its own (its own pipeline_id and slot), or start every table over",
+                    pipeline_id=opts.pipeline_id,
+                )
 
     def _committed(self) -> int | None:
         return self._progress()[0]
@@ -515,6 +551,7 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         opts = self._options
         committed, snapshot_done = self._progress()
         if opts.snapshot == "initial" and committed is None and not snapshot_done:
+            self._check_no_changes_held("the initial snapshot")
             with connection(opts, "checking the server") as conn:
                 check_setup(conn, opts)
             logger.info(
@@ -530,7 +567,7 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
                     held = pgoutput.lsn_to_text(committed) if committed is not None else "its snapshot"
                     raise CdcPositionError(
                         f"replication slot {opts.slot_name!r} at {opts.where()} is gone, but "
-                        f"{opts.delta_table_uri} holds changes up to {held} from it: the changes since "
+                        f"{_tables(opts)} holds changes up to {held} from it: the changes since "
                         "then are no longer kept by PostgreSQL. Start over deliberately (a new "
                         "pipeline_id or table), or restore the slot",
                         pipeline_id=opts.pipeline_id,
@@ -550,7 +587,7 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         elif state.confirmed > committed:
             raise CdcPositionError(
                 f"replication slot {opts.slot_name!r} at {opts.where()} has moved to LSN "
-                f"{pgoutput.lsn_to_text(state.confirmed)}, past what {opts.delta_table_uri} holds (up to "
+                f"{pgoutput.lsn_to_text(state.confirmed)}, past what {_tables(opts)} holds (up to "
                 f"{pgoutput.lsn_to_text(committed)}): the changes in between are no longer kept. Another "
                 "reader used the slot, or the table was restored; start over deliberately (a new slot and "
                 "pipeline_id)",
@@ -667,7 +704,7 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         self._confirmed = state.confirmed if state else None
         if state is None or to <= state.confirmed:
             return
-        committed = self._committed() if opts.delta_table_uri else to
+        committed = self._committed() if opts.progress_tables() else to
         target = min(to, committed) if committed is not None else None
         if target is None or target <= state.confirmed:
             return
@@ -696,6 +733,7 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         the next batch is planned) and plan reading every published table in it."""
         opts = self._options
         self._close_export()
+        self._check_no_changes_held("the initial snapshot")
         with connection(opts, "preparing the snapshot") as conn:
             if check_setup(conn, opts) is not None:
                 # Nothing of this slot is in the table (the snapshot is not): a new slot, whose
@@ -704,7 +742,7 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
                     "replication slot %r exists but %s holds nothing from it: it is replaced by a new "
                     "slot whose start the snapshot matches",
                     opts.slot_name,
-                    opts.delta_table_uri or "the table",
+                    _tables(opts),
                 )
                 _with_slot(conn, opts, "SELECT pg_drop_replication_slot(%s)", (opts.slot_name,))
         self._export, lsn, name = create_slot_exporting_snapshot(opts)

@@ -327,7 +327,7 @@ def test_a_postgres_cdc_pipeline_takes_one_append_sink_and_leaves_its_progress_t
             sinks: [{table_uri: /lake/events, storage_options: {AWS_REGION: eu-west-1}}%s]
     """
     spec = load_pipelines(_write(tmp_path, cdc % ("", ""))).pipelines[0]
-    options = spec.source.source_options("cdc", spec.sinks[0])
+    options = spec.source.source_options("cdc", [spec.sinks[0]])
     assert (options.database, options.slot_name) == ("shop", "deltaflow_pub")
     assert (options.delta_table_uri, options.pipeline_id) == ("/lake/events", "cdc")
     assert options.delta_storage_options == {"AWS_REGION": "eu-west-1"}
@@ -335,7 +335,7 @@ def test_a_postgres_cdc_pipeline_takes_one_append_sink_and_leaves_its_progress_t
 
     for extra, problem in [
         ((", delta_table_uri: /x, pipeline_id: x", ""), "set by the pipeline"),
-        (("", ", {table_uri: /lake/more}"), "appends its events to one sink"),
+        (("", ", {table_uri: /lake/more}"), "appends its events to one table at most"),
     ]:
         text = cdc % extra
         with pytest.raises(PipelineConfigError, match=problem):

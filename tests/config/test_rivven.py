@@ -150,7 +150,7 @@ def test_storage_blocks_become_storage_options_and_secrets_stay_out_of_the_notes
         (("sinks:", "broker: {address: x}\nsinks:"), "broker: not a key of a Rivven connector file"),
         (
             ("flush_interval_secs: 10", "flush_interval_secs: 10\n      write_mode: overwrite"),
-            "appends its events to one sink",
+            "no overwrite",
         ),
     ],
 )

@@ -1,7 +1,8 @@
-"""A YAML ``postgres-cdc`` pipeline run by ``deltaflow run --once`` in its own process: SIGKILL
-while the initial snapshot is written, SIGKILL between the Delta commit and the slot's advance,
-a lost checkpoint, restarts; every row and change lands exactly once (changes checked against a
-second slot created beside the pipeline's and never consumed)."""
+"""A YAML ``postgres-cdc`` pipeline (an event table and two mirror tables) run by ``deltaflow run
+--once`` in its own process: SIGKILL between the tables' commits of the initial snapshot and of
+a later batch (before the slot's advance), a lost checkpoint, restarts; every row and change
+lands exactly once in the event table (checked against a second slot created beside the
+pipeline's and never consumed) and each mirror equals its PostgreSQL table after every round."""
 
 from __future__ import annotations
 
@@ -36,6 +37,20 @@ def _confirmed(conn, slot: str) -> int:
     return pgoutput.lsn_from_text(text.fetchone()[0])
 
 
+def _mirrored(table) -> list[dict]:
+    rows = DeltaTable(str(table)).to_pyarrow_table().drop_columns(["_change_sequence"]).to_pylist()
+    return sorted(rows, key=lambda r: r["id"])
+
+
+def _rows(conn, table: str) -> list[dict]:
+    cur = conn.execute(f"SELECT * FROM {table} ORDER BY id")
+    return [dict(zip([d.name for d in cur.description], row, strict=True)) for row in cur.fetchall()]
+
+
+def _least_progress(tables) -> int:
+    return min(DeltaTable(str(t)).transaction_version(f"cdc-{slot_key('crash_slot')}-lsn") for t in tables)
+
+
 def _changes(conn, round_: int) -> None:
     """Twelve transactions: inserts, updates, deletes, one touching both tables."""
     base = round_ * 100
@@ -57,7 +72,8 @@ def test_killed_in_the_snapshot_and_after_a_commit_then_checkpoint_lost_is_exact
     conn.execute("CREATE PUBLICATION crash_pub FOR TABLE crash_a, crash_b")
     conn.execute("INSERT INTO crash_a SELECT i, 'before' FROM generate_series(1000, 1199) i")
     conn.execute("INSERT INTO crash_b SELECT i, i FROM generate_series(1000, 1049) i")
-    table = tmp_path / "events"
+    table, mirror_a, mirror_b = tmp_path / "events", tmp_path / "crash_a", tmp_path / "crash_b"
+    tables = (table, mirror_a, mirror_b)
     path = tmp_path / "cdc.yaml"
     path.write_text(
         textwrap.dedent(
@@ -76,36 +92,48 @@ def test_killed_in_the_snapshot_and_after_a_commit_then_checkpoint_lost_is_exact
                   max_changes_per_batch: 10
                 sinks:
                   - table_uri: "{table}"
+                  - {{table_uri: "{mirror_a}", write_mode: merge, stream: public.crash_a}}
+                  - {{table_uri: "{mirror_b}", write_mode: merge, stream: public.crash_b}}
             """
         )
     )
 
-    # SIGKILL with the snapshot's files written and nothing committed: its exported snapshot is
-    # gone with the process, so the restart takes a new slot and snapshot for the same batch.
-    crashed = _run_cli(["run", str(path), "--once"], DELTAFLOW_TEST_CRASH_AT="before_commit:0")
+    def mirrors_equal() -> None:
+        for mirror, source in ((mirror_a, "crash_a"), (mirror_b, "crash_b")):
+            assert _mirrored(mirror) == _rows(conn, source), source
+
+    # SIGKILL once the first mirror committed the snapshot (the others and the event table have
+    # nothing): its exported snapshot is gone with the process, so the restart takes a new slot
+    # and snapshot for the same batch, which replaces what the first mirror holds.
+    crashed = _run_cli(["run", str(path), "--once"], DELTAFLOW_TEST_CRASH_AT="after_commit:0")
     _, err = crashed.communicate(timeout=300)
     assert crashed.returncode == -signal.SIGKILL, err[-3000:]
+    assert len(_mirrored(mirror_a)) == 200 and not _mirrored(mirror_b)
+    conn.execute("DELETE FROM crash_a WHERE id >= 1100")  # gone before the second snapshot
     restarted = _run_cli(["run", str(path), "--once"])
     _, err = restarted.communicate(timeout=300)
     assert restarted.returncode == 0, err[-3000:]
+    mirrors_equal()
     snapshot = _landed(str(table))
     assert {r[4] for r in snapshot} == {"snapshot"}
     assert sorted((r[3], r[5]) for r in snapshot) == sorted(
-        [("public.crash_a", f'{{"id":{i},"name":"before"}}') for i in range(1000, 1200)]
+        [("public.crash_a", f'{{"id":{i},"name":"before"}}') for i in range(1000, 1100)]
         + [("public.crash_b", f'{{"id":{i},"amount":{i}.00}}') for i in range(1000, 1050)]
     )
     conn.execute("SELECT pg_create_logical_replication_slot('crash_ref', 'pgoutput')")
     _changes(conn, 0)
 
-    # SIGKILL after batch 2's Delta commit (batch 0 is the snapshot): Spark has not recorded it,
-    # the slot is not advanced past it.
+    # SIGKILL after the first mirror's commit of batch 2 (batch 0 is the snapshot): the other
+    # tables and Spark have not recorded it, the slot is not advanced past it.
     crashed = _run_cli(["run", str(path), "--once"], DELTAFLOW_TEST_CRASH_AT="after_commit:2")
     _, err = crashed.communicate(timeout=300)
     assert crashed.returncode == -signal.SIGKILL, err[-3000:]
-    progress = DeltaTable(str(table)).transaction_version(f"cdc-{slot_key('crash_slot')}-lsn")
-    assert progress is not None
-    assert _confirmed(conn, "crash_slot") <= progress + 1
-    assert len({h.get("deltaflow.epoch") for h in DeltaTable(str(table)).history()} - {None}) == 3
+    progress = {
+        t: DeltaTable(str(t)).transaction_version(f"cdc-{slot_key('crash_slot')}-lsn") for t in tables
+    }
+    assert progress[mirror_a] > progress[mirror_b] == progress[table]
+    assert _confirmed(conn, "crash_slot") <= progress[table] + 1
+    assert {h.get("deltaflow.epoch") for h in DeltaTable(str(table)).history()} - {None} == {0, 1}
 
     restarted = _run_cli(["run", str(path), "--once"])
     _, err = restarted.communicate(timeout=300)
@@ -115,10 +143,8 @@ def test_killed_in_the_snapshot_and_after_a_commit_then_checkpoint_lost_is_exact
         len(reference) == 18
     )  # per round: 6 inserts, 6 + 1 in one transaction, 3 updates, 1 delete, 1 insert
     assert _landed(str(table)) == sorted(snapshot + reference)
-    assert (
-        _confirmed(conn, "crash_slot")
-        <= DeltaTable(str(table)).transaction_version(f"cdc-{slot_key('crash_slot')}-lsn") + 1
-    )
+    assert _confirmed(conn, "crash_slot") <= _least_progress(tables) + 1
+    mirrors_equal()
 
     # Round 2 with the Spark checkpoint lost: the source resumes from the table.
     _changes(conn, 1)
@@ -133,10 +159,9 @@ def test_killed_in_the_snapshot_and_after_a_commit_then_checkpoint_lost_is_exact
     assert len(reference) == 18 + 18 + 2
     assert _landed(str(table)) == sorted(snapshot + reference)
     assert any('"note":"added column"' in r[5] for r in reference)
-    assert (
-        _confirmed(conn, "crash_slot")
-        <= DeltaTable(str(table)).transaction_version(f"cdc-{slot_key('crash_slot')}-lsn") + 1
-    )
+    assert _confirmed(conn, "crash_slot") <= _least_progress(tables) + 1
+    mirrors_equal()
+    assert "note" in _mirrored(mirror_b)[0]
     for slot in ("crash_ref", "crash_slot"):
         conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
     conn.execute("DROP PUBLICATION crash_pub")

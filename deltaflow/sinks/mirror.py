@@ -1,0 +1,579 @@
+"""Mirror tables: one Delta table kept equal to one PostgreSQL table from ``postgres-cdc``
+events (a sink with ``write_mode: merge`` and ``stream: schema.table``).
+
+Per micro-batch, on the driver, for each mirror (:class:`MirrorWriter`):
+
+1. The batch's events of the mirror's stream whose transaction the table does not hold yet
+   (commit LSN above its txn ``<pipeline_id>-slot:<slot>-lsn``; the source resumes from the
+   least advanced of the pipeline's tables, so another table may be ahead).
+2. Folded in commit order into the last state of each key (:func:`fold`): an insert replaces,
+   an update lays its new values over what the batch already knew of the row (a value
+   PostgreSQL left out, an unchanged TOAST value, is taken from the table by the merge), a
+   key-changing update deletes the old key, a delete deletes; a truncate forgets the batch's
+   earlier changes and deletes every row of the table older than it. The initial snapshot
+   replaces the table's rows as of the snapshot (a second snapshot, after a crash between two
+   tables' commits, leaves nothing behind that the first had and PostgreSQL no longer has).
+3. Typed from the PostgreSQL catalog (:func:`arrow_type`), new columns added to the table.
+4. ONE delta-rs MERGE, guarded by the change sequence (``lsn * 2**32 + seq`` in
+   ``_change_sequence``, DECIMAL(38,0)), carrying the slot's txns; a batch with nothing for
+   this table still records the progress (a commit without files).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from deltaflow._version import __version__
+from deltaflow.config.locations import normalize_uri
+from deltaflow.config.postgres import PgColumn, PgTable
+from deltaflow.config.sink import SinkOptions
+from deltaflow.errors import ConfigError, DeltaflowError, MergeError
+from deltaflow.io.faults import maybe_crash
+from deltaflow.metrics import metrics
+from deltaflow.sinks.merge import OP, SEQUENCE_COLUMN
+
+__all__ = ["Folded", "MirrorWriter", "arrow_type", "fold", "mirror_schema"]
+
+logger = logging.getLogger(__name__)
+
+#: A column of the merge's source saying whether an upsert carries the column's value.
+_PRESENT = "_deltaflow_has_"
+_SHIFT = 1 << 32
+_SEQUENCE_TYPE = pa.decimal128(38, 0)
+
+_INTEGERS = {"int2": pa.int16(), "int4": pa.int32(), "int8": pa.int64()}
+_FLOATS = {"float4": pa.float32(), "float8": pa.float64()}
+_TIMES = {
+    "timestamptz": pa.timestamp("us", tz="UTC"),
+    "timestamp": pa.timestamp("us"),
+    "date": pa.date32(),
+}
+
+
+def _scalar_type(name: str, kind: str | None, precision: int | None, scale: int | None) -> pa.DataType:
+    if kind == "e":
+        return pa.string()  # enums: their labels
+    if name in _INTEGERS:
+        return _INTEGERS[name]
+    if name in _FLOATS:
+        return _FLOATS[name]
+    if name == "bool":
+        return pa.bool_()
+    if name == "numeric":
+        if precision is not None and scale is not None and 0 < precision <= 38 and 0 <= scale <= precision:
+            return pa.decimal128(precision, scale)
+        return pa.string()  # unconstrained (or beyond Delta's 38 digits): the exact digits as text
+    if name == "bytea":
+        return pa.binary()
+    if name in _TIMES:
+        return _TIMES[name]
+    return pa.string()  # text, varchar, uuid, json(b), time, interval, inet, money, ...
+
+
+def arrow_type(column: PgColumn) -> pa.DataType:
+    """The Delta (Arrow) type of a PostgreSQL column (see the table in the README)."""
+    if column.element is not None:
+        return pa.list_(_scalar_type(column.element, column.element_kind, column.precision, column.scale))
+    return _scalar_type(column.type_name, column.kind, column.precision, column.scale)
+
+
+def mirror_schema(table: PgTable) -> pa.Schema:
+    """The mirror table's schema: the PostgreSQL table's columns, then ``_change_sequence``."""
+    return pa.schema(
+        [pa.field(c.name, arrow_type(c)) for c in table.columns] + [(SEQUENCE_COLUMN, _SEQUENCE_TYPE)]
+    )
+
+
+# -- values --------------------------------------------------------------------------------------
+
+
+class _UnrepresentableError(ValueError):
+    pass
+
+
+def _json_text(value: Any) -> str:
+    """JSON text of a parsed json/jsonb value, numbers with their own digits."""
+    if isinstance(value, dict):
+        return (
+            "{"
+            + ", ".join(f"{json.dumps(k, ensure_ascii=False)}: {_json_text(v)}" for k, v in value.items())
+            + "}"
+        )
+    if isinstance(value, list):
+        return "[" + ", ".join(_json_text(v) for v in value) + "]"
+    if isinstance(value, Decimal):
+        return str(value)
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _converter(column: PgColumn, target: pa.DataType) -> Callable[[Any], Any]:
+    """JSON value (as the event's ``data`` holds it) -> the Python value for ``target``."""
+    if pa.types.is_list(target):
+        inner = _scalar_converter(column.element or "", target.value_type)
+
+        def array(value: Any) -> Any:
+            if not isinstance(value, list):
+                raise _UnrepresentableError(f"{value!r} is not an array")
+            out = []
+            for v in value:
+                if isinstance(v, list):
+                    raise _UnrepresentableError("a multi-dimensional array (a mirror holds one dimension)")
+                out.append(None if v is None else inner(v))
+            return out
+
+        return array
+    return _scalar_converter(column.type_name, target)
+
+
+def _scalar_converter(pg_type: str, target: pa.DataType) -> Callable[[Any], Any]:
+    if pa.types.is_integer(target):
+        return int
+    if pa.types.is_floating(target):
+        return float  # Decimal, int, or "NaN"/"Infinity"/"-Infinity"
+    if pa.types.is_boolean(target):
+        return bool
+    if pa.types.is_decimal(target):
+
+        def decimal(value: Any) -> Decimal:
+            if isinstance(value, str):
+                raise _UnrepresentableError(
+                    f"{value} has no DECIMAL value (declare the column numeric without precision)"
+                )
+            return Decimal(value)
+
+        return decimal
+    if pa.types.is_binary(target):
+        return base64.b64decode
+    if pa.types.is_timestamp(target):
+        aware = target.tz is not None
+
+        def timestamp(value: Any) -> dt.datetime:
+            try:
+                parsed = dt.datetime.fromisoformat(value)
+            except (TypeError, ValueError):
+                raise _UnrepresentableError(f"{value!r} is no timestamp a Delta table can hold") from None
+            if aware and parsed.tzinfo is None:
+                raise _UnrepresentableError(f"{value!r} has no time zone")
+            return parsed
+
+        return timestamp
+    if pa.types.is_date(target):
+
+        def date(value: Any) -> dt.date:
+            try:
+                return dt.date.fromisoformat(value)
+            except (TypeError, ValueError):
+                raise _UnrepresentableError(f"{value!r} is no date a Delta table can hold") from None
+
+        return date
+    if pg_type in ("json", "jsonb"):
+        return _json_text
+    return lambda value: value if isinstance(value, str) else _json_text(value)
+
+
+# -- folding -------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Row:
+    op: str  # upsert | delete
+    image: dict[str, Any]
+    sequence: int
+    complete: bool  # every column's value is known (an insert, a snapshot row, a full old row)
+
+
+@dataclass(frozen=True)
+class Folded:
+    """A batch's changes to one table: the last state per key, and the truncate to apply."""
+
+    rows: list[_Row]
+    truncated_below: int | None  # delete every table row with a lower sequence (not in rows)
+    changes: int
+
+
+def fold(events: pa.Table, key: Sequence[str], columns: Sequence[str]) -> Folded:
+    """The last state of each key after ``events`` (one stream's, in any order)."""
+    order = pc.sort_indices(events, [("lsn", "ascending"), ("seq", "ascending")])
+    events = events.take(order)
+    kinds = events.column("event_type").to_pylist()
+    datas = events.column("data").to_pylist()
+    lsns = events.column("lsn").to_pylist()
+    seqs = events.column("seq").to_pylist()
+    known = set(columns)
+    state: dict[tuple[Any, ...], _Row] = {}
+    truncated: int | None = None
+    snapshot_floor: int | None = None
+
+    def key_of(image: Mapping[str, Any]) -> tuple[Any, ...]:
+        try:
+            return tuple(image[k] for k in key)
+        except KeyError as exc:
+            raise _UnrepresentableError(f"a change without the key column {exc.args[0]!r}") from None
+
+    for kind, data, lsn, seq in zip(kinds, datas, lsns, seqs, strict=True):
+        sequence = lsn * _SHIFT + seq
+        if kind == "truncate":
+            state.clear()
+            truncated = sequence
+            continue
+        doc = json.loads(data, parse_float=Decimal)
+        if kind in ("insert", "snapshot"):
+            if kind == "snapshot" and snapshot_floor is None:
+                snapshot_floor = lsn * _SHIFT
+            state[key_of(doc)] = _Row("upsert", doc, sequence, known <= doc.keys())
+        elif kind == "update":
+            after, before = doc["after"], doc.get("before")
+            new_key = key_of(after)
+            if before is not None and all(k in before for k in key) and key_of(before) != new_key:
+                state[key_of(before)] = _Row("delete", before, sequence, False)
+                before = None  # the old row's values belong to the old key
+            prior = state.get(new_key)
+            if prior is not None and prior.op == "upsert":
+                image = {**prior.image, **after}
+            elif before is not None and len(before) > len(key):  # replica identity full: the old row
+                image = {**before, **after}
+            else:
+                image = dict(after)
+            state[new_key] = _Row("upsert", image, sequence, known <= image.keys())
+        elif kind == "delete":
+            state[key_of(doc)] = _Row("delete", doc, sequence, False)
+    if snapshot_floor is not None:
+        truncated = max(truncated or 0, snapshot_floor)
+    return Folded(list(state.values()), truncated, len(kinds))
+
+
+# -- the writer ----------------------------------------------------------------------------------
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _no_identity(table: PgTable) -> str:
+    return "none: REPLICA IDENTITY NOTHING" if table.replica_identity == "n" else "none: no primary key"
+
+
+class MirrorWriter:
+    """Applies one stream's events of each micro-batch to its mirror table.
+
+    Args:
+        options: The sink's options (``write_mode: merge``, the key columns resolved,
+            ``kafka_offsets`` and ``checkpoint_location`` set by the pipeline).
+        stream: ``schema.table``.
+        slot_key: The source's offsets key (``slot:<slot>``).
+        describe: Reads the PostgreSQL table's catalog (called at start, and again when changes
+            carry a column the last reading lacked).
+    """
+
+    def __init__(
+        self, options: SinkOptions, stream: str, slot_key: str, describe: Callable[[], PgTable]
+    ) -> None:
+        self._options = options
+        self._uri = normalize_uri(options.table_uri)
+        self._stream = stream
+        self._slot_key = slot_key
+        self._describe = describe
+        self._table: PgTable | None = None
+
+    @property
+    def options(self) -> SinkOptions:
+        return self._options
+
+    def with_options(self, options: SinkOptions) -> MirrorWriter:
+        """The same mirror writing with ``options`` (a writer epoch claimed), its catalog kept."""
+        other = MirrorWriter(options, self._stream, self._slot_key, self._describe)
+        other._table = self._table
+        return other
+
+    def shape(self) -> PgTable:
+        if self._table is None:
+            self._table = self._describe()
+        return self._table
+
+    def key_columns(self) -> tuple[str, ...]:
+        """The columns identifying a row: the sink's ``key_columns``, else the primary key.
+
+        Raises:
+            ConfigError: no key, or one a delete does not carry (the replica identity).
+        """
+        table = self.shape()
+        key = self._options.key_columns or table.primary_key
+        where = f"mirror of {self._stream} ({self._uri})"
+        if not key:
+            raise ConfigError(
+                f"{where}: {self._stream} has no primary key; set key_columns (the row's identity)",
+                table_uri=self._uri,
+            )
+        names = {c.name for c in table.columns}
+        unknown = [k for k in key if k not in names]
+        if unknown:
+            raise ConfigError(
+                f"{where}: key column(s) {unknown} are not columns of {self._stream}", table_uri=self._uri
+            )
+        if table.replica_identity == "n" or not set(key) <= set(table.identity_key):
+            raise ConfigError(
+                f"{where}: a delete in PostgreSQL carries only the replica identity's columns "
+                f"({', '.join(table.identity_key) or _no_identity(table)}), not the key "
+                f"{list(key)}: ALTER TABLE {self._stream} REPLICA IDENTITY FULL (or USING INDEX on the key), "
+                "or set key_columns to the identity's columns",
+                table_uri=self._uri,
+            )
+        return tuple(key)
+
+    def prepare(self) -> None:
+        """Check the key and create the table from the catalog (nothing is read from the slot)."""
+        from deltaflow.delta import commit
+        from deltaflow.delta import log as delta_log
+        from deltaflow.delta.schema import check_partition_columns
+
+        self.key_columns()
+        schema = mirror_schema(self.shape())
+        check_partition_columns(schema, self._options.partition_columns, self._uri)
+        if delta_log.load(self._uri, self._options.storage_options) is None:
+            if not self._options.auto_create_table:
+                from deltaflow.errors import TableNotFoundError
+
+                raise TableNotFoundError(
+                    f"no Delta table at {self._uri!r} and auto_create_table is off", table_uri=self._uri
+                )
+            commit.create_table(
+                self._uri,
+                schema,
+                partition_by=self._options.partition_columns,
+                properties=self._options.table_properties,
+                storage_options=self._options.storage_options,
+            )
+
+    def __call__(self, events: pa.Table, batch_id: int) -> None:
+        from deltaflow.delta import log as delta_log
+        from deltaflow.delta.progress import advancing_txns, kafka_progress
+        from deltaflow.sinks.spark_checkpoint import read_batch_offsets
+
+        opts = self._options
+        app = opts.pipeline_id or ""
+        started = time.monotonic()
+        end = read_batch_offsets(opts, batch_id)
+        table = delta_log.load(self._uri, opts.storage_options)
+        held = kafka_progress(table, app, {self._slot_key: ["lsn"]}).get(self._slot_key, {}).get("lsn", -1)
+        mine = events.filter(pc.equal(events.column("stream"), self._stream))
+        mine = mine.filter(
+            pc.or_(pc.greater(mine.column("lsn"), held), pc.equal(mine.column("event_type"), "snapshot"))
+        )
+        if not mine.num_rows and not advancing_txns(table, app, end):
+            metrics.batch_skipped(pipeline=app, table=self._uri)
+            return
+        try:
+            folded = fold(mine, self.key_columns(), [c.name for c in self.shape().columns])
+            data = self._typed(folded) if folded.rows or folded.truncated_below is not None else None
+        except _UnrepresentableError as exc:
+            raise MergeError(
+                f"batch {batch_id}: a change of {self._stream} cannot be applied to {self._uri}: {exc}; "
+                "nothing was committed",
+                table_uri=self._uri,
+                batch_id=batch_id,
+            ) from None
+        maybe_crash("before_commit", batch_id)
+        self._commit(data, folded, batch_id, end, started)
+        maybe_crash("after_commit", batch_id)
+
+    def _typed(self, folded: Folded) -> pa.Table:
+        """The folded rows as the merge's source: typed columns, op, sequence, presence flags."""
+        seen = set().union(*(r.image.keys() for r in folded.rows))
+        names = {c.name for c in self.shape().columns}
+        if not seen <= names:
+            self._table = self._describe()  # a column was added since the catalog was read
+            names = {c.name for c in self.shape().columns}
+            gone = sorted(seen - names)
+            if gone:
+                logger.warning(
+                    "changes of %s carry column(s) %s the table no longer has: not mirrored",
+                    self._stream,
+                    gone,
+                )
+        self._add_new_columns()
+        rows = folded.rows
+        arrays, fields = [], []
+        for column in self.shape().columns:
+            target = arrow_type(column)
+            convert = _converter(column, target)
+            values = []
+            for r in rows:
+                v = r.image.get(column.name)
+                try:
+                    values.append(None if v is None else convert(v))
+                except (_UnrepresentableError, ValueError, TypeError, ArithmeticError) as exc:
+                    raise _UnrepresentableError(
+                        f"column {column.name!r} ({column.type_name}): {exc}"
+                    ) from None
+            arrays.append(pa.array(values, target))
+            fields.append(pa.field(column.name, target))
+            if any(r.op == "upsert" and column.name not in r.image for r in rows):
+                arrays.append(pa.array([column.name in r.image for r in rows], pa.bool_()))
+                fields.append(pa.field(_PRESENT + column.name, pa.bool_()))
+        arrays.append(pa.array([r.op for r in rows], pa.string()))
+        fields.append(pa.field(OP, pa.string()))
+        arrays.append(pa.array([Decimal(r.sequence) for r in rows], _SEQUENCE_TYPE))
+        fields.append(pa.field(SEQUENCE_COLUMN, _SEQUENCE_TYPE))
+        return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+    def _add_new_columns(self) -> None:
+        from deltaflow.delta import commit
+        from deltaflow.delta import log as delta_log
+
+        table = delta_log.load(self._uri, self._options.storage_options)
+        have = {f.name for f in table.schema().fields} if table is not None else set()
+        new = [f for f in mirror_schema(self.shape()) if f.name not in have]
+        if new and table is not None:
+            commit.add_columns(
+                self._uri,
+                self._options.storage_options,
+                new,
+                policy=commit.RetryPolicy(max_retries=self._options.max_commit_retries),
+            )
+
+    def _commit(
+        self,
+        data: pa.Table | None,
+        folded: Folded,
+        batch_id: int,
+        end: Mapping[str, Mapping[str, int]],
+        started: float,
+    ) -> None:
+        from deltaflow.delta import commit
+        from deltaflow.delta.progress import advancing_txns
+        from deltaflow.sinks.datasource import sink_fence
+
+        opts = self._options
+        app = opts.pipeline_id or ""
+        key = self.key_columns()
+        metadata = {
+            "deltaflow.version": __version__,
+            "deltaflow.pipeline_id": app,
+            "deltaflow.epoch": batch_id,
+            "deltaflow.rows": 0 if data is None else data.num_rows,
+            "deltaflow.stream": self._stream,
+        }
+
+        def txns(table: Any) -> dict[str, int]:
+            return advancing_txns(table, app, end)
+
+        def already_done(table: Any) -> bool:
+            # A batch that only records progress is done once nothing advances; one with rows
+            # is found by this commit's token (a snapshot replacing an older one records
+            # nothing new).
+            return data is None and not txns(table)
+
+        policy = commit.RetryPolicy(max_retries=opts.max_commit_retries)
+        try:
+            if data is None:
+                outcome: Any = commit.commit_files(
+                    self._uri,
+                    [],
+                    what=f"progress of batch {batch_id} of {app!r}",
+                    schema=mirror_schema(self.shape()),
+                    partition_by=opts.partition_columns,
+                    mode="append",
+                    metadata=metadata,
+                    storage_options=opts.storage_options,
+                    policy=policy,
+                    create_if_missing=False,
+                    properties=opts.table_properties,
+                    txns=txns,
+                    already_done=already_done,
+                    fence=sink_fence(opts),
+                )
+            else:
+                outcome = commit.commit(
+                    self._uri,
+                    opts.storage_options,
+                    self._merge_attempt(data, key, folded.truncated_below),
+                    what=f"merge of batch {batch_id} of {app!r} ({self._stream})",
+                    metadata=metadata,
+                    txns=txns,
+                    already_done=already_done,
+                    fence=sink_fence(opts),
+                    policy=policy,
+                )
+        except DeltaflowError:
+            metrics.commit_failed(pipeline=app, table=self._uri)
+            raise
+        except Exception as exc:
+            from deltaflow.delta.log import is_delta_rs_error
+
+            if not is_delta_rs_error(exc):
+                raise
+            metrics.commit_failed(pipeline=app, table=self._uri)
+            raise MergeError(
+                f"merge of batch {batch_id} of {self._stream} into {self._uri!r} failed: {exc}; "
+                "nothing was committed",
+                table_uri=self._uri,
+                batch_id=batch_id,
+            ) from exc
+        if not outcome.committed:
+            metrics.batch_skipped(pipeline=app, table=self._uri)
+            return
+        rows = 0 if data is None else data.num_rows
+        metrics.batch_committed(
+            pipeline=app,
+            table=self._uri,
+            rows=rows,
+            files=0,
+            bytes_=0,
+            seconds=time.monotonic() - started,
+            retries=outcome.attempts - 1,
+        )
+        logger.info(
+            "mirror %s <- %s: batch %s, %d change(s) as %d row change(s)%s",
+            self._uri,
+            self._stream,
+            batch_id,
+            folded.changes,
+            rows,
+            " after a truncate" if folded.truncated_below is not None else "",
+        )
+
+    def _merge_attempt(
+        self, data: pa.Table, key: Sequence[str], truncated_below: int | None
+    ) -> Callable[[Any, Any], Any]:
+        names = [c.name for c in self.shape().columns]
+        partial = {n for n in names if _PRESENT + n in data.column_names}
+        on = " AND ".join(f"t.{_quote(k)} = s.{_quote(k)}" for k in key)
+        seq = _quote(SEQUENCE_COLUMN)
+        newer = f"(t.{seq} IS NULL OR s.{seq} >= t.{seq})"
+        updates = {
+            _quote(n): (
+                f"CASE WHEN s.{_quote(_PRESENT + n)} THEN s.{_quote(n)} ELSE t.{_quote(n)} END"
+                if n in partial
+                else f"s.{_quote(n)}"
+            )
+            for n in names
+        }
+        updates[seq] = f"s.{seq}"
+        inserts = {_quote(n): f"s.{_quote(n)}" for n in [*names, SEQUENCE_COLUMN]}
+
+        def attempt(table: Any, props: Any) -> Any:
+            if table is None:
+                raise ConfigError(f"the mirror table {self._uri!r} does not exist", table_uri=self._uri)
+            merger = (
+                table.merge(data, predicate=on, source_alias="s", target_alias="t", commit_properties=props)
+                .when_matched_delete(predicate=f"s.{OP} = 'delete' AND {newer}")
+                .when_matched_update(updates, predicate=f"s.{OP} = 'upsert' AND {newer}")
+                .when_not_matched_insert(inserts, predicate=f"s.{OP} = 'upsert'")
+            )
+            if truncated_below is not None:
+                below = f"CAST('{truncated_below}' AS DECIMAL(38, 0))"
+                merger = merger.when_not_matched_by_source_delete(predicate=f"t.{seq} < {below}")
+            return merger.execute()
+
+        return attempt

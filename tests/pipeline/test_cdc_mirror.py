@@ -1,0 +1,273 @@
+"""Mirror tables from a real PostgreSQL: each Delta table equals its PostgreSQL table after
+every round (snapshot, inserts, updates, deletes, a transaction over two tables, a truncate,
+an added column, unchanged TOAST values), typed from the catalog."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import textwrap
+import uuid
+from decimal import Decimal
+
+import pytest
+from deltalake import DeltaTable
+
+from deltaflow.config.pipeline import load_pipelines
+from deltaflow.config.postgres import slot_key
+from deltaflow.errors import ConfigError, PipelineConfigError
+from deltaflow.service.daemon import run_pipelines
+from deltaflow.sinks.merge import SEQUENCE_COLUMN
+from tests.fixtures.postgres import cdc_options, read_all_events
+
+TYPES = """
+    CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy');
+    CREATE TABLE typed (
+        id bigint PRIMARY KEY,
+        price numeric(12, 3),
+        exact numeric,
+        at timestamptz,
+        local timestamp,
+        day date,
+        doc jsonb,
+        tags text[],
+        counts int[],
+        ref uuid,
+        raw bytea,
+        feeling mood,
+        ok boolean,
+        ratio float8,
+        small smallint,
+        body text
+    )
+"""
+
+
+def _pipeline(tmp_path, postgres, publication: str, slot: str, sinks: str) -> str:
+    path = tmp_path / f"{slot}.yaml"
+    path.write_text(
+        textwrap.dedent(
+            f"""
+            pipelines:
+              - id: {slot}
+                source:
+                  type: postgres-cdc
+                  host: {postgres.host}
+                  port: {postgres.port}
+                  user: {postgres.user}
+                  database: {postgres.dbname}
+                  publication: {publication}
+                  slot: {slot}
+                  max_changes_per_batch: 7
+                sinks:
+            """
+        )
+        + textwrap.indent(textwrap.dedent(sinks), "      ")
+    )
+    return str(path)
+
+
+def _mirror(table) -> list[dict]:
+    rows = DeltaTable(str(table)).to_pyarrow_table().to_pylist()
+    for r in rows:
+        del r[SEQUENCE_COLUMN]
+    return sorted(rows, key=lambda r: r["id"])
+
+
+def _source(conn, table: str) -> list[dict]:
+    cur = conn.execute(f"SELECT * FROM {table} ORDER BY id")
+    names = [d.name for d in cur.description]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def _drop(conn, slot: str, publication: str) -> None:
+    conn.execute(
+        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+    )
+    conn.execute(f"DROP PUBLICATION {publication}")
+
+
+def _run(spark, path: str) -> None:
+    run_pipelines(spark, load_pipelines(path).pipelines, available_now=True)
+
+
+def test_two_mirrors_and_the_event_table_follow_every_kind_of_change(spark, postgres, tmp_path):
+    conn = postgres.connect()
+    conn.execute("CREATE TABLE m_orders (id int PRIMARY KEY, customer int, total numeric(10, 2), note text)")
+    conn.execute("CREATE TABLE m_customers (id int PRIMARY KEY, name text)")
+    conn.execute("CREATE PUBLICATION m_pub FOR TABLE m_orders, m_customers")
+    conn.execute("INSERT INTO m_customers SELECT i, 'c' || i FROM generate_series(1, 20) i")
+    conn.execute("INSERT INTO m_orders SELECT i, i % 20 + 1, i * 1.5, NULL FROM generate_series(1, 50) i")
+    orders, customers, events = tmp_path / "orders", tmp_path / "customers", tmp_path / "events"
+    path = _pipeline(
+        tmp_path,
+        postgres,
+        "m_pub",
+        "m_slot",
+        f"""
+        - {{table_uri: "{events}"}}
+        - {{table_uri: "{orders}", write_mode: merge, stream: public.m_orders}}
+        - {{table_uri: "{customers}", write_mode: merge, stream: public.m_customers}}
+        """,
+    )
+
+    def check() -> None:
+        assert _mirror(orders) == _source(conn, "m_orders")
+        assert _mirror(customers) == _source(conn, "m_customers")
+
+    try:
+        _run(spark, path)  # the snapshot
+        check()
+        # Round 1: every kind of change, a transaction over both tables, a key changed.
+        conn.execute("INSERT INTO m_orders VALUES (100, 1, 9.99, 'new')")
+        conn.execute("UPDATE m_orders SET total = total + 1 WHERE id <= 10")
+        conn.execute("DELETE FROM m_orders WHERE id BETWEEN 11 AND 15")
+        with conn.transaction():
+            conn.execute("INSERT INTO m_customers VALUES (21, 'late')")
+            conn.execute("UPDATE m_orders SET customer = 21 WHERE id = 100")
+            conn.execute("DELETE FROM m_customers WHERE id = 20")
+        conn.execute("UPDATE m_orders SET id = 200 WHERE id = 100")
+        conn.execute("INSERT INTO m_orders VALUES (300, 2, 1, 'x')")
+        conn.execute("DELETE FROM m_orders WHERE id = 300")
+        conn.execute("INSERT INTO m_orders VALUES (300, 3, 2, 'back')")
+        _run(spark, path)
+        check()
+        # Round 2: a truncate between changes, and an added column.
+        conn.execute("INSERT INTO m_customers VALUES (22, 'before truncate')")
+        conn.execute("TRUNCATE m_customers")
+        conn.execute("INSERT INTO m_customers VALUES (1, 'after truncate')")
+        conn.execute("ALTER TABLE m_orders ADD COLUMN status text")
+        conn.execute("UPDATE m_orders SET status = 'paid' WHERE id <= 5")
+        conn.execute("INSERT INTO m_orders VALUES (400, 4, 4, NULL, 'open')")
+        _run(spark, path)
+        check()
+        # Every table records the same progress; the slot never passes it.
+        key = f"m_slot-{slot_key('m_slot')}-lsn"
+        versions = {DeltaTable(str(t)).transaction_version(key) for t in (orders, customers, events)}
+        assert len(versions) == 1
+        confirmed = conn.execute(
+            "SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots WHERE slot_name = 'm_slot'"
+        ).fetchone()[0]
+        (version,) = versions
+        assert version is not None and int(confirmed) <= version + 1
+        # The event table has every event once (the mirrors did not take any from it).
+        kinds = DeltaTable(str(events)).to_pyarrow_table(columns=["event_type"]).column(0).to_pylist()
+        assert kinds.count("snapshot") == 70 and kinds.count("truncate") == 1
+    finally:
+        _drop(conn, "m_slot", "m_pub")
+
+
+def test_types_from_the_catalog_and_unchanged_toast_values(spark, postgres, tmp_path):
+    conn = postgres.connect()
+    conn.execute(TYPES)
+    conn.execute("CREATE PUBLICATION t_pub FOR TABLE typed")
+    big = secrets.token_hex(50_000)  # stored out of line (TOAST): an update leaving it alone omits it
+    row = (
+        1,
+        Decimal("1234.500"),
+        Decimal("12345678901234567890.123456789012345678901"),
+        "2024-03-01 12:34:56.123456+02",
+        "2024-03-01 12:34:56.654321",
+        "2024-02-29",
+        json.dumps({"a": [1, 2.50, None], "b": {"c": "é"}}),
+        ["x", None, 'q"uote'],
+        [1, 2, None],
+        str(uuid.UUID(int=7)),
+        b"\x00\xffbytes",
+        "happy",
+        True,
+        0.1,
+        -3,
+        big,
+    )
+    conn.execute(f"INSERT INTO typed VALUES ({', '.join(['%s'] * len(row))})", row)
+    mirror = tmp_path / "typed"
+    path = _pipeline(
+        tmp_path,
+        postgres,
+        "t_pub",
+        "t_slot",
+        f'- {{table_uri: "{mirror}", write_mode: merge, stream: public.typed}}',
+    )
+    try:
+        _run(spark, path)
+        schema = DeltaTable(str(mirror)).to_pyarrow_table().schema
+        assert str(schema.field("price").type) == "decimal128(12, 3)"
+        assert schema.field("exact").type in ("string", "large_string", "string_view")
+        assert (
+            str(schema.field("at").type) == "timestamp[us, tz=UTC]"
+            and str(schema.field("local").type) == "timestamp[us]"
+        )
+        conn.execute("SELECT pg_create_logical_replication_slot('t_ref', 'pgoutput')")
+        conn.execute("UPDATE typed SET small = 4, ratio = 'NaN' WHERE id = 1")  # body is not sent
+        conn.execute("INSERT INTO typed (id, body) VALUES (2, NULL)")
+        update = read_all_events(postgres, cdc_options(postgres, "t_pub", "t_ref"))[0]
+        assert update["event_type"] == "update" and '"body"' not in update["data"]
+        _run(spark, path)
+        got = _mirror(mirror)
+        want = _source(conn, "typed")
+        assert len(got) == len(want) == 2
+        first, expected = got[0], want[0]
+        assert first["body"] == big  # the unchanged TOAST value kept from the table
+        assert first["small"] == 4 and first["ratio"] != first["ratio"]  # NaN
+        assert first["price"] == expected["price"]
+        assert Decimal(first["exact"]) == expected["exact"] and first["exact"] == str(expected["exact"])
+        assert (
+            first["at"] == expected["at"]
+            and first["local"] == expected["local"]
+            and first["day"] == expected["day"]
+        )
+        assert json.loads(first["doc"]) == expected["doc"]
+        assert first["tags"] == expected["tags"] and first["counts"] == expected["counts"]
+        assert first["ref"] == str(expected["ref"]) and first["raw"] == expected["raw"]
+        assert first["feeling"] == "happy" and first["ok"] is True
+        assert got[1] == {**{k: None for k in got[1]}, "id": 2}
+    finally:
+        conn.execute("SELECT pg_drop_replication_slot('t_ref')")
+        _drop(conn, "t_slot", "t_pub")
+
+
+def test_mirror_settings_that_cannot_work_are_refused_before_anything_is_written(spark, postgres, tmp_path):
+    conn = postgres.connect()
+    conn.execute("CREATE TABLE no_key (id int, name text)")
+    conn.execute("CREATE TABLE keyed (id int PRIMARY KEY, name text)")
+    conn.execute("CREATE PUBLICATION r_pub FOR TABLE no_key, keyed")
+    target = tmp_path / "t"
+    try:
+        for sink, problem in [
+            ("{table_uri: T, write_mode: merge, stream: public.no_key}", "has no primary key"),
+            (
+                "{table_uri: T, write_mode: merge, stream: public.no_key, key_columns: [id]}",
+                "REPLICA IDENTITY FULL",
+            ),
+            ("{table_uri: T, write_mode: merge, stream: public.elsewhere}", "does not publish"),
+        ]:
+            path = _pipeline(tmp_path, postgres, "r_pub", "r_slot", "- " + sink.replace("T", f'"{target}"'))
+            with pytest.raises(ConfigError, match=problem):
+                _run(spark, path)
+            assert not (tmp_path / "t").exists()
+        for sink, problem in [
+            ("{table_uri: T, write_mode: merge}", "stream: schema.table"),
+            ("{table_uri: T, write_mode: merge, key_columns: [id]}", "set stream: schema.table"),
+            ("{table_uri: T, stream: public.keyed}", "set write_mode: merge"),
+            ("{table_uri: T, write_mode: merge, stream: public.keyed, sequence_by: x}", "ordered by LSN"),
+        ]:
+            path = _pipeline(tmp_path, postgres, "r_pub", "r_slot", "- " + sink.replace("T", f'"{target}"'))
+            with pytest.raises(PipelineConfigError, match=problem):
+                load_pipelines(path)
+        conn.execute("ALTER TABLE no_key REPLICA IDENTITY FULL")
+        path = _pipeline(
+            tmp_path,
+            postgres,
+            "r_pub",
+            "r_slot",
+            f'- {{table_uri: "{tmp_path}/t", write_mode: merge, stream: public.no_key, key_columns: [id]}}',
+        )
+        conn.execute("INSERT INTO no_key VALUES (1, 'a'), (2, 'b')")
+        _run(spark, path)
+        conn.execute("DELETE FROM no_key WHERE id = 1")
+        conn.execute("UPDATE no_key SET name = 'B' WHERE id = 2")
+        _run(spark, path)
+        assert _mirror(tmp_path / "t") == [{"id": 2, "name": "B"}]
+    finally:
+        _drop(conn, "r_slot", "r_pub")
