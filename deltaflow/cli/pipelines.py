@@ -124,7 +124,9 @@ def _describe_pipelines(name: str, file: Any) -> None:
 
     for spec in file.pipelines:
         routes = ", ".join(
-            f"{sink_name} -> {sink.table_uri}" + (f" when {sink.when}" if sink.when else "")
+            f"{sink_name} -> {sink.table_uri}"
+            + (f" when {sink.when}" if sink.when else "")
+            + (f" (mirror of {sink.stream})" if sink.stream else "")
             for sink_name, sink in zip(spec.sink_names(), spec.sinks, strict=True)
         )
         extra = f"; {len(spec.expectations)} expectation(s)" if spec.expectations else ""

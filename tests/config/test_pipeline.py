@@ -340,3 +340,24 @@ def test_a_postgres_cdc_pipeline_takes_one_append_sink_and_leaves_its_progress_t
         text = cdc % extra
         with pytest.raises(PipelineConfigError, match=problem):
             load_pipelines(_write(tmp_path, text))
+
+
+def test_mirror_sinks_read_their_progress_together_and_validate_names_them(tmp_path):
+    text = """
+        pipelines:
+          - id: shop
+            source: {type: postgres-cdc, host: db, database: shop, publication: pub}
+            sinks:
+              - table_uri: /lake/events
+              - {table_uri: /lake/orders, write_mode: merge, stream: public.orders}
+    """
+    path = _write(tmp_path, text)
+    spec = load_pipelines(path).pipelines[0]
+    mirror = spec.sinks[1].sink_options("shop", "/cp", source_offsets=True)
+    assert (mirror.cdc_format, mirror.key_columns, mirror.kafka_offsets) == ("postgres", (), True)
+    options = spec.source.source_options("shop", [spec.sinks[1], spec.sinks[0]])
+    assert options.delta_table_uri == "/lake/orders" and options.more_delta_tables == {"/lake/events": {}}
+    assert [u for u, _ in options.progress_tables()] == ["/lake/orders", "/lake/events"]
+    result = CliRunner().invoke(cli, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "sink1 -> /lake/orders (mirror of public.orders)" in result.output
