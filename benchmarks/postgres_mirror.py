@@ -131,14 +131,17 @@ class ProbePoller(threading.Thread):
                 if "add" not in action:
                     continue
                 rows = pq.read_table(self.table / unquote(action["add"]["path"]), columns=["id", "at"])
-                for i, at in zip(rows.column("id").to_pylist(), rows.column("at").cast("int64").to_pylist()):
+                ids, ats = rows.column("id").to_pylist(), rows.column("at").cast("int64").to_pylist()
+                for i, at in zip(ids, ats, strict=True):
                     if i not in self.seen_ids:
                         self.seen_ids.add(i)
                         self.lags_us.append((at, visible_us - at))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--scale", type=int, default=10)
     parser.add_argument("--transactions", type=int, default=20_000)
     parser.add_argument("--rate", type=int, default=200, help="pgbench transactions/s of the lag phase")

@@ -1,7 +1,9 @@
 """Crash and lost-response injection for the exactly-once tests.
 
-When the environment variable ``DELTAFLOW_TEST_CRASH_AT`` is ``"<point>:<batch_id>"`` and the
-sink reaches ``point`` for that batch, the whole pipeline is killed with SIGKILL: the process
+When the environment variable ``DELTAFLOW_TEST_CRASH_AT`` is ``"<point>:<batch_id>"`` (or
+``"<point>:<batch_id>:<text>"``: only in the sink whose table URI ends with ``text``, for sinks
+that commit side by side) and the sink reaches ``point`` for that batch, the whole pipeline is
+killed with SIGKILL: the process
 group named by ``DELTAFLOW_TEST_KILL_PGID`` (the driver and its JVM) and the group of the
 current Python worker. Nothing runs when the variables are unset, which is always the case
 outside the test suite.
@@ -36,13 +38,17 @@ _ENV_AT = "DELTAFLOW_TEST_CRASH_AT"
 _ENV_PGID = "DELTAFLOW_TEST_KILL_PGID"
 
 
-def maybe_crash(point: str, batch_id: int | None) -> None:
-    """Kill the pipeline if the test asked for a crash at ``point`` of ``batch_id``."""
+def maybe_crash(point: str, batch_id: int | None, table_uri: str = "") -> None:
+    """Kill the pipeline if the test asked for a crash at ``point`` of ``batch_id`` (in the sink
+    of ``table_uri``, when the request names a table)."""
     wanted = os.environ.get(_ENV_AT)
     if not wanted or batch_id is None:
         return
-    want_point, _, want_batch = wanted.partition(":")
+    want_point, _, rest = wanted.partition(":")
+    want_batch, _, want_table = rest.partition(":")
     if want_point != point or want_batch != str(batch_id):
+        return
+    if want_table and not table_uri.rstrip("/").endswith(want_table):
         return
     pgid = os.environ.get(_ENV_PGID)
     if pgid:

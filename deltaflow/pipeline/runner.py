@@ -270,10 +270,18 @@ class PipelineWriter:
 
         spec = self._spec
         if self._mirrors:
-            # Mirrors first (their commit order: see _cdc_sinks_in_order), from one collection.
+            # Mirrors first (their commit order: see _cdc_sinks_in_order), from one collection,
+            # side by side (each is its own table; delta-rs works outside the GIL).
             events = batch.toArrow()
-            for mirror in self._mirrors:
-                mirror(events, batch_id)
+            if len(self._mirrors) == 1:
+                self._mirrors[0](events, batch_id)
+            else:
+                from concurrent.futures import ThreadPoolExecutor
+
+                with ThreadPoolExecutor(min(len(self._mirrors), 4), thread_name_prefix="mirror") as pool:
+                    done = [pool.submit(mirror, events, batch_id) for mirror in self._mirrors]
+                for future in done:
+                    future.result()  # the first failure, once every mirror has finished
         letters: list[DataFrame] = []
         if self._kafka:
             # Messages without a value (tombstones: Debezium follows each delete with one) are no

@@ -216,7 +216,7 @@ class _DeltaSink:
 
         # Step 1. Collect the files every task reported.
         files = _collect(messages)
-        maybe_crash("before_commit", batch_id)
+        maybe_crash("before_commit", batch_id, self.table_uri)
 
         # Step 2. Replay check, before anything is changed.
         table = delta_log.load(self.table_uri, opts.storage_options)
@@ -285,7 +285,7 @@ class _DeltaSink:
                 delete=result.may_delete_files,
             )
             return
-        maybe_crash("after_commit", batch_id)
+        maybe_crash("after_commit", batch_id, self.table_uri)
 
         # Step 5. Report.
         metrics.batch_committed(

@@ -193,9 +193,9 @@ class MergeWriter:
             return
         schema = spark_to_arrow(rows.schema)
         data = data.cast(schema) if data.schema != schema else data
-        maybe_crash("before_commit", batch_id)
+        maybe_crash("before_commit", batch_id, self._uri)
         self._merge(data, batch_id, started)
-        maybe_crash("after_commit", batch_id)
+        maybe_crash("after_commit", batch_id, self._uri)
 
     def _check_rows(self, rows: DataFrame, batch_id: int) -> None:
         """Refuse changes without a sequence (they could not be ordered: nothing is merged);

@@ -383,9 +383,9 @@ class MirrorWriter:
                 table_uri=self._uri,
                 batch_id=batch_id,
             ) from None
-        maybe_crash("before_commit", batch_id)
+        maybe_crash("before_commit", batch_id, self._uri)
         self._commit(data, folded, batch_id, end, started)
-        maybe_crash("after_commit", batch_id)
+        maybe_crash("after_commit", batch_id, self._uri)
 
     def _typed(self, folded: Folded) -> pa.Table:
         """The folded rows as the merge's source: typed columns, op, sequence, presence flags."""
