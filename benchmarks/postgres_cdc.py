@@ -23,28 +23,21 @@ source into the ``deltaflow`` sink with the slot's progress in the table (``kafk
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import subprocess
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
+import pyarrow as pa
 from machine import describe
+from pg_load import CommitPoller, pgbench
 
-from deltaflow.testing import PostgresServer, postgres_binary, start_postgres
+from deltaflow.testing import PostgresServer, start_postgres
 
 PUBLICATION = "bench_pub"
 TABLES = ("pgbench_accounts", "pgbench_tellers", "pgbench_branches", "pgbench_history")
-
-
-def pgbench(server: PostgresServer, *args: str) -> None:
-    command = [postgres_binary("pgbench"), "-h", server.host, "-p", str(server.port), "-U", "postgres"]
-    subprocess.run([*command, *args, "postgres"], check=True, capture_output=True, text=True)
 
 
 def run_query(
@@ -83,40 +76,16 @@ def rows_in(table: str) -> int:
     return int(sum(actions.column("num_records").to_pylist()))
 
 
-class LogPoller(threading.Thread):
-    """Notes, for every new commit of the table, its file's mtime and its rows' commit times."""
+class LogPoller(CommitPoller):
+    """For every new commit of the table: its file's mtime and its rows' commit times."""
 
     def __init__(self, table: str) -> None:
-        super().__init__(name="delta-log-poller", daemon=True)
-        self.log = Path(table) / "_delta_log"
-        self.table = Path(table)
-        self.seen: set[str] = set()
+        super().__init__(Path(table), ["timestamp"])
         self.lags_us: list[tuple[int, int]] = []  # (commit time in PostgreSQL, lag)
-        self.stop_event = threading.Event()
 
-    def run(self) -> None:
-        while not self.stop_event.is_set():
-            self.scan()
-            time.sleep(0.05)
-        self.scan()
-
-    def scan(self) -> None:
-        if not self.log.is_dir():
-            return
-        for entry in sorted(self.log.glob("*.json")):
-            if entry.name in self.seen:
-                continue
-            self.seen.add(entry.name)
-            visible_us = int(entry.stat().st_mtime * 1e6)
-            for line in entry.read_text().splitlines():
-                action = json.loads(line)
-                if "add" in action and action["add"].get("dataChange", True):  # not compaction's
-                    from urllib.parse import unquote
-
-                    path = self.table / unquote(action["add"]["path"])
-                    column = pq.read_table(path, columns=["timestamp"]).column("timestamp")
-                    for ts in column.cast("int64").to_pylist():
-                        self.lags_us.append((ts, visible_us - ts))
+    def added(self, rows: pa.Table, visible_us: int) -> None:
+        for ts in rows.column("timestamp").cast("int64").to_pylist():
+            self.lags_us.append((ts, visible_us - ts))
 
 
 def main() -> None:

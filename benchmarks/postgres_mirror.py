@@ -23,30 +23,23 @@ table by one YAML-equivalent pipeline (:func:`deltaflow.pipeline.runner.start_pi
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import subprocess
 import tempfile
 import threading
 import time
 from pathlib import Path
-from urllib.parse import unquote
 
 import numpy as np
-import pyarrow.parquet as pq
+import pyarrow as pa
 from machine import describe
+from pg_load import CommitPoller, pgbench
 
-from deltaflow.testing import PostgresServer, postgres_binary, start_postgres
+from deltaflow.testing import PostgresServer, start_postgres
 
 PUBLICATION = "mirror_pub"
 TABLES = ("pgbench_accounts", "pgbench_tellers", "pgbench_branches", "lag_probe")
 BALANCE = {"pgbench_accounts": "abalance", "pgbench_tellers": "tbalance", "pgbench_branches": "bbalance"}
-
-
-def pgbench(server: PostgresServer, *args: str) -> None:
-    command = [postgres_binary("pgbench"), "-h", server.host, "-p", str(server.port), "-U", "postgres"]
-    subprocess.run([*command, *args, "postgres"], check=True, capture_output=True, text=True)
 
 
 def spec_for(server: PostgresServer, work: Path, max_changes: int):
@@ -103,39 +96,20 @@ class ProbeWriter(threading.Thread):
                 time.sleep(0.05)
 
 
-class ProbePoller(threading.Thread):
+class ProbePoller(CommitPoller):
     """For every new commit of the probe's mirror: its file's mtime and its new rows' times."""
 
     def __init__(self, table: Path) -> None:
-        super().__init__(name="delta-log-poller", daemon=True)
-        self.table = table
-        self.seen_commits: set[str] = set()
+        super().__init__(table, ["id", "at"])
         self.seen_ids: set[int] = set()
         self.lags_us: list[tuple[int, int]] = []
-        self.stop_event = threading.Event()
 
-    def run(self) -> None:
-        while not self.stop_event.is_set():
-            self.scan()
-            time.sleep(0.05)
-        self.scan()
-
-    def scan(self) -> None:
-        for entry in sorted((self.table / "_delta_log").glob("*.json")):
-            if entry.name in self.seen_commits:
-                continue
-            self.seen_commits.add(entry.name)
-            visible_us = int(entry.stat().st_mtime * 1e6)
-            for line in entry.read_text().splitlines():
-                action = json.loads(line)
-                if "add" not in action:
-                    continue
-                rows = pq.read_table(self.table / unquote(action["add"]["path"]), columns=["id", "at"])
-                ids, ats = rows.column("id").to_pylist(), rows.column("at").cast("int64").to_pylist()
-                for i, at in zip(ids, ats, strict=True):
-                    if i not in self.seen_ids:
-                        self.seen_ids.add(i)
-                        self.lags_us.append((at, visible_us - at))
+    def added(self, rows: pa.Table, visible_us: int) -> None:
+        ids, ats = rows.column("id").to_pylist(), rows.column("at").cast("int64").to_pylist()
+        for i, at in zip(ids, ats, strict=True):
+            if i not in self.seen_ids:
+                self.seen_ids.add(i)
+                self.lags_us.append((at, visible_us - at))
 
 
 def main() -> None:
