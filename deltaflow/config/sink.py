@@ -33,7 +33,7 @@ __all__ = [
 Compression = Literal["snappy", "zstd", "gzip", "lz4", "none"]
 WriteMode = Literal["append", "overwrite", "merge"]
 CdcFormat = Literal["none", "op", "debezium", "postgres"]
-SchemaMode = Literal["strict", "merge"]
+SchemaMode = Literal["strict", "merge", "subset"]
 WritePath = Literal["auto", "spark", "arrow"]
 
 # Options Spark itself adds to a writeStream/write call; they are accepted and not ours.
@@ -71,7 +71,9 @@ class SinkOptions(BaseModel):
         max_commit_retries: Attempts after the first failed commit, with exponential backoff.
         table_properties: Delta table properties applied when the table is created.
         storage_options: Passed to delta-rs and to pyarrow's filesystem.
-        schema_mode: ``strict`` rejects any schema difference; ``merge`` adds new columns.
+        schema_mode: ``strict`` rejects any schema difference; ``merge`` adds new columns;
+            ``subset`` (what ``format("delta")`` writes with) lets the data leave out nullable
+            columns of the table, as delta-spark does, and refuses new ones.
         txn_version: For batch writes: the ``txn`` version recorded with ``pipeline_id``; a
             write whose version is already committed is skipped (idempotent backfills).
         kafka_offsets: The stream reads one ``deltaflow-kafka`` source: record its progress in
@@ -96,6 +98,8 @@ class SinkOptions(BaseModel):
         writer_epoch: Set by deltaflow when it starts a stream (``deltaflow.delta.commit.claim_writer``):
             the pipeline's writer epoch in this table. Every commit carries it, and a process
             holding an older epoch stops instead of committing (a zombie writer).
+        user_metadata: Recorded as ``userMetadata`` in every commit's ``commitInfo`` (Delta's
+            ``userMetadata`` option): shown by ``DESCRIBE HISTORY`` and ``deltaflow history``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -124,6 +128,7 @@ class SinkOptions(BaseModel):
     auto_compact_min_files: int = Field(default=50, ge=2)
     vacuum_interval_hours: float = Field(default=0.0, ge=0.0)
     writer_epoch: int | None = Field(default=None, ge=1)
+    user_metadata: str | None = None
 
     @field_validator("table_uri")
     @classmethod

@@ -173,11 +173,18 @@ def ensure_compatible(table: DeltaSchema, data: pa.Schema, *, schema_mode: str, 
 
     ``strict``: the schemas must be equal. ``merge``: the data may add columns (they become
     nullable columns of the table) and may leave out nullable table columns; it may never change
-    a column's type. Returns the diff so the caller can add the new columns.
+    a column's type. ``subset`` (delta-spark's default): the data may leave out nullable table
+    columns, never add one or change a type. Returns the diff so the caller can add the new columns.
     """
     diff = compare(table, data)
     if diff.is_empty:
         return diff
+    if schema_mode == "subset" and diff.new_in_data:
+        raise SchemaMismatchError(
+            table_uri,
+            [f"column {n!r} ({t}) is in the data but not in the table" for n, t, _ in diff.new_in_data],
+            hint="nothing was written; add new columns with schema_mode='merge' (Delta's mergeSchema)",
+        )
     if schema_mode == "strict":
         raise SchemaMismatchError(
             table_uri,

@@ -30,7 +30,9 @@ def register(spark: SparkSession) -> None:
     ``deltaflow`` (the Delta sink), ``deltaflow-kafka`` (the Kafka source),
     ``deltaflow-kafka-ingest`` (the Arrow ingest path's source), ``deltaflow-delta`` (a Delta
     table as a stream), ``postgres-cdc`` (PostgreSQL change data capture) and
-    ``deltaflow-generator`` (synthetic events).
+    ``deltaflow-generator`` (synthetic events); and ``delta`` itself, with Delta Lake's option
+    names, unless delta-spark is on the session's classpath
+    (:mod:`deltaflow.pipeline.delta_format`).
     """
     if getattr(spark, "_deltaflow_registered", False):
         return
@@ -46,6 +48,9 @@ def register(spark: SparkSession) -> None:
     spark.dataSource.register(DeltaTableDataSource)
     spark.dataSource.register(GeneratorDataSource)
     spark.dataSource.register(PostgresCdcDataSource)
+    from deltaflow.pipeline.delta_format import serve_delta
+
+    serve_delta(spark)
     spark._deltaflow_registered = True  # type: ignore[attr-defined]
 
 

@@ -51,7 +51,13 @@ if TYPE_CHECKING:
     from deltaflow.ops.compaction import AutoCompactor
 
 
-__all__ = ["DeltaCommitMessage", "DeltaflowDataSource", "FORMAT_NAME"]
+__all__ = [
+    "DeltaBatchWriter",
+    "DeltaCommitMessage",
+    "DeltaflowDataSource",
+    "FORMAT_NAME",
+    "QueryTxnStreamWriter",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -106,11 +112,40 @@ class DeltaStreamWriter(DataSourceStreamArrowWriter):
         self._sink.abort_batch(messages, batchId)
 
 
+class QueryTxnStreamWriter(DataSourceStreamArrowWriter):
+    """Streaming writer whose ``txn`` app id is the query's id, as delta-spark's own sink records
+    it (``format("delta")`` served by deltaflow): the id lives in the query's checkpoint, so a
+    restart from the checkpoint recognises its batches, and a new checkpoint is a new writer."""
+
+    def __init__(self, options: SinkOptions, schema: StructType, overwrite: bool) -> None:
+        self._sink = _DeltaSink(options, schema, overwrite)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> DeltaCommitMessage:
+        return self._sink.write_task(iterator)
+
+    def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        query_id = _query_id(messages)
+        if query_id is None:  # no task ran: nothing was written, there is nothing to commit
+            logger.info(
+                "batch %s into %s had no write task: nothing to commit", batchId, self._sink.table_uri
+            )
+            return
+        options = for_stream(self._sink.options.model_copy(update={"pipeline_id": query_id}))
+        _DeltaSink(options, self._sink.schema, self._sink.overwrite).commit_batch(messages, batchId)
+
+    def abort(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        self._sink.abort_batch(messages, batchId)
+
+
 class DeltaBatchWriter(DataSourceArrowWriter):
     """Batch writer: one Delta commit per ``save()``; ``txn`` only when ``txn_version`` is set."""
 
     def __init__(self, sink: _DeltaSink) -> None:
         self._sink = sink
+
+    @classmethod
+    def for_options(cls, options: SinkOptions, schema: StructType, overwrite: bool) -> DeltaBatchWriter:
+        return cls(_DeltaSink(options, schema, overwrite))
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> DeltaCommitMessage:
         return self._sink.write_task(iterator)
@@ -465,15 +500,15 @@ class _DeltaSink:
     def _commit_metadata(
         self, messages: Sequence[WriterCommitMessage | None], batch_id: int | None, rows: int
     ) -> dict[str, Any]:
-        query_id = next(
-            (m.query_id for m in messages if isinstance(m, DeltaCommitMessage) and m.query_id), None
-        )
+        query_id = _query_id(messages)
         meta: dict[str, Any] = {
             "deltaflow.version": __version__,
             "deltaflow.rows": rows,
         }
         if self.options.pipeline_id:
             meta["deltaflow.pipeline_id"] = self.options.pipeline_id
+        if self.options.user_metadata is not None:
+            meta["userMetadata"] = self.options.user_metadata
         if batch_id is not None:
             meta["deltaflow.epoch"] = batch_id
         if query_id:
@@ -508,6 +543,11 @@ def _arrow_options(spark_options: Any) -> SinkOptions:
             table_uri=options.table_uri,
         )
     return options
+
+
+def _query_id(messages: Sequence[WriterCommitMessage | None]) -> str | None:
+    """The streaming query's id, as the tasks saw it (``None`` when no task ran)."""
+    return next((m.query_id for m in messages if isinstance(m, DeltaCommitMessage) and m.query_id), None)
 
 
 def _collect(messages: Sequence[WriterCommitMessage | None]) -> list[WrittenFile]:

@@ -1,22 +1,35 @@
-"""A Delta table as a Spark streaming source (``deltaflow-delta``), on delta-rs: no JVM jar.
+"""A Delta table as a Spark source (``deltaflow-delta``, and ``delta`` when deltaflow serves that
+format), on delta-rs: no JVM jar.
 
-Offsets are table versions: ``{"version": v}`` means every commit up to ``v`` has been read.
+Streaming offsets are positions in the log: ``{"version": v, "index": i, "snapshot": s}``.
+``index`` -1 means every data file of version ``v`` has been read; ``i >= 0`` means its files
+``0..i`` (in commit order; for the snapshot, in path order) have. ``snapshot`` 1 means the stream
+is still reading the table's snapshot at version ``v`` (``-1``: not chosen yet). Offsets written
+before ``index`` existed read as ``index`` -1.
 
-* Without ``starting_version``/``starting_timestamp`` the first micro-batch reads the table's
-  snapshot at the version it plans (its whole content), later batches the commits after it.
-* With them, the stream reads the commits from that version on.
+* Without ``starting_version``/``starting_timestamp`` the stream first reads the table's snapshot
+  at the version it plans (its whole content), then the commits after it. ``starting_version``
+  ``latest`` reads only the commits after the version current when the query starts.
 * A commit's data files (``add`` actions with ``dataChange=true``) are the batch's rows; a
   commit that only rearranges files (OPTIMIZE, ``dataChange=false``) adds nothing.
 * A commit that removes data stops the stream with a clear error, unless ``ignore_deletes``
-  (commits that only remove files, e.g. a dropped partition) or ``ignore_changes`` (also
-  commits that rewrite files: their new files are read, so unchanged rows come again).
+  (commits that only remove files, e.g. a dropped partition), ``ignore_changes`` (also commits
+  that rewrite files: their new files are read, so unchanged rows come again) or
+  ``skip_change_commits`` (every commit that removes data is passed over whole).
+* ``max_files_per_trigger`` / ``max_bytes_per_trigger`` cap a micro-batch at file granularity,
+  the snapshot included (bytes is a soft cap: at least one file, and the file that crosses it
+  is in); ``max_versions_per_trigger`` caps it at whole versions.
 * ``read_change_feed``: rows come from the table's Change Data Feed (delta-rs ``load_cdf``),
   with ``_change_type``, ``_commit_version`` and ``_commit_timestamp``; the first batch
-  without a starting version is the snapshot as ``insert`` rows.
+  without a starting version is the snapshot as ``insert`` rows. Limits admit whole versions.
+
+Batch reads (:class:`DeltaBatchReader`) read a version (``version_as_of`` /
+``timestamp_as_of``, default the latest) or, with ``read_change_feed``, the Change Data Feed of
+a range of versions.
 
 Files are read by the executors with pyarrow (one input partition per file); partition
-values are added back as columns and every file is cast to the stream's schema (the table's
-schema when the query started). Tables with deletion vectors or column mapping are refused.
+values are added back as columns and every file is cast to the schema the query planned with.
+Tables with deletion vectors or column mapping are refused.
 """
 
 from __future__ import annotations
@@ -25,15 +38,17 @@ import json
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 from urllib.parse import unquote
 
 import pyarrow as pa
 from pydantic import Field, field_validator
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
+    ReadMaxBytes,
+    ReadMaxFiles,
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
@@ -47,7 +62,16 @@ if TYPE_CHECKING:
     from deltalake import DeltaTable
     from pyspark.sql.types import StructType
 
-__all__ = ["CDF_COLUMNS", "DeltaStreamOptions", "DeltaTableDataSource", "FORMAT_NAME"]
+__all__ = [
+    "CDF_COLUMNS",
+    "DeltaBatchReader",
+    "DeltaReadOptions",
+    "DeltaStreamOptions",
+    "DeltaStreamReader",
+    "DeltaTableDataSource",
+    "FORMAT_NAME",
+    "read_schema",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -61,18 +85,11 @@ CDF_COLUMNS = (
 Offset = dict[str, int]
 
 
-class DeltaStreamOptions(SparkOptions):
-    """Options of the Delta streaming source (``path`` is accepted for ``table_uri``)."""
-
-    what: ClassVar[str] = "the Delta source"
+class _TableOptions(SparkOptions):
+    """What every read of a Delta table needs (``path`` is accepted for ``table_uri``)."""
 
     table_uri: str = Field(min_length=1)
-    starting_version: int | None = Field(default=None, ge=0)
-    starting_timestamp: str | None = None
-    ignore_deletes: bool = False
-    ignore_changes: bool = False
     read_change_feed: bool = False
-    max_versions_per_trigger: int | None = Field(default=None, ge=1)
     storage_options: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("table_uri")
@@ -86,9 +103,46 @@ class DeltaStreamOptions(SparkOptions):
         return json.loads(value or "{}") if isinstance(value, str) else value
 
     @classmethod
-    def from_options(cls, options: Mapping[str, str]) -> DeltaStreamOptions:
+    def from_options(cls, options: Mapping[str, str]) -> Self:
         """From Spark's data-source options."""
         return cls.from_spark_options(options, aliases={"path": "table_uri"})
+
+
+class DeltaStreamOptions(_TableOptions):
+    """Options of the Delta streaming source."""
+
+    what: ClassVar[str] = "the Delta source"
+
+    starting_version: int | Literal["latest"] | None = None
+    starting_timestamp: str | None = None
+    ignore_deletes: bool = False
+    ignore_changes: bool = False
+    skip_change_commits: bool = False
+    max_versions_per_trigger: int | None = Field(default=None, ge=1)
+    max_files_per_trigger: int | None = Field(default=None, ge=1)
+    max_bytes_per_trigger: int | None = Field(default=None, ge=1)
+
+    @field_validator("starting_version", mode="before")
+    @classmethod
+    def _version(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().lower() == "latest":
+            return "latest"
+        if value is not None and int(value) < 0:
+            raise ValueError("must be a version (0 or more) or 'latest'")
+        return value
+
+
+class DeltaReadOptions(_TableOptions):
+    """Options of a batch read: a version of the table, or a range of its Change Data Feed."""
+
+    what: ClassVar[str] = "the Delta source (batch read)"
+
+    version_as_of: int | None = Field(default=None, ge=0)
+    timestamp_as_of: str | None = None
+    starting_version: int | None = Field(default=None, ge=0)
+    ending_version: int | None = Field(default=None, ge=0)
+    starting_timestamp: str | None = None
+    ending_timestamp: str | None = None
 
 
 @dataclass(frozen=True)
@@ -114,7 +168,7 @@ class _CdfTask(InputPartition):
     schema: pa.Schema
 
 
-def _load(options: DeltaStreamOptions) -> DeltaTable:
+def _load(options: _TableOptions) -> DeltaTable:
     from deltaflow.delta import log as delta_log
 
     table = delta_log.load(options.table_uri, options.storage_options)
@@ -152,8 +206,55 @@ def table_arrow_schema(table: DeltaTable) -> pa.Schema:
     return plain_schema(pa.schema(table.schema().to_arrow()))
 
 
+def read_schema(options: Mapping[str, Any]) -> pa.Schema:
+    """The schema a read of the table gets: the table's (at ``version_as_of`` /
+    ``timestamp_as_of`` when given) plus the Change Data Feed columns with ``read_change_feed``.
+
+    ``options`` are either kind of read's (Spark asks for the schema before it says which)."""
+    lowered = {str(k).lower(): v for k, v in options.items()}
+    base = _TableOptions.model_validate(
+        {
+            "table_uri": lowered.get("table_uri") or lowered.get("path") or "",
+            "storage_options": lowered.get("storage_options") or {},
+            "read_change_feed": str(lowered.get("read_change_feed", "false")).lower() == "true",
+        }
+    )
+    table = _load(base)
+    version = lowered.get("version_as_of")
+    stamp = lowered.get("timestamp_as_of")
+    if version is not None or stamp is not None:
+        at = int(version) if version is not None else _version_as_of(table, str(stamp))
+        table = _at_version(base, table, at)
+    schema = table_arrow_schema(table)
+    if base.read_change_feed:
+        schema = pa.schema([*schema, *(pa.field(n, t) for n, t in CDF_COLUMNS)])
+    return schema
+
+
+def _at_version(options: _TableOptions, table: DeltaTable, version: int) -> DeltaTable:
+    from deltalake import DeltaTable
+
+    if version > table.version():
+        raise ConfigError(
+            f"version {version} of {options.table_uri!r} does not exist yet (latest: {table.version()})",
+            table_uri=options.table_uri,
+        )
+    try:
+        old = DeltaTable(
+            options.table_uri, version=version, storage_options=dict(options.storage_options) or None
+        )
+    except Exception as exc:  # noqa: BLE001 - delta-rs raises its own types; say what is needed
+        raise DeltaSourceError(
+            f"cannot load version {version} of {options.table_uri!r}: {exc} (log retention or "
+            "vacuum may have removed it)",
+            table_uri=options.table_uri,
+        ) from None
+    _check_readable(old, options.table_uri)
+    return old
+
+
 class DeltaTableDataSource(DataSource):
-    """Spark data source ``deltaflow-delta`` (streaming reads of a Delta table)."""
+    """Spark data source ``deltaflow-delta``: streaming and batch reads of a Delta table."""
 
     @classmethod
     def name(cls) -> str:
@@ -162,16 +263,59 @@ class DeltaTableDataSource(DataSource):
     def schema(self) -> StructType:
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        options = DeltaStreamOptions.from_options(self.options)
-        schema = table_arrow_schema(_load(options))
-        if options.read_change_feed:
-            schema = pa.schema([*schema, *(pa.field(n, t) for n, t in CDF_COLUMNS)])
-        return from_arrow_schema(schema)
+        return from_arrow_schema(read_schema(self.options))
+
+    def reader(self, schema: StructType) -> DeltaBatchReader:
+        from deltaflow.delta.schema import spark_to_arrow
+
+        return DeltaBatchReader(DeltaReadOptions.from_options(self.options), spark_to_arrow(schema))
 
     def streamReader(self, schema: StructType) -> DeltaStreamReader:  # noqa: N802
         from deltaflow.delta.schema import spark_to_arrow
 
         return DeltaStreamReader(DeltaStreamOptions.from_options(self.options), spark_to_arrow(schema))
+
+
+@dataclass(frozen=True)
+class _File:
+    """A data file of the table: its path (decoded, relative to the root) and what planning needs."""
+
+    path: str
+    partition_values: Mapping[str, str | None]
+    size: int
+
+
+def _offset(version: int, index: int = -1, snapshot: int = 0) -> Offset:
+    return {"version": version, "index": index, "snapshot": snapshot}
+
+
+def _position(offset: Offset) -> tuple[int, int, int]:
+    return int(offset["version"]), int(offset.get("index", -1)), int(offset.get("snapshot", 0))
+
+
+@dataclass
+class _Budget:
+    """What one micro-batch may still take: files, bytes (soft: the file that crosses it is in)."""
+
+    files: int | None
+    bytes_: int | None
+    taken: int = 0
+    taken_bytes: int = 0
+
+    def full(self) -> bool:
+        """No room left (never before the first file)."""
+        return bool(self.taken) and (
+            (self.files is not None and self.taken >= self.files)
+            or (self.bytes_ is not None and self.taken_bytes >= self.bytes_)
+        )
+
+    def admit(self, f: _File) -> bool:
+        """Take ``f`` if the batch has room."""
+        if self.full():
+            return False
+        self.taken += 1
+        self.taken_bytes += f.size
+        return True
 
 
 class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -182,8 +326,13 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._schema = schema
         self._table: DeltaTable | None = None
         self._target: int | None = None  # availableNow: never plan beyond this version
-        if options.read_change_feed and options.ignore_changes:
-            raise ConfigError("read_change_feed already carries every change; ignore_changes does not apply")
+        self._versions: dict[int, list[_File]] = {}  # the data files of each commit read so far
+        self._snapshot_files: tuple[int, list[_File]] | None = None
+        if options.read_change_feed and (options.ignore_changes or options.skip_change_commits):
+            raise ConfigError(
+                "read_change_feed already carries every change; ignore_changes and "
+                "skip_change_commits do not apply"
+            )
 
     def _current(self) -> DeltaTable:
         if self._table is None:
@@ -195,6 +344,8 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> Offset:  # noqa: N802
         opts = self._options
         table = self._current()
+        if opts.starting_version == "latest":
+            return _offset(table.version())
         if opts.starting_version is not None:
             if opts.starting_version > table.version() + 1:
                 raise ConfigError(
@@ -202,81 +353,129 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     f"{table.version()} (+1)",
                     table_uri=opts.table_uri,
                 )
-            return {"version": opts.starting_version - 1, "snapshot": 0}
+            return _offset(opts.starting_version - 1)
         if opts.starting_timestamp is not None:
-            return {"version": _version_at(table, opts.starting_timestamp) - 1, "snapshot": 0}
-        return {"version": -1, "snapshot": 1}
+            return _offset(_version_at(table, opts.starting_timestamp) - 1)
+        return _offset(-1, -1, 1)
 
     def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
         self._target = self._current().version()
 
     def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
-        if self._options.max_versions_per_trigger:
-            return ReadMaxRows(self._options.max_versions_per_trigger)
+        opts = self._options
+        if opts.max_files_per_trigger:
+            return ReadMaxFiles(opts.max_files_per_trigger)
+        if opts.max_bytes_per_trigger:
+            return ReadMaxBytes(opts.max_bytes_per_trigger)
+        if opts.max_versions_per_trigger:
+            return ReadMaxRows(opts.max_versions_per_trigger)
         return ReadAllAvailable()
 
     def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:  # noqa: N802
         latest = self._target if self._target is not None else self._current().version()
-        begin = int(start["version"])
-        if start.get("snapshot") and begin < 0:
-            return {"version": latest, "snapshot": 0}  # the snapshot batch is never split
-        end = max(begin, latest)
-        if isinstance(limit, ReadMaxRows):
-            end = min(end, begin + limit.max_rows)
-        return {"version": end, "snapshot": 0}
+        version, index, snapshot = _position(start)
+        for old in [v for v in self._versions if v < version]:
+            del self._versions[old]
+        opts = self._options
+        unlimited = isinstance(limit, ReadAllAvailable)
+        budget = None
+        if not unlimited and (opts.max_files_per_trigger or opts.max_bytes_per_trigger):
+            budget = _Budget(opts.max_files_per_trigger, opts.max_bytes_per_trigger)
+        if snapshot:
+            at = version if version >= 0 else latest
+            files = self._snapshot(at)
+            first = index + 1 if version >= 0 else 0
+            taken = len(files) - first
+            if budget is not None:
+                taken = sum(1 for f in files[first:] if budget.admit(f))  # admit stops at the cap
+            if first + taken >= len(files):
+                return _offset(at)
+            return _offset(at, first + taken - 1, 1)
+        if latest <= version and index < 0:
+            return start
+        if unlimited or budget is None:
+            end = max(version, latest)
+            if not unlimited and opts.max_versions_per_trigger:
+                end = min(end, version + opts.max_versions_per_trigger)
+            return _offset(end)
+        if opts.read_change_feed:  # whole versions, until the cap is reached
+            current = version
+            while current < latest and not budget.full():
+                current += 1
+                for f in self._commit(current):
+                    budget.taken, budget.taken_bytes = budget.taken + 1, budget.taken_bytes + f.size
+            return _offset(current)
+        current, skip = (version, index + 1) if index >= 0 else (version + 1, 0)
+        while current <= latest:
+            files = self._commit(current)
+            for position in range(skip, len(files)):
+                if not budget.admit(files[position]):
+                    return _offset(current, position - 1) if position > 0 else _offset(current - 1)
+            current, skip = current + 1, 0
+        return _offset(latest)
 
     def reportLatestOffset(self) -> Offset | None:  # noqa: N802
-        return {"version": self._table.version(), "snapshot": 0} if self._table is not None else None
+        return _offset(self._table.version()) if self._table is not None else None
 
     def partitions(self, start: Offset, end: Offset) -> Sequence[InputPartition]:
         opts = self._options
-        first, last = int(start["version"]) + 1, int(end["version"])
-        if start.get("snapshot") and first == 0:
-            return self._snapshot(last)
-        if last < first:
+        version, index, snapshot = _position(start)
+        last_version, last_index, _ = _position(end)
+        if snapshot:
+            files = self._snapshot(last_version)
+            first = index + 1 if version >= 0 else 0
+            last = len(files) - 1 if last_index < 0 else last_index
+            change = None
+            if opts.read_change_feed:
+                table = _at_version(opts, self._current(), last_version)
+                change = ("insert", last_version, int(table.history(1)[0].get("timestamp", 0)))
+            return [self._task(f, change) for f in files[first : last + 1]]
+        first_version = version if index >= 0 else version + 1
+        if last_version < first_version:
             return []
         if opts.read_change_feed:
-            return [_CdfTask(opts.table_uri, first, last, dict(opts.storage_options), self._schema)]
-        tasks: list[InputPartition] = []
-        fs, root = filesystem(opts.table_uri, opts.storage_options)
-        for version in range(first, last + 1):
-            tasks.extend(self._commit_files(fs, root, version))
-        return tasks
-
-    def _snapshot(self, version: int) -> list[InputPartition]:
-        from deltalake import DeltaTable
-
-        opts = self._options
-        table = DeltaTable(
-            opts.table_uri, version=version, storage_options=dict(opts.storage_options) or None
-        )
-        _check_readable(table, opts.table_uri)
-        actions = pa.table(table.get_add_actions(flatten=True))
-        parts = [n for n in actions.column_names if n.startswith("partition.")]
-        change = None
-        if opts.read_change_feed:
-            stamp = int(table.history(1)[0].get("timestamp", 0))
-            change = ("insert", version, stamp)
-        tasks: list[InputPartition] = []
-        for row in actions.select(["path", *parts]).to_pylist():
-            values = {name.removeprefix("partition."): row[name] for name in parts}
-            tasks.append(
-                _FileTask(
-                    opts.table_uri,
-                    unquote(row["path"]),  # as in the log: URI-encoded
-                    {k: None if v is None else str(v) for k, v in values.items()},
-                    dict(opts.storage_options),
-                    self._schema,
-                    change,
+            return [
+                _CdfTask(
+                    opts.table_uri, first_version, last_version, dict(opts.storage_options), self._schema
                 )
-            )
-        logger.info(
-            "Delta source %s: snapshot of version %d, %d file(s)", opts.table_uri, version, len(tasks)
-        )
+            ]
+        tasks: list[InputPartition] = []
+        for current in range(first_version, last_version + 1):
+            files = self._commit(current)
+            low = index + 1 if current == version and index >= 0 else 0
+            high = last_index if current == last_version and last_index >= 0 else len(files) - 1
+            tasks.extend(self._task(f) for f in files[low : high + 1])
         return tasks
 
-    def _commit_files(self, fs: Any, root: str, version: int) -> list[InputPartition]:
+    def _task(self, f: _File, change: tuple[str, int, int] | None = None) -> _FileTask:
         opts = self._options
+        return _FileTask(
+            opts.table_uri, f.path, dict(f.partition_values), dict(opts.storage_options), self._schema, change
+        )
+
+    def _snapshot(self, version: int) -> list[_File]:
+        """The data files of the table at ``version``, in path order (the same on every call)."""
+        if self._snapshot_files is not None and self._snapshot_files[0] == version:
+            return self._snapshot_files[1]
+        files = _files_at(_at_version(self._options, self._current(), version))
+        logger.info(
+            "Delta source %s: snapshot of version %d, %d file(s)",
+            self._options.table_uri,
+            version,
+            len(files),
+        )
+        self._snapshot_files = (version, files)
+        return files
+
+    def _commit(self, version: int) -> list[_File]:
+        """The new data files of commit ``version``, in the commit's order (cached)."""
+        if version not in self._versions:
+            self._versions[version] = self._commit_files(version)
+        return self._versions[version]
+
+    def _commit_files(self, version: int) -> list[_File]:
+        opts = self._options
+        fs, root = filesystem(opts.table_uri, opts.storage_options)
         path = f"{root}/_delta_log/{version:020d}.json"
         try:
             with fs.open_input_stream(path) as stream:
@@ -301,13 +500,20 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 removes += 1
             elif "metaData" in action:
                 self._check_metadata(action["metaData"], version)
+        if removes and opts.skip_change_commits:
+            logger.info(
+                "Delta source %s: commit %d removes data: skipped whole (skip_change_commits)",
+                opts.table_uri,
+                version,
+            )
+            return []
         if has_dv:
             raise DeltaSourceError(
                 f"commit {version} of {opts.table_uri!r} carries deletion vectors, which the Delta "
                 "source cannot apply",
                 table_uri=opts.table_uri,
             )
-        if removes:
+        if removes and not opts.read_change_feed:
             kind = "rewrites files (UPDATE, MERGE or DELETE of rows)" if adds else "deletes data"
             allowed = opts.ignore_changes or (not adds and opts.ignore_deletes)
             if not allowed:
@@ -315,7 +521,8 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 raise DeltaSourceError(
                     f"commit {version} of the Delta source table {opts.table_uri!r} {kind}; a stream "
                     f"of its new rows cannot follow that. Set {hint} to go on (see the docs for what "
-                    "each does), or read_change_feed to stream the changes themselves",
+                    "each does), skip_change_commits to pass such commits over, or read_change_feed "
+                    "to stream the changes themselves",
                     table_uri=opts.table_uri,
                     version=version,
                 )
@@ -327,13 +534,7 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 "its new files are read again" if adds else "skipped",
             )
         return [
-            _FileTask(
-                opts.table_uri,
-                unquote(add["path"]),
-                dict(add.get("partitionValues") or {}),
-                dict(opts.storage_options),
-                self._schema,
-            )
+            _File(unquote(add["path"]), dict(add.get("partitionValues") or {}), int(add.get("size") or 0))
             for add in adds
         ]
 
@@ -438,15 +639,7 @@ def _read_cdf(task: _CdfTask) -> Iterator[pa.RecordBatch]:
 
 def _version_at(table: DeltaTable, timestamp: str) -> int:
     """The first version committed at or after ``timestamp`` (ISO 8601)."""
-    import datetime as dt
-
-    try:
-        when = dt.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
-    except ValueError:
-        raise ConfigError(f"starting_timestamp {timestamp!r} is not an ISO-8601 time") from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.UTC)
-    ms = when.timestamp() * 1000
+    ms = _millis(timestamp, "starting_timestamp")
     versions = sorted((int(h["version"]), int(h["timestamp"])) for h in table.history())
     if versions and versions[0][0] > 0 and ms < versions[0][1]:
         raise ConfigError(
@@ -457,3 +650,96 @@ def _version_at(table: DeltaTable, timestamp: str) -> int:
         if stamp >= ms:
             return version
     return versions[-1][0] + 1 if versions else 0
+
+
+def _version_as_of(table: DeltaTable, timestamp: str) -> int:
+    """The last version committed at or before ``timestamp`` (``timestampAsOf``)."""
+    ms = _millis(timestamp, "timestamp_as_of")
+    versions = sorted((int(h["version"]), int(h["timestamp"])) for h in table.history())
+    before = [v for v, stamp in versions if stamp <= ms]
+    if not before:
+        first = versions[0] if versions else (0, 0)
+        raise ConfigError(
+            f"timestamp_as_of {timestamp} is before the table's first commit still in the log "
+            f"(version {first[0]}); use a later time or versionAsOf"
+        )
+    return before[-1]
+
+
+def _millis(timestamp: str, name: str) -> float:
+    import datetime as dt
+
+    try:
+        when = dt.datetime.fromisoformat(timestamp.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(f"{name} {timestamp!r} is not an ISO-8601 time or date") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return when.timestamp() * 1000
+
+
+def _files_at(table: DeltaTable) -> list[_File]:
+    """Every data file of ``table`` (at its loaded version), in path order."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    parts = [n for n in actions.column_names if n.startswith("partition.")]
+    files = []
+    for row in actions.select(["path", "size_bytes", *parts]).to_pylist():
+        values = {name.removeprefix("partition."): row[name] for name in parts}
+        files.append(
+            _File(
+                unquote(row["path"]),  # as in the log: URI-encoded
+                {k: None if v is None else str(v) for k, v in values.items()},
+                int(row["size_bytes"] or 0),
+            )
+        )
+    return sorted(files, key=lambda f: f.path)
+
+
+@dataclass(frozen=True)
+class _NothingTask(InputPartition):
+    """The one partition of a read that has no file to read."""
+
+    schema: pa.Schema
+
+
+class DeltaBatchReader(DataSourceReader):
+    """A batch read: the table at a version, or its Change Data Feed over a range of versions."""
+
+    def __init__(self, options: DeltaReadOptions, schema: pa.Schema) -> None:
+        self._options = options
+        self._schema = schema
+
+    def partitions(self) -> Sequence[InputPartition]:
+        opts = self._options
+        table = _load(opts)
+        if opts.read_change_feed:
+            first = opts.starting_version
+            if first is None:
+                assert opts.starting_timestamp is not None
+                first = _version_at(table, opts.starting_timestamp)
+            last = opts.ending_version
+            if last is None and opts.ending_timestamp is not None:
+                last = _version_as_of(table, opts.ending_timestamp)
+            last = table.version() if last is None else min(last, table.version())
+            if last < first:
+                return [_NothingTask(self._schema)]
+            return [_CdfTask(opts.table_uri, first, last, dict(opts.storage_options), self._schema)]
+        if opts.version_as_of is not None or opts.timestamp_as_of is not None:
+            at = opts.version_as_of
+            if at is None:
+                assert opts.timestamp_as_of is not None
+                at = _version_as_of(table, opts.timestamp_as_of)
+            table = _at_version(opts, table, at)
+        tasks: list[InputPartition] = [
+            _FileTask(
+                opts.table_uri, f.path, dict(f.partition_values), dict(opts.storage_options), self._schema
+            )
+            for f in _files_at(table)
+        ]
+        return tasks or [_NothingTask(self._schema)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, _CdfTask):
+            yield from _read_cdf(partition)
+        elif isinstance(partition, _FileTask):
+            yield from _read_file(partition)

@@ -31,9 +31,15 @@ def test_delta_source_options_take_path_and_prefer_table_uri():
     with pytest.raises(ConfigError, match="table_uri: required option is missing"):
         DeltaStreamOptions.from_options({})
     with pytest.raises(
-        ConfigError, match=r"starting_version: Input should be greater than or equal to 0 \(received '-1'\)"
+        ConfigError, match=r"starting_version: must be a version \(0 or more\) or 'latest' \(received '-1'\)"
     ):
         DeltaStreamOptions.from_options({"path": "/a", "starting_version": "-1"})
+    assert (
+        DeltaStreamOptions.from_options({"path": "/a", "starting_version": "LATEST"}).starting_version
+        == "latest"
+    )
+    with pytest.raises(ConfigError, match="starting_version"):
+        DeltaStreamOptions.from_options({"path": "/a", "starting_version": "soon"})
 
 
 def test_secrets_are_masked_in_problems():

@@ -1,0 +1,326 @@
+"""``format("delta")`` without a jar: deltaflow serves Delta Lake's own format name.
+
+Jobs written against delta-spark (``spark.readStream.format("delta")``,
+``df.write.format("delta").option("txnAppId", ...)``, ...) run unchanged on a session without
+delta-spark on its classpath once :func:`serve_delta` ran (``deltaflow.spark_session()`` and
+``deltaflow.register(spark)`` call it). Delta's option names are translated by
+:mod:`deltaflow.config.delta_compat`; reads go to deltaflow's Delta source, writes to its sink.
+
+Two things of ``DataFrameWriter`` never reach a Python data source in Spark 4: the partition
+columns (``partitionBy``: a batch write fails Spark's own check, a stream drops them) and the
+save modes ``errorifexists`` (the default) and ``ignore`` (Spark refuses them). For ``delta`` the
+Python writers therefore keep them and hand them over as options (:func:`_install_writer_shim`,
+classic sessions): the partition columns as ``__partition_columns``; for the two modes the
+table's existence is checked first, as delta-spark does (a write whose ``txnAppId`` /
+``txnVersion`` the table already holds is skipped before that check).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import DataSource
+
+from deltaflow.config.delta_compat import (
+    batch_read_options,
+    batch_write_options,
+    stream_read_options,
+    stream_write_options,
+)
+from deltaflow.config.locations import normalize_uri
+from deltaflow.config.sink import SinkOptions
+from deltaflow.errors import ConfigError, DeltaflowError
+from deltaflow.sinks.datasource import DeltaBatchWriter, QueryTxnStreamWriter
+from deltaflow.sources.delta import (
+    DeltaBatchReader,
+    DeltaReadOptions,
+    DeltaStreamOptions,
+    DeltaStreamReader,
+    read_schema,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.types import StructType
+
+__all__ = ["DELTA_FORMAT", "DeltaFormatDataSource", "TableExistsError", "delta_spark_present", "serve_delta"]
+
+logger = logging.getLogger(__name__)
+
+DELTA_FORMAT = "delta"
+
+#: A class every delta-spark release ships: its presence means delta-spark serves ``delta``.
+_DELTA_SPARK_CLASS = "org.apache.spark.sql.delta.sources.DeltaDataSource"
+
+
+class TableExistsError(DeltaflowError):
+    """A write in ``errorifexists`` mode (the default) found a table at its path."""
+
+
+class DeltaFormatDataSource(DataSource):
+    """Spark data source ``delta``: Delta Lake's option names over deltaflow's source and sink."""
+
+    @classmethod
+    def name(cls) -> str:
+        return DELTA_FORMAT
+
+    def schema(self) -> StructType:
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        lowered = {k.lower(): v for k, v in self.options.items()}
+        wanted = {
+            "path": lowered.get("path", ""),
+            "version_as_of": lowered.get("versionasof"),
+            "timestamp_as_of": lowered.get("timestampasof"),
+            "read_change_feed": lowered.get("readchangefeed", lowered.get("readchangedata", "false")),
+        }
+        return from_arrow_schema(read_schema({k: v for k, v in wanted.items() if v is not None}))
+
+    def reader(self, schema: StructType) -> DeltaBatchReader:
+        from deltaflow.delta.schema import spark_to_arrow
+
+        options = DeltaReadOptions.model_validate(batch_read_options(self.options))
+        return DeltaBatchReader(options, spark_to_arrow(schema))
+
+    def streamReader(self, schema: StructType) -> DeltaStreamReader:  # noqa: N802
+        from deltaflow.delta.schema import spark_to_arrow
+
+        options = DeltaStreamOptions.model_validate(stream_read_options(self.options))
+        return DeltaStreamReader(options, spark_to_arrow(schema))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DeltaBatchWriter:
+        values = batch_write_options(self.options)
+        for name, why in (
+            ("overwrite_schema", "overwriteSchema"),
+            ("replace_where", "replaceWhere"),
+        ):
+            if values.get(name):
+                raise ConfigError(f"{why} is not supported by deltaflow's delta format yet")
+        values.pop("save_mode", None)  # handled by the writer shim before Spark started the write
+        app = values.pop("txn_app_id", None)
+        if app is not None:
+            values["pipeline_id"] = app
+        options = _sink_options(values, overwrite)
+        return DeltaBatchWriter.for_options(options, schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> QueryTxnStreamWriter:  # noqa: N802
+        return QueryTxnStreamWriter(
+            _sink_options(stream_write_options(self.options), overwrite), schema, overwrite
+        )
+
+
+def _sink_options(values: dict[str, Any], overwrite: bool) -> SinkOptions:
+    """Translated Delta options as the sink's: ``mergeSchema`` is schema mode ``merge``; without
+    ``partitionBy`` an existing table keeps its own partitioning (as delta-spark does)."""
+    values["schema_mode"] = "merge" if values.pop("merge_schema", False) else "subset"
+    if "partition_columns" not in values:
+        from deltaflow.delta import log as delta_log
+
+        table = delta_log.load(normalize_uri(values["table_uri"]), {})
+        if table is not None:
+            values["partition_columns"] = tuple(table.metadata().partition_columns)
+    if overwrite:
+        values["write_mode"] = "overwrite"
+    return SinkOptions.build(values)
+
+
+def delta_spark_present(spark: SparkSession) -> bool:
+    """Whether delta-spark's data source is on the session's classpath."""
+    jvm = getattr(spark, "_jvm", None)
+    if jvm is None:  # Spark Connect: the server's classpath is not visible from here
+        return False
+    try:
+        jvm.java.lang.Thread.currentThread().getContextClassLoader().loadClass(_DELTA_SPARK_CLASS)
+    except Exception:  # noqa: BLE001 - py4j wraps ClassNotFoundException
+        return False
+    return True
+
+
+def serve_delta(spark: SparkSession) -> bool:
+    """Register :class:`DeltaFormatDataSource` as ``delta`` unless delta-spark serves it.
+
+    Returns whether deltaflow serves ``delta`` in this session."""
+    if delta_spark_present(spark):
+        logger.info(
+            "delta-spark is on the classpath: format('delta') stays delta-spark's; deltaflow's "
+            "formats are 'deltaflow' and 'deltaflow-delta'"
+        )
+        return False
+    spark.dataSource.register(DeltaFormatDataSource)
+    spark._deltaflow_serves_delta = True  # type: ignore[attr-defined]
+    _install_writer_shim()
+    logger.info("no delta-spark on the classpath: format('delta') is served by deltaflow")
+    return True
+
+
+def _serves_delta(writer: Any) -> bool:
+    spark = getattr(writer, "_spark", None)
+    return bool(getattr(spark, "_deltaflow_serves_delta", False))
+
+
+def _is_delta(writer: Any) -> bool:
+    fmt = writer.__dict__.get("_deltaflow_format")
+    return isinstance(fmt, str) and fmt.lower() == DELTA_FORMAT and _serves_delta(writer)
+
+
+@functools.cache
+def _install_writer_shim() -> None:
+    """Keep ``format``, ``mode`` and ``partitionBy`` of the Python writers (classic sessions) so
+    that a ``delta`` write hands them to deltaflow instead of to Spark's checks."""
+    from pyspark.sql.readwriter import DataFrameWriter
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
+
+    for cls in (DataFrameWriter, DataStreamWriter):
+        original_format = cls.format
+        original_partition_by = cls.partitionBy
+        original_option = cls.option
+        original_options = cls.options
+
+        def option(self: Any, key: str, value: Any, _original: Any = original_option) -> Any:
+            self.__dict__.setdefault("_deltaflow_options", {})[key] = value
+            return _original(self, key, value)
+
+        def options(self: Any, _original: Any = original_options, **values: Any) -> Any:
+            self.__dict__.setdefault("_deltaflow_options", {}).update(values)
+            return _original(self, **values)
+
+        def format_(self: Any, source: str, _original: Any = original_format) -> Any:
+            self.__dict__["_deltaflow_format"] = source
+            return _original(self, source)
+
+        def partition_by(self: Any, *cols: Any, _original: Any = original_partition_by) -> Any:
+            if len(cols) == 1 and isinstance(cols[0], list | tuple):
+                cols = tuple(cols[0])
+            self.__dict__["_deltaflow_partition_by"] = [str(c) for c in cols]
+            return self  # handed to Spark (or to deltaflow) when the write starts
+
+        _patch(
+            cls,
+            option=option,
+            options=options,
+            format=format_,
+            partitionBy=partition_by,
+            _deltaflow_original_partition_by=original_partition_by,
+        )
+
+    original_mode = DataFrameWriter.mode
+    original_save = DataFrameWriter.save
+    original_start = DataStreamWriter.start
+    original_to_table = DataStreamWriter.toTable
+    original_save_as_table = DataFrameWriter.saveAsTable
+    original_insert_into = DataFrameWriter.insertInto
+
+    def mode(self: Any, save_mode: str | None) -> Any:
+        if save_mode is not None:
+            self.__dict__["_deltaflow_mode"] = save_mode
+        return original_mode(self, save_mode)
+
+    def hand_partitions_to_spark(self: Any) -> None:
+        cols = self.__dict__.pop("_deltaflow_partition_by", None)
+        if cols is not None:
+            type(self)._deltaflow_original_partition_by(self, *cols)
+
+    def save(
+        self: Any,
+        path: str | None = None,
+        format: str | None = None,
+        mode: str | None = None,
+        partitionBy: str | list[str] | None = None,  # noqa: N803 - pyspark's own parameter name
+        **options: Any,
+    ) -> None:
+        if format is not None:
+            self.format(format)
+        if mode is not None:
+            self.mode(mode)
+        if partitionBy is not None:
+            self.partitionBy(partitionBy)
+        if not _is_delta(self):
+            hand_partitions_to_spark(self)
+            return original_save(self, path, **options)
+        self.options(**options)
+        cols = self.__dict__.pop("_deltaflow_partition_by", None)
+        if cols is not None:
+            self.option("__partition_columns", json.dumps(cols))
+        wanted = str(self.__dict__.get("_deltaflow_mode") or "errorifexists").lower()
+        if wanted in ("errorifexists", "error", "default", "ignore"):
+            if path is None:
+                raise ConfigError("format('delta') served by deltaflow writes to a path: .save(path)")
+            if _skip_write(self, path, wanted):
+                return None
+            original_mode(self, "append")
+        return original_save(self, path)
+
+    def start(self: Any, path: str | None = None, *args: Any, **kwargs: Any) -> Any:
+        partition_by = kwargs.pop("partitionBy", None)
+        if partition_by is not None:
+            self.partitionBy(partition_by)
+        if kwargs.get("format") is not None:
+            self.format(kwargs["format"])
+        if _is_delta(self):
+            cols = self.__dict__.pop("_deltaflow_partition_by", None)
+            if cols is not None:
+                self.option("__partition_columns", json.dumps(cols))
+        else:
+            hand_partitions_to_spark(self)
+        return original_start(self, path, *args, **kwargs)
+
+    def passing_partitions(original: Any) -> Any:
+        @functools.wraps(original)
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            hand_partitions_to_spark(self)
+            return original(self, *args, **kwargs)
+
+        return call
+
+    _patch(
+        DataFrameWriter,
+        mode=mode,
+        save=save,
+        saveAsTable=passing_partitions(original_save_as_table),
+        insertInto=passing_partitions(original_insert_into),
+    )
+    _patch(DataStreamWriter, start=start, toTable=passing_partitions(original_to_table))
+
+
+def _patch(cls: type, **methods: Any) -> None:
+    for name, method in methods.items():
+        setattr(cls, name, method)
+
+
+def _skip_write(writer: Any, path: str, mode: str) -> bool:
+    """``errorifexists`` / ``ignore`` against the table at ``path``, as delta-spark decides:
+    a write the table already holds (``txnAppId``/``txnVersion``) is skipped; else an existing
+    table fails the write (``errorifexists``) or skips it (``ignore``)."""
+    from deltaflow.delta import log as delta_log
+    from deltaflow.delta.progress import is_committed
+
+    uri = normalize_uri(path)
+    table = delta_log.load(uri, {})
+    if table is None:
+        return False
+    options = {str(k).lower(): v for k, v in _writer_options(writer).items()}
+    app, version = options.get("txnappid"), options.get("txnversion")
+    if (
+        app is not None
+        and version is not None
+        and is_committed(table, uri, str(app), int(version), streaming=False)
+    ):
+        logger.info("write to %s skipped: txn (%s, %s) is already in the table", uri, app, version)
+        return True
+    if mode == "ignore":
+        logger.info("write to %s skipped: the table exists and the save mode is 'ignore'", uri)
+        return True
+    raise TableExistsError(
+        f"a Delta table already exists at {uri!r}, and the save mode is 'errorifexists' (the "
+        "default), which refuses to write to it, as delta-spark does: use .mode('append') to add "
+        "to it or .mode('overwrite') to replace it",
+        table_uri=uri,
+    )
+
+
+def _writer_options(writer: Any) -> dict[str, Any]:
+    """The options set so far on a writer (as the shim recorded them)."""
+    return dict(writer.__dict__.get("_deltaflow_options", {}))

@@ -1,0 +1,302 @@
+"""``format("delta")`` served by deltaflow (no delta-spark jar): the streaming chapter's snippets
+(``../shared/reference/003``, "Delta as Source", "Delta as Sink", "Delta Streaming Options",
+"Idempotent Stream Writes"), verbatim except for paths, on Spark with nothing but deltaflow."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from deltaflow.errors import ConfigError
+from tests.fixtures.readers import duckdb_delta
+
+USER_EVENTS = pa.schema([("date", pa.string()), ("user_email", pa.string()), ("action", pa.string())])
+
+
+def _events(date: str, n: int, start: int = 0) -> pa.Table:
+    return pa.table(
+        {
+            "date": [date] * n,
+            "user_email": [f"u{i}@example.com" for i in range(start, start + n)],
+            "action": ["click"] * n,
+        },
+        schema=USER_EVENTS,
+    )
+
+
+def _user_events(root: Path) -> str:
+    """The chapter's ``user_events`` table, partitioned by ``date``, three commits."""
+    path = str(root / "files" / "delta" / "user_events")
+    for date in ("2023-04-17", "2023-04-18", "2023-04-19"):
+        write_deltalake(path, _events(date, 3), partition_by=["date"], mode="append")
+    return path
+
+
+def _emails(path: str) -> list[tuple[str, str]]:
+    rows = DeltaTable(path).to_pyarrow_table(columns=["date", "user_email"]).to_pylist()
+    return sorted((r["date"], r["user_email"]) for r in rows)
+
+
+@pytest.fixture
+def checkpoint_root(spark, tmp_path):
+    """The session's default checkpoint root (the chapter's snippets name no checkpoint)."""
+    spark.conf.set("spark.sql.streaming.checkpointLocation", str(tmp_path / "checkpoints"))
+    yield
+    spark.conf.unset("spark.sql.streaming.checkpointLocation")
+
+
+def test_delta_as_source_and_sink_with_ignore_deletes_across_restarts(spark, tmp_path):
+    source = _user_events(tmp_path)
+    sink = str(tmp_path / "delta_path")
+
+    def run_chain() -> None:
+        # "Delta as Source" (ignoreDeletes) chained into "Delta as Sink", as printed.
+        streamingDeltaDF = (  # noqa: N806 - the chapter's name
+            spark.readStream.format("delta").option("ignoreDeletes", "true").load(source)
+        )
+        query = (
+            streamingDeltaDF.writeStream.format("delta")
+            .outputMode("append")
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .start(sink)
+        )
+        query.processAllAvailable()
+        query.stop()
+
+    run_chain()
+    assert _emails(sink) == _emails(source)
+    partitions = DeltaTable(sink).metadata().partition_columns
+    assert partitions == []  # the stream's sink is not partitioned unless told
+
+    # GDPR: drop a whole date partition upstream (a commit that only removes files), add new rows.
+    DeltaTable(source).delete("date = '2023-04-17'")
+    write_deltalake(source, _events("2023-04-20", 2, start=10), partition_by=["date"], mode="append")
+    run_chain()
+    landed = _emails(sink)
+    assert len(landed) == len(set(landed)) == 11  # 9 from the snapshot, 2 new; the delete skipped
+    assert ("2023-04-20", "u11@example.com") in landed
+
+    # The sink is a plain Delta table: DuckDB, Polars and delta-rs read the same rows.
+    assert duckdb_delta().execute(f"SELECT count(*) FROM delta_scan('{sink}')").fetchone()[0] == 11
+    assert pl.read_delta(sink).height == 11
+    # Delta's own sink records txn(query id, batch id): so does deltaflow's.
+    queries = {h.get("deltaflow.query_id") for h in DeltaTable(sink).history()} - {None}
+    assert len(queries) == 1
+    assert DeltaTable(sink).transaction_version(queries.pop()) == 1  # batches 0 and 1
+
+
+def test_delta_streaming_options_of_the_chapter(spark, tmp_path, checkpoint_root):
+    source = _user_events(tmp_path)
+    DeltaTable(source).update(
+        predicate="date = '2023-04-17' AND user_email = 'u1@example.com'", updates={"action": "'view'"}
+    )
+    # version 3 rewrote a file: a plain stream stops there, ignoreChanges reads its new file.
+
+    def collect(df, name: str) -> list[dict]:
+        query = df.writeStream.format("memory").queryName(name).start()
+        query.processAllAvailable()
+        query.stop()
+        return spark.sql(f"SELECT * FROM {name}").collect()
+
+    with pytest.raises(Exception, match="rewrites files"):
+        collect(spark.readStream.format("delta").option("startingVersion", "1").load(source), "plain")
+    changed = collect(
+        spark.readStream.format("delta")
+        .option("ignoreChanges", "true")
+        .option("startingVersion", "1")
+        .load(source),
+        "changes",
+    )
+    assert len(changed) == 3 + 3 + 3  # versions 1 and 2, then the rewritten file of version 3 again
+    skipped = collect(
+        spark.readStream.format("delta")
+        .option("skipChangeCommits", "true")
+        .option("startingVersion", "1")
+        .load(source),
+        "skipped",
+    )
+    assert len(skipped) == 6
+
+    # "startingVersion" as printed (the table has versions 0..3 here: 5 is beyond it, refused).
+    with pytest.raises(Exception, match="beyond the table's latest version"):
+        collect(spark.readStream.format("delta").option("startingVersion", "5").load(source), "v5")
+    # "startingTimestamp" as printed, a date: every commit is later than 2023-04-18.
+    since = collect(
+        spark.readStream.format("delta")
+        .option("ignoreChanges", "true")
+        .option("startingTimestamp", "2023-04-18")
+        .load(source),
+        "since",
+    )
+    assert len(since) == 9 + 3
+    latest = collect(
+        spark.readStream.format("delta").option("startingVersion", "latest").load(source), "latest"
+    )
+    assert latest == []
+
+    # maxFilesPerTrigger splits the snapshot and the commits at file granularity.
+    sink = str(tmp_path / "limited")
+    query = (
+        spark.readStream.format("delta")
+        .option("maxFilesPerTrigger", "1")
+        .option("skipChangeCommits", "true")
+        .load(source)
+        .writeStream.format("delta")
+        .option("checkpointLocation", str(tmp_path / "limited_checkpoint"))
+        .trigger(availableNow=True)
+        .start(sink)
+    )
+    query.awaitTermination(120)
+    writes = [h for h in DeltaTable(sink).history() if h.get("deltaflow.epoch") is not None]
+    assert len(writes) == len(DeltaTable(source).file_uris())  # one file per micro-batch
+    assert _emails(sink) == _emails(source)
+
+    # withEventTimeOrder cannot be honoured: refused, naming it.
+    with pytest.raises(Exception, match="withEventTimeOrder: not supported"):
+        collect(spark.readStream.format("delta").option("withEventTimeOrder", "true").load(source), "eto")
+    with pytest.raises(Exception, match=r"(?i)maxFilesPerTriger: unknown option"):
+        collect(spark.readStream.format("delta").option("maxFilesPerTriger", "1").load(source), "typo")
+
+
+def test_batch_reads_time_travel_and_change_feed(spark, tmp_path):
+    path = str(tmp_path / "cdf")
+    write_deltalake(
+        path,
+        pa.table({"id": [1, 2], "v": ["a", "b"]}),
+        configuration={"delta.enableChangeDataFeed": "true"},
+    )
+    write_deltalake(path, pa.table({"id": [3], "v": ["c"]}), mode="append")
+    DeltaTable(path).delete("id = 1")
+    assert spark.read.format("delta").load(path).count() == 2
+    assert spark.read.format("delta").option("versionAsOf", 0).load(path).count() == 2
+    assert spark.read.format("delta").option("versionAsOf", "1").load(path).count() == 3
+    later = dt.datetime.now(dt.UTC).isoformat()
+    assert spark.read.format("delta").option("timestampAsOf", later).load(path).count() == 2
+    changes = (
+        spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 1).load(path)
+    )
+    got = sorted((r["id"], r["_change_type"], r["_commit_version"]) for r in changes.collect())
+    assert got == [(1, "delete", 2), (3, "insert", 1)]
+    with pytest.raises(Exception, match="startingVersion apply to batch reads of the Change Data Feed only"):
+        spark.read.format("delta").option("startingVersion", 1).load(path).collect()
+
+
+def test_batch_writes_modes_partitions_idempotence_and_typos(spark, tmp_path):
+    path = str(tmp_path / "written")
+    df = spark.createDataFrame([(1, "2023-04-18"), (2, "2023-04-19")], "id int, date string")
+    df.write.format("delta").partitionBy("date").save(path)  # default mode: the table is new
+    assert DeltaTable(path).metadata().partition_columns == ["date"]
+    with pytest.raises(Exception, match=r"already exists at .* 'errorifexists'"):
+        df.write.format("delta").save(path)
+    df.write.format("delta").mode("ignore").save(path)  # exists: nothing written
+    assert DeltaTable(path).version() == 0
+
+    for _ in range(2):  # the same (txnAppId, txnVersion) twice: the second is skipped
+        df.write.format("delta").mode("append").option("txnAppId", "app").option("txnVersion", 7).save(path)
+    assert DeltaTable(path).version() == 1
+    assert DeltaTable(path).transaction_version("app") == 7
+    # Appending without partitionBy keeps the table's partitioning, as delta-spark does.
+    assert spark.read.format("delta").load(path).count() == 4
+
+    wider = spark.createDataFrame([(3, "2023-04-20", "x")], "id int, date string, note string")
+    with pytest.raises(Exception, match="note"):
+        wider.write.format("delta").mode("append").save(path)
+    wider.write.format("delta").mode("append").option("mergeSchema", "true").option(
+        "userMetadata", "backfill #1"
+    ).save(path)
+    assert "note" in DeltaTable(path).schema().to_arrow().names
+    assert DeltaTable(path).history(1)[0].get("userMetadata") == "backfill #1"
+
+    df.write.format("delta").mode("overwrite").save(path)
+    assert spark.read.format("delta").load(path).count() == 2
+
+    with pytest.raises(Exception, match=r"(?i)txAppId: unknown option \(did you mean txnAppId\?\)"):
+        df.write.format("delta").mode("append").option("txAppId", "a").option("txnVersion", 1).save(path)
+    with pytest.raises(ConfigError, match="give both or neither"):
+        from deltaflow.config.delta_compat import batch_write_options
+
+        batch_write_options({"path": path, "txnAppId": "a"})
+
+    # Other formats are untouched by deltaflow's writer shim: partitionBy still reaches Spark.
+    parquet = tmp_path / "plain_parquet"
+    df.write.format("parquet").partitionBy("date").save(str(parquet))
+    assert sorted(p.name for p in parquet.iterdir() if p.name.startswith("date=")) == [
+        "date=2023-04-18",
+        "date=2023-04-19",
+    ]
+
+
+_IDEMPOTENT_JOB = """
+import os, signal, sys
+import deltaflow
+from pyspark.sql import functions as F
+
+spark = deltaflow.spark_session("local[2]", **{"spark.sql.shuffle.partitions": "2"})
+source, target_1, target_2, checkpoint, kill_at = sys.argv[1:6]
+app_id = "two-tables"  # A unique string used as an application ID.
+
+def writeToDeltaLakeTableIdempotent(batch_df, batch_id):
+    # location 1
+    (batch_df
+     .write
+     .format("delta")
+     .mode("append")
+     .option("txnVersion", batch_id)
+     .option("txnAppId", app_id)
+     .save(target_1)
+    )
+    if str(batch_id) == kill_at:
+        os.killpg(os.getpgrp(), signal.SIGKILL)  # between the two writes
+    # location 2
+    (batch_df
+     .write
+     .format("delta")
+     .mode("append")
+     .option("txnVersion", batch_id)
+     .option("txnAppId", app_id)
+     .save(target_2)
+    )
+
+(spark.readStream.format("delta").option("maxFilesPerTrigger", 1).load(source)
+ .writeStream
+ .format("delta")
+ .queryName("Idempotent stream")
+ .option("checkpointLocation", checkpoint)
+ .foreachBatch(writeToDeltaLakeTableIdempotent)
+ .trigger(availableNow=True)
+ .start()
+ .awaitTermination())
+"""
+
+
+def test_foreach_batch_into_two_tables_survives_a_kill_between_the_writes(tmp_path):
+    """The chapter's idempotent ``foreachBatch`` (with ``.mode("append")``, which delta-spark needs
+    as much as deltaflow: its default mode refuses an existing table) killed between its writes."""
+    source = _user_events(tmp_path)
+    job = tmp_path / "job.py"
+    job.write_text(textwrap.dedent(_IDEMPOTENT_JOB))
+    targets = [str(tmp_path / "t1"), str(tmp_path / "t2")]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    args = [sys.executable, str(job), source, *targets, str(tmp_path / "ck")]
+    killed = subprocess.run(
+        [*args, "1"], env=env, capture_output=True, text=True, start_new_session=True, timeout=300
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert DeltaTable(targets[0]).transaction_version("two-tables") == 1
+    assert DeltaTable(targets[1]).transaction_version("two-tables") == 0
+    done = subprocess.run(
+        [*args, "-1"], env=env, capture_output=True, text=True, start_new_session=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for target in targets:
+        assert _emails(target) == _emails(source)  # every row once, in both tables
