@@ -168,14 +168,14 @@ def _is_delta(writer: Any) -> bool:
 
 @functools.cache
 def _install_writer_shim() -> None:
-    """Keep ``format``, ``mode`` and ``partitionBy`` of the Python writers (classic sessions) so
-    that a ``delta`` write hands them to deltaflow instead of to Spark's checks."""
+    """Record ``format``, ``mode``, options and ``partitionBy`` on the Python writers (classic
+    sessions), so that a ``delta`` write hands them to deltaflow instead of to Spark's checks.
+    Writes in any other format reach Spark exactly as before."""
     from pyspark.sql.readwriter import DataFrameWriter
     from pyspark.sql.streaming.readwriter import DataStreamWriter
 
     for cls in (DataFrameWriter, DataStreamWriter):
         original_format = cls.format
-        original_partition_by = cls.partitionBy
         original_option = cls.option
         original_options = cls.options
 
@@ -191,37 +191,36 @@ def _install_writer_shim() -> None:
             self.__dict__["_deltaflow_format"] = source
             return _original(self, source)
 
-        def partition_by(self: Any, *cols: Any, _original: Any = original_partition_by) -> Any:
-            if len(cols) == 1 and isinstance(cols[0], list | tuple):
-                cols = tuple(cols[0])
-            self.__dict__["_deltaflow_partition_by"] = [str(c) for c in cols]
-            return self  # handed to Spark (or to deltaflow) when the write starts
+        _patch(cls, option=option, options=options, format=format_)
 
-        _patch(
-            cls,
-            option=option,
-            options=options,
-            format=format_,
-            partitionBy=partition_by,
-            _deltaflow_original_partition_by=original_partition_by,
-        )
-
+    batch_partition_by = DataFrameWriter.partitionBy
+    stream_partition_by = DataStreamWriter.partitionBy
     original_mode = DataFrameWriter.mode
     original_save = DataFrameWriter.save
     original_start = DataStreamWriter.start
-    original_to_table = DataStreamWriter.toTable
-    original_save_as_table = DataFrameWriter.saveAsTable
-    original_insert_into = DataFrameWriter.insertInto
+
+    def record_partitions(self: Any, cols: tuple[Any, ...]) -> list[str]:
+        if len(cols) == 1 and isinstance(cols[0], list | tuple):
+            cols = tuple(cols[0])
+        names = [str(c) for c in cols]
+        self.__dict__["_deltaflow_partition_by"] = names
+        return names
+
+    def partition_batch(self: Any, *cols: Any) -> Any:
+        names = record_partitions(self, cols)
+        if _is_delta(self):
+            return self  # Spark's check would refuse them: deltaflow takes them at save()
+        self.__dict__["_deltaflow_partitions_in_spark"] = True
+        return batch_partition_by(self, *names)
+
+    def partition_stream(self: Any, *cols: Any) -> Any:
+        # Spark drops a stream's partition columns for Python sinks (no check): pass them on.
+        return stream_partition_by(self, *record_partitions(self, cols))
 
     def mode(self: Any, save_mode: str | None) -> Any:
         if save_mode is not None:
             self.__dict__["_deltaflow_mode"] = save_mode
         return original_mode(self, save_mode)
-
-    def hand_partitions_to_spark(self: Any) -> None:
-        cols = self.__dict__.pop("_deltaflow_partition_by", None)
-        if cols is not None:
-            type(self)._deltaflow_original_partition_by(self, *cols)
 
     def save(
         self: Any,
@@ -233,56 +232,43 @@ def _install_writer_shim() -> None:
     ) -> None:
         if format is not None:
             self.format(format)
+        if not _is_delta(self):
+            return original_save(self, path, None, mode, partitionBy, **options)
         if mode is not None:
             self.mode(mode)
         if partitionBy is not None:
             self.partitionBy(partitionBy)
-        if not _is_delta(self):
-            hand_partitions_to_spark(self)
-            return original_save(self, path, **options)
         self.options(**options)
-        cols = self.__dict__.pop("_deltaflow_partition_by", None)
+        if self.__dict__.pop("_deltaflow_partitions_in_spark", False):
+            # partitionBy came before format("delta"): start over from a writer without them.
+            self._jwrite = self._df._jdf.write().format(DELTA_FORMAT)
+            for key, value in self.__dict__.get("_deltaflow_options", {}).items():
+                original_option(self, key, value)
+        cols = self.__dict__.get("_deltaflow_partition_by")
         if cols is not None:
-            self.option("__partition_columns", json.dumps(cols))
+            original_option(self, "__partition_columns", json.dumps(cols))
         wanted = str(self.__dict__.get("_deltaflow_mode") or "errorifexists").lower()
         if wanted in ("errorifexists", "error", "default", "ignore"):
             if path is None:
                 raise ConfigError("format('delta') served by deltaflow writes to a path: .save(path)")
             if _skip_write(self, path, wanted):
                 return None
-            original_mode(self, "append")
+            wanted = "append"
+        original_mode(self, wanted)
         return original_save(self, path)
 
     def start(self: Any, path: str | None = None, *args: Any, **kwargs: Any) -> Any:
-        partition_by = kwargs.pop("partitionBy", None)
-        if partition_by is not None:
-            self.partitionBy(partition_by)
         if kwargs.get("format") is not None:
-            self.format(kwargs["format"])
-        if _is_delta(self):
-            cols = self.__dict__.pop("_deltaflow_partition_by", None)
-            if cols is not None:
-                self.option("__partition_columns", json.dumps(cols))
-        else:
-            hand_partitions_to_spark(self)
+            self.format(kwargs.pop("format"))
+        if kwargs.get("partitionBy") is not None:
+            self.partitionBy(kwargs.pop("partitionBy"))
+        cols = self.__dict__.get("_deltaflow_partition_by")
+        if _is_delta(self) and cols is not None:
+            self.option("__partition_columns", json.dumps(cols))
         return original_start(self, path, *args, **kwargs)
 
-    def passing_partitions(original: Any) -> Any:
-        @functools.wraps(original)
-        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-            hand_partitions_to_spark(self)
-            return original(self, *args, **kwargs)
-
-        return call
-
-    _patch(
-        DataFrameWriter,
-        mode=mode,
-        save=save,
-        saveAsTable=passing_partitions(original_save_as_table),
-        insertInto=passing_partitions(original_insert_into),
-    )
-    _patch(DataStreamWriter, start=start, toTable=passing_partitions(original_to_table))
+    _patch(DataFrameWriter, partitionBy=partition_batch, mode=mode, save=save)
+    _patch(DataStreamWriter, partitionBy=partition_stream, start=start)
 
 
 def _patch(cls: type, **methods: Any) -> None:

@@ -227,13 +227,22 @@ def test_batch_writes_modes_partitions_idempotence_and_typos(spark, tmp_path):
 
         batch_write_options({"path": path, "txnAppId": "a"})
 
+    # partitionBy before format("delta") works too.
+    other = str(tmp_path / "partitioned_first")
+    df.write.partitionBy("date").format("delta").mode("append").save(other)
+    assert DeltaTable(other).metadata().partition_columns == ["date"]
+
     # Other formats are untouched by deltaflow's writer shim: partitionBy still reaches Spark.
-    parquet = tmp_path / "plain_parquet"
-    df.write.format("parquet").partitionBy("date").save(str(parquet))
-    assert sorted(p.name for p in parquet.iterdir() if p.name.startswith("date=")) == [
-        "date=2023-04-18",
-        "date=2023-04-19",
-    ]
+    def partition_folders(folder: Path) -> list[str]:
+        return sorted(p.name for p in folder.iterdir() if p.name.startswith("date="))
+
+    expected = ["date=2023-04-18", "date=2023-04-19"]
+    df.write.format("parquet").partitionBy("date").save(str(tmp_path / "p1"))
+    df.write.partitionBy("date").parquet(str(tmp_path / "p2"))
+    df.write.parquet(str(tmp_path / "p3"), partitionBy="date")
+    df.write.partitionBy("date").format("json").save(str(tmp_path / "p4"))
+    for name in ("p1", "p2", "p3", "p4"):
+        assert partition_folders(tmp_path / name) == expected, name
 
 
 _IDEMPOTENT_JOB = """
@@ -300,3 +309,33 @@ def test_foreach_batch_into_two_tables_survives_a_kill_between_the_writes(tmp_pa
     assert done.returncode == 0, done.stderr[-3000:]
     for target in targets:
         assert _emails(target) == _emails(source)  # every row once, in both tables
+
+
+def test_streaming_write_takes_partition_by_and_other_sinks_keep_it(spark, tmp_path):
+    source = _user_events(tmp_path)
+    sink = str(tmp_path / "by_date")
+    query = (
+        spark.readStream.format("delta")
+        .load(source)
+        .writeStream.format("delta")
+        .partitionBy("date")
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start(sink)
+    )
+    query.awaitTermination(120)
+    assert DeltaTable(sink).metadata().partition_columns == ["date"]
+    assert _emails(sink) == _emails(source)
+    # Other streaming sinks still get their partition columns.
+    files = tmp_path / "files_sink"
+    query = (
+        spark.readStream.format("delta")
+        .load(source)
+        .writeStream.format("parquet")
+        .partitionBy("date")
+        .option("checkpointLocation", str(tmp_path / "ck_files"))
+        .trigger(availableNow=True)
+        .start(str(files))
+    )
+    query.awaitTermination(120)
+    assert len([p for p in files.iterdir() if p.name.startswith("date=")]) == 3
