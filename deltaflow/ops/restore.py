@@ -59,6 +59,8 @@ def restore(
 
     table = open_table(uri, storage_options)
     before = table.version()
+    if target_version == before:  # already its content: nothing to commit
+        return RestoreResult(normalize_uri(uri), target_version, before, before, {})
     outcome = commit.commit(
         normalize_uri(uri),
         storage_options or {},
