@@ -56,6 +56,8 @@ stamp=.venv/.deltaflow-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "bootstrap: installing deltaflow and its dependencies into .venv"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e ".[test]"
+  # compat: the checkout itself goes on sys.path, so pyspark's lookup of pyspark_* modules (a
+  # plain directory scan) finds deltaflow's data sources, as it does in a non-editable install.
+  .venv/bin/python -m pip install -q -e ".[test]" --config-settings editable_mode=compat
   touch "$stamp"
 fi
