@@ -100,6 +100,11 @@ class SinkOptions(BaseModel):
             holding an older epoch stops instead of committing (a zombie writer).
         user_metadata: Recorded as ``userMetadata`` in every commit's ``commitInfo`` (Delta's
             ``userMetadata`` option): shown by ``DESCRIBE HISTORY`` and ``deltaflow history``.
+        replace_where: ``overwrite`` only: replace just the partitions this predicate over
+            partition columns selects (``date >= '2026-11-01' AND country = 'DE'``), in the same
+            commit as the new files, which must all fall inside it (Delta's ``replaceWhere``).
+        overwrite_schema: ``overwrite`` only: the data's schema (and ``partition_columns``)
+            replace the table's (Delta's ``overwriteSchema``).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -129,6 +134,8 @@ class SinkOptions(BaseModel):
     vacuum_interval_hours: float = Field(default=0.0, ge=0.0)
     writer_epoch: int | None = Field(default=None, ge=1)
     user_metadata: str | None = None
+    replace_where: str | None = None
+    overwrite_schema: bool = False
 
     @field_validator("table_uri")
     @classmethod

@@ -589,8 +589,14 @@ def commit_files(
     txns: Callable[[DeltaTable | None], Mapping[str, int]] | None = None,
     already_done: Callable[[DeltaTable | None], bool] | None = None,
     fence: Fence | None = None,
+    partition_filters: Sequence[tuple[str, str, Any]] | None = None,
+    replace_schema: bool = False,
 ) -> CommitResult[None]:
     """Commit ``files`` in ONE transaction with the txns ``txns(table)`` returns.
+
+    ``mode="overwrite"`` removes every file of the table, or with ``partition_filters`` only
+    those of the partitions they select; with ``replace_schema`` the commit also makes
+    ``schema`` and ``partition_by`` the table's.
 
     A missing table is created by the commit itself (version 0 holds the files), with no
     delta-rs retries: a create that lost a race fails, and the next attempt appends to the
@@ -632,8 +638,9 @@ def commit_files(
         table.create_write_transaction(
             actions,
             mode=mode,
-            schema=table.schema(),
+            schema=delta_schema(schema) if replace_schema else table.schema(),
             partition_by=list(partition_by) or None,
+            partition_filters=list(partition_filters) if partition_filters else None,
             commit_properties=props,
             post_commithook_properties=hooks,
         )

@@ -93,12 +93,11 @@ class DeltaFormatDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> DeltaBatchWriter:
         values = batch_write_options(self.options)
-        for name, why in (
-            ("overwrite_schema", "overwriteSchema"),
-            ("replace_where", "replaceWhere"),
-        ):
-            if values.get(name):
-                raise ConfigError(f"{why} is not supported by deltaflow's delta format yet")
+        for name, delta_name in (("overwrite_schema", "overwriteSchema"), ("replace_where", "replaceWhere")):
+            if values.get(name) and not overwrite:
+                raise ConfigError(f"{delta_name} applies to .mode('overwrite') only")
+        if values.get("overwrite_schema") and values.get("replace_where"):
+            raise ConfigError("overwriteSchema replaces the whole table: it cannot go with replaceWhere")
         values.pop("save_mode", None)  # handled by the writer shim before Spark started the write
         app = values.pop("txn_app_id", None)
         if app is not None:

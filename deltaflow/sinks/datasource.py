@@ -298,6 +298,8 @@ class _DeltaSink:
                 create_if_missing=opts.auto_create_table,
                 properties=opts.table_properties,
                 txns=lambda table: {**kafka_txns(table), **txn},
+                partition_filters=self._replace_filters(table) if self.overwrite else None,
+                replace_schema=self.overwrite and opts.overwrite_schema,
                 already_done=already_done if (txn or end is not None) else None,
                 fence=sink_fence(opts),
             )
@@ -435,8 +437,21 @@ class _DeltaSink:
         from deltaflow.delta.schema import check_against_table
 
         opts = self.options
-        if table is not None:
-            # An overwrite replaces the content, never the schema: the same rules as append.
+        if table is not None and opts.replace_where:
+            self._check_replace_where(table, files)
+        if table is not None and self.overwrite and opts.overwrite_schema:
+            parts = list(table.metadata().partition_columns)
+            if parts != list(opts.partition_columns):
+                raise ConfigError(
+                    f"overwrite_schema cannot change the partitioning of {self.table_uri!r} "
+                    f"({parts} -> {list(opts.partition_columns)}): delta-rs would commit a log "
+                    "no reader can load. Write the new layout to a new table, or keep the "
+                    "partition columns",
+                    table_uri=self.table_uri,
+                )
+        if table is not None and not (self.overwrite and opts.overwrite_schema):
+            # An overwrite replaces the content, not the schema (unless overwrite_schema):
+            # the same rules as append.
             diff = check_against_table(
                 table,
                 self.schema,
@@ -477,6 +492,33 @@ class _DeltaSink:
                 raise WriteValidationError(
                     f"data file {f.path!r} carries partition values for "
                     f"{sorted(f.partition_values)}, expected {list(opts.partition_columns)}",
+                    table_uri=self.table_uri,
+                    path=f.path,
+                )
+
+    def _replace_filters(self, table: Any) -> list[tuple[str, str, Any]] | None:
+        """``replace_where`` as delta-rs partition filters over the table's partition columns."""
+        if not self.options.replace_where or table is None:
+            return None
+        from deltaflow.ops.optimize import parse_partition_predicate
+
+        return parse_partition_predicate(self.options.replace_where, list(table.metadata().partition_columns))
+
+    def _check_replace_where(self, table: Any, files: Sequence[WrittenFile]) -> None:
+        """Every new file must fall inside ``replace_where`` (else rows would land outside the
+        partitions the commit replaces: Delta refuses that too)."""
+        if not self.overwrite:
+            raise ConfigError(
+                "replace_where (Delta's replaceWhere) replaces partitions: it needs mode overwrite",
+                table_uri=self.table_uri,
+            )
+        filters = self._replace_filters(table) or []
+        for f in files:
+            outside = [t for t in filters if not _partition_matches(f.partition_values.get(t[0]), t[1], t[2])]
+            if outside:
+                raise WriteValidationError(
+                    f"data file {f.path!r} holds rows of partition {dict(f.partition_values)}, outside "
+                    f"replace_where {self.options.replace_where!r}; nothing was committed",
                     table_uri=self.table_uri,
                     path=f.path,
                 )
@@ -543,6 +585,33 @@ def _arrow_options(spark_options: Any) -> SinkOptions:
             table_uri=options.table_uri,
         )
     return options
+
+
+def _partition_matches(value: str | None, op: str, wanted: Any) -> bool:
+    """Whether a file's partition value satisfies one ``replace_where`` term (numbers compare as
+    numbers, everything else as the partition's text)."""
+    if value is None:
+        return False
+    if op in ("in", "not in"):
+        hit = any(_compare(value, w) == 0 for w in wanted)
+        return hit if op == "in" else not hit
+    order = _compare(value, wanted)
+    return {
+        "=": order == 0,
+        "!=": order != 0,
+        "<": order < 0,
+        "<=": order <= 0,
+        ">": order > 0,
+        ">=": order >= 0,
+    }[op]
+
+
+def _compare(value: str, wanted: Any) -> int:
+    try:
+        a, b = float(value), float(str(wanted))
+    except ValueError:
+        a, b = value, str(wanted)  # type: ignore[assignment]
+    return (a > b) - (a < b)
 
 
 def _query_id(messages: Sequence[WriterCommitMessage | None]) -> str | None:

@@ -21,8 +21,8 @@ from deltaflow.sinks.merge import SEQUENCE_COLUMN
 from tests.fixtures.postgres import cdc_options, read_all_events
 
 TYPES = """
-    CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy');
-    CREATE TABLE typed (
+    CREATE TYPE mirror_mood AS ENUM ('sad', 'ok', 'happy');
+    CREATE TABLE mirror_typed (
         id bigint PRIMARY KEY,
         price numeric(12, 3),
         exact numeric,
@@ -34,7 +34,7 @@ TYPES = """
         counts int[],
         ref uuid,
         raw bytea,
-        feeling mood,
+        feeling mirror_mood,
         ok boolean,
         ratio float8,
         small smallint,
@@ -160,7 +160,7 @@ def test_two_mirrors_and_the_event_table_follow_every_kind_of_change(spark, post
 def test_types_from_the_catalog_and_unchanged_toast_values(spark, postgres, tmp_path):
     conn = postgres.connect()
     conn.execute(TYPES)
-    conn.execute("CREATE PUBLICATION t_pub FOR TABLE typed")
+    conn.execute("CREATE PUBLICATION t_pub FOR TABLE mirror_typed")
     big = secrets.token_hex(50_000)  # stored out of line (TOAST): an update leaving it alone omits it
     row = (
         1,
@@ -180,14 +180,14 @@ def test_types_from_the_catalog_and_unchanged_toast_values(spark, postgres, tmp_
         -3,
         big,
     )
-    conn.execute(f"INSERT INTO typed VALUES ({', '.join(['%s'] * len(row))})", row)
+    conn.execute(f"INSERT INTO mirror_typed VALUES ({', '.join(['%s'] * len(row))})", row)
     mirror = tmp_path / "typed"
     path = _pipeline(
         tmp_path,
         postgres,
         "t_pub",
         "t_slot",
-        f'- {{table_uri: "{mirror}", write_mode: merge, stream: public.typed}}',
+        f'- {{table_uri: "{mirror}", write_mode: merge, stream: public.mirror_typed}}',
     )
     try:
         _run(spark, path)
@@ -199,13 +199,13 @@ def test_types_from_the_catalog_and_unchanged_toast_values(spark, postgres, tmp_
             and str(schema.field("local").type) == "timestamp[us]"
         )
         conn.execute("SELECT pg_create_logical_replication_slot('t_ref', 'pgoutput')")
-        conn.execute("UPDATE typed SET small = 4, ratio = 'NaN' WHERE id = 1")  # body is not sent
-        conn.execute("INSERT INTO typed (id, body) VALUES (2, NULL)")
+        conn.execute("UPDATE mirror_typed SET small = 4, ratio = 'NaN' WHERE id = 1")  # body is not sent
+        conn.execute("INSERT INTO mirror_typed (id, body) VALUES (2, NULL)")
         update = read_all_events(postgres, cdc_options(postgres, "t_pub", "t_ref"))[0]
         assert update["event_type"] == "update" and '"body"' not in update["data"]
         _run(spark, path)
         got = _mirror(mirror)
-        want = _source(conn, "typed")
+        want = _source(conn, "mirror_typed")
         assert len(got) == len(want) == 2
         first, expected = got[0], want[0]
         assert first["body"] == big  # the unchanged TOAST value kept from the table

@@ -220,6 +220,29 @@ def test_batch_writes_modes_partitions_idempotence_and_typos(spark, tmp_path):
     df.write.format("delta").mode("overwrite").save(path)
     assert spark.read.format("delta").load(path).count() == 2
 
+    # replaceWhere: only the selected partitions are replaced, in one commit; rows outside refused.
+    day = spark.createDataFrame([(9, "2023-04-19")], "id int, date string")
+    day.write.format("delta").mode("overwrite").option("replaceWhere", "date = '2023-04-19'").save(path)
+    got = sorted((r["id"], r["date"]) for r in spark.read.format("delta").load(path).collect())
+    assert got == [(1, "2023-04-18"), (9, "2023-04-19")]
+    with pytest.raises(Exception, match="outside replace_where"):
+        df.write.format("delta").mode("overwrite").option("replaceWhere", "date = '2023-04-19'").save(path)
+    assert DeltaTable(path).to_pyarrow_table().num_rows == 2  # nothing committed
+    with pytest.raises(Exception, match=r"replaceWhere applies to .mode\('overwrite'\) only"):
+        day.write.format("delta").mode("append").option("replaceWhere", "date = '2023-04-19'").save(path)
+
+    # overwriteSchema: the data's schema replaces the table's (its partitioning stays).
+    other_shape = spark.createDataFrame([("a", 1.5, "2023-04-20")], "name string, score double, date string")
+    with pytest.raises(Exception, match="cannot change the partitioning"):
+        other_shape.write.format("delta").mode("overwrite").option("overwriteSchema", "true").partitionBy(
+            "name"
+        ).save(path)
+    assert DeltaTable(path).to_pyarrow_table().num_rows == 2  # nothing committed, the log loads
+    other_shape.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
+    assert DeltaTable(path).schema().to_arrow().names == ["name", "score", "date"]
+    assert DeltaTable(path).metadata().partition_columns == ["date"]
+    assert spark.read.format("delta").load(path).collect()[0]["score"] == 1.5
+
     with pytest.raises(Exception, match=r"(?i)txAppId: unknown option \(did you mean txnAppId\?\)"):
         df.write.format("delta").mode("append").option("txAppId", "a").option("txnVersion", 1).save(path)
     with pytest.raises(ConfigError, match="give both or neither"):
