@@ -8,6 +8,7 @@ Spark SQL of comparisons, ``AND``/``OR``, arithmetic, literals and casts reads t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -21,6 +22,14 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 __all__ = ["MergeClause", "delete", "merge", "update"]
+
+#: delta-rs errors that say the statement itself is wrong (an unknown column, bad SQL, a type
+#: that does not fit): retrying cannot help, although delta-rs calls them "Generic" errors.
+_STATEMENT_ERROR = re.compile(
+    r"Schema error|No field named|SQL error|ParserError|Error during planning|Type mismatch|"
+    r"cannot be cast|Cannot cast|Invalid (argument|expression)|not found in schema",
+    re.IGNORECASE,
+)
 
 ClauseKind = Literal[
     "matched_update",
@@ -58,6 +67,7 @@ def _run(uri: str, storage_options: Mapping[str, str] | None, what: str, attempt
             attempt,
             what=f"{what} of {table_uri}",
             metadata={"deltaflow.version": __version__},
+            terminal=lambda exc: commit.is_terminal(exc) or bool(_STATEMENT_ERROR.search(str(exc))),
         )
     except DeltaError as exc:  # an unknown column, a type mismatch: retrying cannot help
         raise ConfigError(

@@ -156,7 +156,7 @@ def serve_delta(spark: SparkSession) -> bool:
 
 
 def _serves_delta(writer: Any) -> bool:
-    spark = getattr(writer, "_spark", None)
+    spark = getattr(writer, "_spark", None) or getattr(writer, "_session", None)
     return bool(getattr(spark, "_deltaflow_serves_delta", False))
 
 
@@ -250,7 +250,7 @@ def _install_writer_shim() -> None:
         if wanted in ("errorifexists", "error", "default", "ignore"):
             if path is None:
                 raise ConfigError("format('delta') served by deltaflow writes to a path: .save(path)")
-            if _skip_write(self, path, wanted):
+            if _skip_write(_writer_options(self), path, wanted):
                 return None
             wanted = "append"
         original_mode(self, wanted)
@@ -268,6 +268,63 @@ def _install_writer_shim() -> None:
 
     _patch(DataFrameWriter, partitionBy=partition_batch, mode=mode, save=save)
     _patch(DataStreamWriter, partitionBy=partition_stream, start=start)
+    try:
+        _install_connect_shim()
+    except ImportError:  # Spark Connect's client libraries (gRPC) are not installed
+        logger.debug("no Spark Connect client: format('delta') shim for classic sessions only")
+
+
+def _install_connect_shim() -> None:
+    """The same for Spark Connect's writers, whose state lives in Python (the plan to send)."""
+    from pyspark.sql.connect.readwriter import DataFrameWriter
+    from pyspark.sql.connect.streaming.readwriter import DataStreamWriter
+
+    original_save = DataFrameWriter.save
+    original_start = DataStreamWriter._start_internal
+
+    def is_delta(writer: Any, source: str | None) -> bool:
+        return isinstance(source, str) and source.lower() == DELTA_FORMAT and _serves_delta(writer)
+
+    def save(
+        self: Any,
+        path: str | None = None,
+        format: str | None = None,
+        mode: str | None = None,
+        partitionBy: str | list[str] | None = None,  # noqa: N803 - pyspark's own parameter name
+        **options: Any,
+    ) -> None:
+        if format is not None:
+            self.format(format)
+        if not is_delta(self, self._write.source):
+            return original_save(self, path, None, mode, partitionBy, **options)
+        self.mode(mode).options(**options)
+        if partitionBy is not None:
+            self.partitionBy(partitionBy)
+        write = self._write
+        if write.partitioning_cols:
+            write.options["__partition_columns"] = json.dumps([str(c) for c in write.partitioning_cols])
+            write.partitioning_cols = []
+        wanted = str(write.mode or "errorifexists").lower()
+        if wanted in ("errorifexists", "error", "default", "ignore"):
+            if path is None:
+                raise ConfigError("format('delta') served by deltaflow writes to a path: .save(path)")
+            if _skip_write(dict(write.options), path, wanted):
+                return None
+            write.mode = "append"
+        return original_save(self, path)
+
+    def start_internal(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("format") is not None:
+            self.format(kwargs.pop("format"))
+        if kwargs.get("partitionBy") is not None:
+            self.partitionBy(kwargs.pop("partitionBy"))
+        proto = self._write_proto
+        if is_delta(self, proto.format) and len(proto.partitioning_column_names):
+            proto.options["__partition_columns"] = json.dumps(list(proto.partitioning_column_names))
+        return original_start(self, *args, **kwargs)
+
+    _patch(DataFrameWriter, save=save)
+    _patch(DataStreamWriter, _start_internal=start_internal)
 
 
 def _patch(cls: type, **methods: Any) -> None:
@@ -275,7 +332,7 @@ def _patch(cls: type, **methods: Any) -> None:
         setattr(cls, name, method)
 
 
-def _skip_write(writer: Any, path: str, mode: str) -> bool:
+def _skip_write(writer_options: dict[str, Any], path: str, mode: str) -> bool:
     """``errorifexists`` / ``ignore`` against the table at ``path``, as delta-spark decides:
     a write the table already holds (``txnAppId``/``txnVersion``) is skipped; else an existing
     table fails the write (``errorifexists``) or skips it (``ignore``)."""
@@ -286,7 +343,7 @@ def _skip_write(writer: Any, path: str, mode: str) -> bool:
     table = delta_log.load(uri, {})
     if table is None:
         return False
-    options = {str(k).lower(): v for k, v in _writer_options(writer).items()}
+    options = {str(k).lower(): v for k, v in writer_options.items()}
     app, version = options.get("txnappid"), options.get("txnversion")
     if (
         app is not None

@@ -425,12 +425,18 @@ def _text(value: Any) -> str | None:
 
 
 def _alias_of(df: DataFrame) -> str | None:
-    """The name ``df.alias(name)`` gave the DataFrame (classic sessions), else ``None``."""
+    """The name ``df.alias(name)`` gave the DataFrame, else ``None``."""
+    connect_plan = getattr(df, "_plan", None)  # Spark Connect: the plan is built in Python
+    if connect_plan is not None and not hasattr(df, "_jdf"):
+        alias = (
+            getattr(connect_plan, "_alias", None) if type(connect_plan).__name__ == "SubqueryAlias" else None
+        )
+        return str(alias) if alias else None
     try:
         plan = df._jdf.queryExecution().logical()
         if plan.nodeName() == "SubqueryAlias":
             return str(plan.alias())
-    except Exception:  # noqa: BLE001 - Spark Connect: no JVM plan to look at
+    except Exception:  # noqa: BLE001 - no plan to look at: the caller uses its default alias
         return None
     return None
 
