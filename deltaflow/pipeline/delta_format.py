@@ -150,14 +150,21 @@ def serve_delta(spark: SparkSession) -> bool:
         return False
     spark.dataSource.register(DeltaFormatDataSource)
     spark._deltaflow_serves_delta = True  # type: ignore[attr-defined]
+    _SERVED["delta"] = True
     _install_writer_shim()
     logger.info("no delta-spark on the classpath: format('delta') is served by deltaflow")
     return True
 
 
+#: Whether :func:`serve_delta` registered ``delta`` in this process. Sessions Spark derives from
+#: a served one (the session a ``foreachBatch`` function gets) share its data sources but are
+#: new Python objects, so the writers look here as well as at their own session.
+_SERVED = {"delta": False}
+
+
 def _serves_delta(writer: Any) -> bool:
     spark = getattr(writer, "_spark", None) or getattr(writer, "_session", None)
-    return bool(getattr(spark, "_deltaflow_serves_delta", False))
+    return _SERVED["delta"] or bool(getattr(spark, "_deltaflow_serves_delta", False))
 
 
 def _is_delta(writer: Any) -> bool:

@@ -362,3 +362,72 @@ def test_streaming_write_takes_partition_by_and_other_sinks_keep_it(spark, tmp_p
     )
     query.awaitTermination(120)
     assert len([p for p in files.iterdir() if p.name.startswith("date=")]) == 3
+
+
+def test_change_feed_stream_merge_schema_and_the_chapter_as_printed(spark, tmp_path, checkpoint_root):
+    path = str(tmp_path / "cdf")
+    write_deltalake(path, pa.table({"id": [1, 2]}), configuration={"delta.enableChangeDataFeed": "true"})
+    DeltaTable(path).delete("id = 1")
+    query = (
+        spark.readStream.format("delta")
+        .option("readChangeFeed", "true")
+        .option("startingVersion", 0)
+        .load(path)
+        .writeStream.format("memory")
+        .queryName("feed")
+        .start()
+    )
+    query.processAllAvailable()
+    query.stop()
+    feed = sorted(
+        (r["id"], r["_change_type"], r["_commit_version"]) for r in spark.sql("SELECT * FROM feed").collect()
+    )
+    assert feed == [(1, "delete", 1), (1, "insert", 0), (2, "insert", 0)]
+
+    # "Delta as Sink" exactly as printed: no checkpoint option (the session's root holds it).
+    streamingDeltaDF = spark.readStream.format("delta").load(path)  # noqa: N806
+    sink = str(tmp_path / "delta_path")
+    query = streamingDeltaDF.writeStream.format("delta").outputMode("append").start(sink)
+    query.processAllAvailable()
+    query.stop()
+    assert sorted(r["id"] for r in DeltaTable(sink).to_pyarrow_table().to_pylist()) == [2]
+
+    # mergeSchema on a stream adds the new column.
+    wider = spark.readStream.format("delta").load(path).selectExpr("id", "'new' AS note")
+    query = (
+        wider.writeStream.format("delta")
+        .option("mergeSchema", "true")
+        .option("checkpointLocation", str(tmp_path / "wider_ck"))
+        .start(sink)
+    )
+    query.processAllAvailable()
+    query.stop()
+    assert "note" in DeltaTable(sink).schema().to_arrow().names
+
+    # The chapter's idempotent function as printed: its second write spells txAppId/txVersion,
+    # which delta-spark ignores (losing the idempotence silently); deltaflow refuses them.
+    def writeToDeltaLakeTableIdempotent(batch_df, batch_id):  # noqa: N802
+        app_id = "printed"
+        (
+            batch_df.write.format("delta")
+            .option("txnVersion", batch_id)
+            .option("txnAppId", app_id)
+            .save(str(tmp_path / "loc1"))
+        )
+        (
+            batch_df.write.format("delta")
+            .option("txVersion", batch_id)
+            .option("txAppId", app_id)
+            .save(str(tmp_path / "loc2"))
+        )
+
+    query = (
+        spark.readStream.format("delta")
+        .load(path)
+        .writeStream.foreachBatch(writeToDeltaLakeTableIdempotent)
+        .start()
+    )
+    with pytest.raises(Exception, match=r"(?i)txVersion: unknown option"):
+        query.processAllAvailable()
+    query.stop()
+    assert DeltaTable(str(tmp_path / "loc1")).transaction_version("printed") == 0
