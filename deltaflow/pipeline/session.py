@@ -169,8 +169,13 @@ def _lean(options: Sequence[str]) -> tuple[str, ...]:
     return LEAN_JVM
 
 
+#: deltaflow's modules for pyspark's search (Spark Connect and ``spark-pipelines`` sessions).
+_OWN_MODULES = "pyspark_deltaflow"
+
+
 def skip_static_source_lookup(spark: SparkSession, interpreters: Collection[str]) -> bool:
-    """Spare Spark its search for pip-installed Python data sources when there is none.
+    """Spare Spark its search for pip-installed Python data sources when there is none but
+    deltaflow's own (whose sources :func:`deltaflow.register` adds right after).
 
     The first time a session touches a Python data source, Spark starts a Python process that
     imports every top-level module named ``pyspark_*`` on its path and registers their
@@ -190,8 +195,10 @@ def skip_static_source_lookup(spark: SparkSession, interpreters: Collection[str]
     found = shutil.which(python)
     if found is None or os.path.abspath(found) not in {os.path.abspath(p) for p in interpreters}:
         return False
-    # Spark's search runs ``python -m``: the working directory is first on its path.
-    if any(module.name.startswith("pyspark_") for module in iter_modules([os.getcwd(), *sys.path])):
+    # Spark's search runs ``python -m``: the working directory is first on its path. deltaflow's
+    # own modules (``pyspark_deltaflow*``) do not count: register() adds their sources anyway.
+    found_modules = (m.name for m in iter_modules([os.getcwd(), *sys.path]))
+    if any(n.startswith("pyspark_") and not n.startswith(_OWN_MODULES) for n in found_modules):
         return False
     try:
         jvm = spark._jvm

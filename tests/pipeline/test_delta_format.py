@@ -431,3 +431,16 @@ def test_change_feed_stream_merge_schema_and_the_chapter_as_printed(spark, tmp_p
         query.processAllAvailable()
     query.stop()
     assert DeltaTable(str(tmp_path / "loc1")).transaction_version("printed") == 0
+
+
+def test_delta_spark_on_the_classpath_keeps_the_delta_name(spark, monkeypatch, caplog):
+    """delta-spark cannot be installed here (no Maven): its presence is detected by a class it
+    ships, so the test points the detection at a class this JVM has."""
+    from deltaflow.pipeline import delta_format
+
+    assert delta_format.delta_spark_present(spark) is False  # no delta-spark jar here
+    monkeypatch.setattr(delta_format, "_DELTA_SPARK_CLASS", "org.apache.spark.sql.SparkSession")
+    assert delta_format.delta_spark_present(spark) is True
+    with caplog.at_level("INFO", logger="deltaflow.pipeline.delta_format"):
+        assert delta_format.serve_delta(spark) is False
+    assert "format('delta') stays delta-spark's" in caplog.text
