@@ -1,4 +1,5 @@
-"""Tables written by deltaflow read back by independent readers: delta-rs, Polars, DuckDB."""
+"""Tables written by deltaflow read back by independent readers: delta-rs, Polars, DuckDB and
+ClickHouse (chdb)."""
 
 from __future__ import annotations
 
@@ -129,3 +130,101 @@ def test_timestamp_stats_bound_every_value_of_their_file(table):
         assert lo <= min(values) and max(values) <= hi  # valid bounds for skipping
         assert min(values) - lo < dt.timedelta(milliseconds=1)  # and tight ones
         assert hi - max(values) < dt.timedelta(milliseconds=1)
+
+
+# ---- Four independent readers agree on every shape of table deltaflow leaves behind ----------
+
+SHAPES = ["as-written", "compacted", "schema-evolved", "merged"]
+
+
+@pytest.fixture(scope="module")
+def shapes(table, spark, tmp_path_factory):
+    """The streamed table, and copies of it after compaction, after an append that adds a column
+    (schema mode ``merge``), and after a MERGE that updates and inserts rows."""
+    import shutil
+
+    from deltaflow.ops.dml import MergeClause, merge
+    from deltaflow.ops.optimize import optimize
+
+    folder = tmp_path_factory.mktemp("shapes")
+    out = {"as-written": table}
+    for name in SHAPES[1:]:
+        out[name] = str(folder / name)
+        shutil.copytree(table, out[name])
+    assert optimize(out["compacted"]).files_removed > 1
+    extra = (
+        spark.range(ROWS, ROWS + 60)
+        .withColumn(
+            "region", F.element_at(F.array(*[F.lit(r) for r in REGIONS]), (F.col("id") % 3 + 1).cast("int"))
+        )
+        .withColumn("ts", F.timestamp_micros(F.lit(1_704_067_200_000_000) + F.col("id") * 1_000_001))
+        .withColumn("amount", F.col("id") * 0.5)
+        .withColumn("note", F.lit("late"))
+        .withColumn("added", F.concat(F.lit("x"), F.col("id").cast("string")))
+    )
+    deltaflow.write(extra, out["schema-evolved"], schema_mode="merge", partition_columns=["region"])
+    ids = list(range(0, 90, 3)) + list(range(ROWS + 100, ROWS + 130))
+    source = pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "region": [REGIONS[i % 3] for i in ids],
+            "ts": pa.array([_ts(i) for i in ids], pa.timestamp("us", tz="UTC")),
+            "amount": [-float(i) for i in ids],
+            "note": ["merged"] * len(ids),
+        }
+    )
+    merge(
+        out["merged"],
+        source,
+        condition="target.id = source.id",
+        target_alias="target",
+        clauses=[
+            MergeClause("matched_update", values={"amount": "source.amount", "note": "source.note"}),
+            MergeClause("not_matched_insert_all"),
+        ],
+    )
+    return out
+
+
+def _normalised(data: pa.Table, columns: list[str]) -> list[tuple]:
+    """Rows ordered by id, the columns in one order, timestamps as UTC instants."""
+    rows = data.select(columns).sort_by("id").to_pylist()
+    return [
+        tuple(v.astimezone(dt.UTC) if isinstance(v, dt.datetime) else v for v in row.values()) for row in rows
+    ]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_delta_rs_polars_duckdb_and_clickhouse_read_the_same_rows(shapes, shape, duck):
+    from tests.fixtures.readers import chdb_read
+
+    uri = shapes[shape]
+    reference = DeltaTable(uri).to_pyarrow_table()
+    columns = reference.schema.names
+    expected = _normalised(reference, columns)
+    assert (
+        len(expected)
+        == {
+            "as-written": ROWS,
+            "compacted": ROWS,
+            "schema-evolved": ROWS + 60,
+            "merged": ROWS + 30,
+        }[shape]
+    )
+    if shape == "schema-evolved":
+        assert "added" in columns and sum(r[columns.index("added")] is not None for r in expected) == 60
+    if shape == "merged":
+        assert expected[3][columns.index("note")] == "merged" and expected[3][columns.index("amount")] == -3.0
+    duck.execute("SET TimeZone = 'UTC'")
+    readers = {
+        "polars": pl.read_delta(uri).to_arrow(),
+        "duckdb": duck.sql(f"SELECT * FROM delta_scan('{uri}')").to_arrow_table(),
+        "clickhouse": chdb_read(uri),
+    }
+    for reader, data in readers.items():
+        assert sorted(data.schema.names) == sorted(columns), reader
+        got = _normalised(data, columns)
+        assert got == expected, (
+            reader,
+            next(((a, b) for a, b in zip(got, expected, strict=False) if a != b), None),
+        )
