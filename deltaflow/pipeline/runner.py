@@ -8,7 +8,9 @@ Per pipeline, one streaming query reads the source; each micro-batch goes to
 3. evaluates the ``expectations`` in one aggregation: any ``fail`` violation raises
    :class:`~deltaflow.errors.ExpectationFailedError` before anything is committed,
 4. commits the dead letters (``drop`` violations, undecodable messages) to the dead-letter table,
-5. commits each sink's rows (those its ``when`` accepts) to its table.
+5. commits each sink's rows (those its ``when`` accepts) to its table, with the sink's
+   ``time_partition_pattern`` columns added and, with ``shuffle_by_partition``, repartitioned
+   by its partition columns (:meth:`_Sink.rows`).
 
 Every table's commit carries ``txn(<pipeline id>, <batch id>)``, so a batch replayed after a
 crash between two commits skips the tables that hold it and lands in the others: each row
