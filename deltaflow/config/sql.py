@@ -285,10 +285,10 @@ def _delta_sink(target: _Table, problems: list[str], notes: list[str]) -> dict[s
             except (ValueError, ConfigError) as exc:
                 problems.append(f"{where}: {key} = {value!r}: {exc}")
                 continue
-            if name in sink and sink[name] != converted:
+            if name in sink and not _same(name, sink[name], converted):
                 problems.append(f"{where}: {key} and another key both set {name}, to different values")
             sink[name] = converted
-        elif key in sink and sink[key] != value:
+        elif key in sink and not _same(key, sink[key], value):
             problems.append(f"{where}: {key} is set twice (once by an Arroyo option), to different values")
         else:
             sink[key] = value
@@ -300,6 +300,24 @@ def _delta_sink(target: _Table, problems: list[str], notes: list[str]) -> dict[s
             storage = {**sink["storage_options"], **storage}
         sink["storage_options"] = storage
     return sink
+
+
+def _same(name: str, a: Any, b: Any) -> bool:
+    """Whether two values of one sink or pipeline key mean the same (``'60 seconds'`` and
+    ``60``, ``'a,b'`` and ``['a', 'b']``)."""
+
+    def normal(value: Any) -> Any:
+        try:
+            if name == "trigger_interval":
+                return parse_seconds(value)
+            if name == "partition_columns":
+                items = value.split(",") if isinstance(value, str) else value
+                return tuple(str(v).strip() for v in items)
+        except (ValueError, TypeError):
+            pass
+        return value
+
+    return bool(normal(a) == normal(b))
 
 
 def _convert(key: str, value: Any) -> Any:

@@ -192,6 +192,15 @@ def test_arroyo_newer_dotted_names():
     assert len(file.notes) == 3
 
 
+def test_an_arroyo_key_and_deltaflow_key_for_one_setting_must_agree():
+    base = "CREATE TABLE s WITH (connector='generator'); INSERT INTO t SELECT * FROM s;"
+    same = "CREATE TABLE t WITH (connector='delta', path='/t', rollover_seconds=60, trigger_interval='1 min',"
+    file = parse_sql(same + " partition_fields=[a, b], partition_columns='a,b');" + base, {})
+    assert file.pipelines[0].trigger_interval == 60.0
+    with pytest.raises(PipelineConfigError, match="trigger_interval is set twice"):
+        parse_sql(same.replace("'1 min'", "'2 min'") + " format='parquet');" + base, {})
+
+
 def test_every_arroyo_key_is_known():
     """Each of Arroyo's keys parses (no 'unknown option'), with a value of the right kind."""
     values = {
