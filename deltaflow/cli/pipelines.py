@@ -114,12 +114,12 @@ def sql(
 
     file = load_sql(sql_file)
     if only_validate:
-        _describe_pipelines(sql_file, file)
+        _describe_pipelines(sql_file, file, notes_from="arroyo")
         return
     _run_file(sql_file, file, pipeline_ids, available_now, metrics_port, status_port, spark_master)
 
 
-def _describe_pipelines(name: str, file: Any) -> None:
+def _describe_pipelines(name: str, file: Any, *, notes_from: str = "rivven") -> None:
     from deltaflow.pipeline.runner import describe_source
 
     for spec in file.pipelines:
@@ -133,7 +133,7 @@ def _describe_pipelines(name: str, file: Any) -> None:
         off = "" if spec.enabled else " (disabled)"
         click.echo(f"{spec.pipeline_id}{off}: {describe_source(spec)} => {routes}{extra}{_engine(spec)}")
     for note in file.notes:
-        click.echo(f"  rivven {note}")
+        click.echo(f"  {notes_from} {note}")
     click.echo(f"{name}: {len(file.pipelines)} pipeline(s), valid")
 
 

@@ -50,6 +50,7 @@ from deltaflow.config.postgres import PIPELINE_OWNED as POSTGRES_OWNED
 from deltaflow.config.postgres import PostgresCdcOptions
 from deltaflow.config.rivven import is_rivven_layout, translate
 from deltaflow.config.sink import SinkOptions
+from deltaflow.config.time_partitions import TimePartitionColumn, parse_time_pattern
 from deltaflow.config.transforms import parse_transform
 from deltaflow.config.units import parse_seconds, parse_size
 from deltaflow.errors import ConfigError, PipelineConfigError
@@ -263,6 +264,20 @@ SourceSpec = Annotated[
 _PIPELINE_OWNED = ("pipeline_id", "checkpoint_location", "txn_version", "kafka_offsets")
 
 
+#: Keys of a pipeline's sink that are not options of the table writer.
+_ROUTING_KEYS = frozenset(
+    {
+        "name",
+        "connector",
+        "when",
+        "stream",
+        "time_partition_pattern",
+        "event_time_column",
+        "shuffle_by_partition",
+    }
+)
+
+
 class SinkSpec(SinkOptions):
     """A Delta table a pipeline writes: the sink options (Rivven's names) plus routing.
 
@@ -273,12 +288,53 @@ class SinkSpec(SinkOptions):
         stream: ``postgres-cdc`` pipelines, with ``write_mode: merge``: the PostgreSQL table
             (``schema.table``) this sink's table mirrors (``key_columns`` default to its primary
             key; see :mod:`deltaflow.sinks.mirror`).
+        time_partition_pattern: Arroyo's time-based partitioning: a strftime pattern
+            (``%Y/%m/%d/%H``) whose segments become partition columns before
+            ``partition_columns`` (:mod:`deltaflow.config.time_partitions`), formatted from the
+            event time in UTC.
+        event_time_column: The event-time column ``time_partition_pattern`` formats (a
+            TIMESTAMP, TIMESTAMP_NTZ or DATE column of the rows); default: the rows' only
+            TIMESTAMP column (several, or none: the pipeline refuses to start, naming them).
+        shuffle_by_partition: Repartition each batch by the partition columns before writing:
+            every partition value is written by one task, so one file per partition and batch
+            (without it, each task writes a file for each partition it holds rows of).
     """
 
     name: str | None = None
     connector: Literal["delta", "delta-lake"] = "delta"
     when: str | None = None
     stream: str | None = Field(default=None, pattern=r"^[^.]+\.[^.]+$")
+    time_partition_pattern: str | None = None
+    event_time_column: str | None = None
+    shuffle_by_partition: bool = False
+
+    @field_validator("time_partition_pattern")
+    @classmethod
+    def _pattern(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_time_pattern(value)  # ValueError names the problem
+        return value
+
+    @model_validator(mode="after")
+    def _time_partitions(self) -> SinkSpec:
+        names = [c.name.lower() for c in self.time_partition_columns]
+        clash = sorted(set(names) & {c.lower() for c in self.partition_columns})
+        if clash:
+            raise ValueError(
+                f"time_partition_pattern makes the column(s) {', '.join(clash)}, also in partition_columns"
+            )
+        if self.event_time_column and not self.time_partition_pattern:
+            raise ValueError("event_time_column is the column time_partition_pattern formats: set both")
+        if self.time_partition_pattern and self.write_mode == "merge":
+            raise ValueError("time_partition_pattern applies to append and overwrite sinks, not merge")
+        if self.shuffle_by_partition and not (self.partition_columns or self.time_partition_pattern):
+            raise ValueError("shuffle_by_partition needs partition_columns or time_partition_pattern")
+        return self
+
+    @property
+    def time_partition_columns(self) -> tuple[TimePartitionColumn, ...]:
+        """The columns ``time_partition_pattern`` makes (none without one)."""
+        return parse_time_pattern(self.time_partition_pattern) if self.time_partition_pattern else ()
 
     @model_validator(mode="before")
     @classmethod
@@ -300,8 +356,11 @@ class SinkSpec(SinkOptions):
     ) -> SinkOptions:
         """The :class:`SinkOptions` this sink writes with (``source_offsets``: the source's end
         offsets are the progress, as ``kafka_offsets`` records them)."""
-        values = self.model_dump(exclude={"name", "connector", "when", "stream"}, exclude_defaults=True)
+        values = self.model_dump(exclude=set(_ROUTING_KEYS), exclude_defaults=True)
         values.update(pipeline_id=pipeline_id, checkpoint_location=checkpoint_location)
+        if self.time_partition_pattern:
+            time_columns = tuple(c.name for c in self.time_partition_columns)
+            values["partition_columns"] = time_columns + tuple(self.partition_columns)
         if source_offsets:
             values["kafka_offsets"] = True
         return SinkOptions.build(values)
@@ -506,6 +565,8 @@ class PipelineSpec(_Model):
             reasons.append("routing to several sinks or a sink's when (Spark SQL)")
         if self.sinks[0].write_mode != "append":
             reasons.append(f"write_mode {self.sinks[0].write_mode} (the Arrow engine appends)")
+        if self.sinks[0].time_partition_pattern or self.sinks[0].shuffle_by_partition:
+            reasons.append("time_partition_pattern or shuffle_by_partition (Spark SQL)")
         if self.dead_letter is not None and self.dead_letter.partition_columns:
             reasons.append(
                 "dead_letter partition_columns (the Arrow engine's dead letters have ingest's columns)"
@@ -531,7 +592,7 @@ class PipelineSpec(_Model):
         # Ingest owns the progress and the writer; append is the only mode here (op_column is
         # for merges). The schema mode is the sink's, default included.
         owned = {"table_uri", "write_path", "write_mode", "op_column", "writer_epoch"}
-        table = sink.model_dump(exclude={"name", "connector", "when", *owned}, exclude_defaults=True)
+        table = sink.model_dump(exclude={*_ROUTING_KEYS, *owned}, exclude_defaults=True)
         table["schema_mode"] = sink.schema_mode
         values: dict[str, Any] = {
             "topic": topic,

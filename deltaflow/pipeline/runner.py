@@ -8,7 +8,9 @@ Per pipeline, one streaming query reads the source; each micro-batch goes to
 3. evaluates the ``expectations`` in one aggregation: any ``fail`` violation raises
    :class:`~deltaflow.errors.ExpectationFailedError` before anything is committed,
 4. commits the dead letters (``drop`` violations, undecodable messages) to the dead-letter table,
-5. commits each sink's rows (those its ``when`` accepts) to its table.
+5. commits each sink's rows (those its ``when`` accepts) to its table, with the sink's
+   ``time_partition_pattern`` columns added and, with ``shuffle_by_partition``, repartitioned
+   by its partition columns (:meth:`_Sink.rows`).
 
 Every table's commit carries ``txn(<pipeline id>, <batch id>)``, so a batch replayed after a
 crash between two commits skips the tables that hold it and lands in the others: each row
@@ -17,6 +19,7 @@ exactly once per table (docs/DESIGN.md, invariant 11).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -36,6 +39,7 @@ from deltaflow.config.pipeline import (
     SinkSpec,
 )
 from deltaflow.config.sink import SinkOptions
+from deltaflow.config.time_partitions import TimePartitionColumn
 from deltaflow.config.transforms import parse_transform
 from deltaflow.errors import ConfigError, ExpectationFailedError
 from deltaflow.metrics import metrics
@@ -44,7 +48,7 @@ from deltaflow.pipeline.transforms import apply_transforms
 from deltaflow.sources.files import files_stream
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
     from deltaflow.config.postgres import PgTable
@@ -230,6 +234,83 @@ class _Sink:
     name: str
     options: SinkOptions
     when: str | None
+    #: ``time_partition_pattern``'s columns and the event-time column they format.
+    time_columns: tuple[TimePartitionColumn, ...] = ()
+    event_time: str | None = None
+    shuffle: bool = False
+
+    def rows(self, df: DataFrame) -> DataFrame:
+        """``df`` as this sink writes it: the time partition columns added (formatted in UTC),
+        repartitioned by the partition columns with ``shuffle_by_partition``."""
+        from pyspark.sql import functions as F  # noqa: N812
+
+        if self.time_columns and self.event_time:
+            utc = _utc_wall_clock(df, self.event_time)
+            df = df.select(
+                "*", *(F.date_format(utc, c.spark_format).alias(c.name) for c in self.time_columns)
+            )
+        if self.shuffle and self.options.partition_columns:
+            df = df.repartition(*(F.col(f"`{c}`") for c in self.options.partition_columns))
+        return df
+
+
+def _utc_wall_clock(df: DataFrame, column: str) -> Column:
+    """``column`` as a TIMESTAMP_NTZ holding its UTC wall-clock time, whatever the session's
+    time zone (a TIMESTAMP is an instant: its epoch microseconds added to the NTZ epoch; a
+    TIMESTAMP_NTZ is taken as UTC; a DATE is its midnight)."""
+    from pyspark.sql import functions as F  # noqa: N812
+    from pyspark.sql.types import TimestampType
+
+    quoted = f"`{column.replace('`', '``')}`"
+    if isinstance(df.schema[column].dataType, TimestampType):
+        return F.expr(f"timestampadd(MICROSECOND, unix_micros({quoted}), TIMESTAMP_NTZ'1970-01-01 00:00:00')")
+    return F.expr(f"CAST({quoted} AS TIMESTAMP_NTZ)")
+
+
+def _event_time(spec: PipelineSpec, name: str, sink: SinkSpec, shape: DataFrame) -> str | None:
+    """The column ``sink``'s ``time_partition_pattern`` formats: ``event_time_column``, else the
+    rows' only TIMESTAMP (or TIMESTAMP_NTZ) column.
+
+    Raises:
+        ConfigError: the column is missing or not a time, there is no or more than one
+            candidate, or a time partition column already exists in the rows.
+    """
+    from pyspark.sql.types import DateType, TimestampNTZType, TimestampType
+
+    if not sink.time_partition_pattern:
+        return None
+    where = f"pipeline {spec.pipeline_id!r}, sink {name!r}"
+    types = {f.name: f.dataType for f in shape.schema.fields}
+    lowered = {n.lower() for n in types}
+    made = [c.name for c in sink.time_partition_columns if c.name.lower() in lowered]
+    if made:
+        raise ConfigError(
+            f"{where}: time_partition_pattern {sink.time_partition_pattern!r} makes the column(s) "
+            f"{', '.join(made)}, which the rows already have; rename them, or name the segments "
+            "Hive style (hr=%H)",
+            pipeline_id=spec.pipeline_id,
+        )
+    times = [n for n, t in types.items() if isinstance(t, TimestampType | TimestampNTZType)]
+    if sink.event_time_column:
+        found = next((n for n in types if n.lower() == sink.event_time_column.lower()), None)
+        if found is None or not isinstance(types[found], TimestampType | TimestampNTZType | DateType):
+            kind = (
+                "have no column" if found is None else f"have {found} as {types[found].simpleString()}, not"
+            )
+            raise ConfigError(
+                f"{where}: event_time_column {sink.event_time_column!r}: the rows {kind} a TIMESTAMP or "
+                f"DATE column (their time columns: {', '.join(times) or 'none'})",
+                pipeline_id=spec.pipeline_id,
+            )
+        return found
+    if len(times) != 1:
+        raise ConfigError(
+            f"{where}: time_partition_pattern formats the event time, and the rows have "
+            f"{len(times)} TIMESTAMP columns ({', '.join(times) or 'none'}): set event_time_column "
+            "(Arroyo's event_time_field) to the one to use",
+            pipeline_id=spec.pipeline_id,
+        )
+    return times[0]
 
 
 class PipelineWriter:
@@ -308,7 +389,7 @@ class PipelineWriter:
             self._dead_letter(letters, batch_id)
         for sink in self._sinks:
             routed = rows.filter(F.expr(sink.when)) if sink.when else rows
-            self._writers[sink.name](routed, batch_id)
+            self._writers[sink.name](sink.rows(routed), batch_id)
 
     def _check_expectations(self, rows: DataFrame, batch_id: int, letters: list[DataFrame]) -> DataFrame:
         """Count every expectation's violations in one pass; raise on ``fail``; split off ``drop``."""
@@ -514,7 +595,14 @@ def start_pipeline(
     shape = process(good, spec)
     cdc = isinstance(spec.source, PostgresCdcSourceSpec)
     sinks = [
-        _Sink(name, sink.sink_options(spec.pipeline_id, location, source_offsets=cdc), sink.when)
+        _Sink(
+            name,
+            sink.sink_options(spec.pipeline_id, location, source_offsets=cdc),
+            sink.when,
+            sink.time_partition_columns,
+            _event_time(spec, name, sink, shape),
+            sink.shuffle_by_partition,
+        )
         for name, sink in zip(spec.sink_names(), spec.sinks, strict=True)
         if not sink.stream
     ]
@@ -526,7 +614,7 @@ def start_pipeline(
 
             _prepare_table(target_rows(shape, sink.options), sink.options)
         else:
-            _prepare_table(shape, sink.options)
+            _prepare_table(sink.rows(shape), sink.options)
     dead_letter = None
     if spec.dead_letter is not None:
         values = spec.dead_letter.model_dump(exclude_defaults=True)
@@ -535,7 +623,7 @@ def start_pipeline(
         _prepare_table(spark.createDataFrame([], PIPELINE_SCHEMA), dead_letter)
         dead_letter = _claim(dead_letter)
     # Every table this pipeline writes: an earlier process running it can no longer commit.
-    sinks = [_Sink(s.name, _claim(s.options), s.when) for s in sinks]
+    sinks = [dataclasses.replace(s, options=_claim(s.options)) for s in sinks]
     mirrors = [m.with_options(_claim(m.options)) for m in mirrors]
     writer = PipelineWriter(spec, sinks, dead_letter, mirrors)
     if on_engine is not None:

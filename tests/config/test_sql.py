@@ -8,7 +8,7 @@ from deltalake import DeltaTable
 
 from deltaflow.cli import cli
 from deltaflow.config.pipeline import FilesSourceSpec, KafkaSourceSpec
-from deltaflow.config.sql import parse_sql
+from deltaflow.config.sql import ARROYO_SINK_KEYS, parse_sql
 from deltaflow.errors import PipelineConfigError
 from deltaflow.service.daemon import run_pipelines
 
@@ -69,7 +69,14 @@ def test_statements_become_pipelines():
         (
             "CREATE TABLE s WITH (connector='generator'); CREATE TABLE t WITH (connector='delta', pth='/t');"
             "INSERT INTO t SELECT * FROM s",
-            "pipelines[0].sinks[0].pth: unknown key",
+            "statement 2: table t: unknown option 'pth' for the delta connector (did you mean 'path'?); "
+            "it knows: auto_compact, auto_compact_min_files,",
+        ),
+        (
+            "CREATE TABLE s WITH (connector='generator', rows_per_sec=5); "
+            "CREATE TABLE t WITH (connector='delta', path='/t'); INSERT INTO t SELECT * FROM s",
+            "statement 1: table s: unknown option 'rows_per_sec' for the generator connector (did you mean "
+            "'rows_per_second'?); it knows: event_time_field, fields, partitions, path, rows_per_batch,",
         ),
     ],
 )
@@ -120,3 +127,152 @@ def test_a_sql_file_runs_through_spark(spark, tmp_path):
         ("Oslo", 2, 5),
         ("Rome", 1, 21),
     ]
+
+
+ARROYO = """
+CREATE TABLE events (id BIGINT, country TEXT, ts TIMESTAMP) WITH (
+    connector = 'kafka', bootstrap_servers = 'b:9092', topic = 'events', format = 'json',
+    event_time_field = 'ts'
+);
+CREATE TABLE lake WITH (
+    connector = 'delta', type = 'sink', path = 's3://lake/events', format = 'parquet',
+    time_partition_pattern = '%Y/%m/%d/%H', partition_fields = 'country',
+    'shuffle_by_partition.enabled' = true, rollover_seconds = 60, target_file_size = 134217728,
+    inactivity_rollover_seconds = 30, max_parts = 1000, target_part_size = 5242880,
+    parquet_compression = 'zstd', parquet_row_group_size = 100000, 'filename.prefix' = 'ev',
+    'filename.strategy' = 'uuid', 'storage.aws_region' = 'eu-west-1',
+    'storage.aws_endpoint' = 'http://127.0.0.1:9000', checkpoint_location = '/ck/events'
+);
+INSERT INTO lake SELECT id, country, ts FROM events;
+"""
+
+
+def test_arroyo_delta_sink_options_are_translated():
+    file = parse_sql(ARROYO, {})
+    (spec,) = file.pipelines
+    sink = spec.sinks[0]
+    assert sink.table_uri == "s3://lake/events"
+    assert sink.time_partition_pattern == "%Y/%m/%d/%H"
+    assert [c.name for c in sink.time_partition_columns] == ["year", "month", "day", "hour"]
+    assert sink.event_time_column == "ts"  # the source's event_time_field
+    assert sink.partition_columns == ("country",)
+    assert sink.shuffle_by_partition is True
+    assert spec.trigger_interval == 60.0  # rollover_seconds: one micro-batch (and commit) a minute
+    assert sink.target_file_size_mb == 128
+    assert sink.compression == "zstd"
+    assert dict(sink.storage_options) == {
+        "aws_region": "eu-west-1",
+        "aws_endpoint_url": "http://127.0.0.1:9000",
+    }
+    # Time columns first, then Arroyo's partition fields: <time>/<fields>, as Arroyo writes.
+    options = sink.sink_options(spec.pipeline_id, "/ck")
+    assert options.partition_columns == ("year", "month", "day", "hour", "country")
+    for key in ("inactivity_rollover_seconds", "max_parts", "target_part_size", "parquet_row_group_size"):
+        assert any(n.startswith(f"lake: {key} = ") and "has no effect" in n for n in file.notes), key
+    assert any("filename.prefix = 'ev' has no effect: deltaflow names data files" in n for n in file.notes)
+
+
+def test_arroyo_newer_dotted_names():
+    file = parse_sql(
+        "CREATE TABLE s WITH (connector = 'generator');"
+        "CREATE TABLE t WITH (connector = 'delta', path = '/t', format = 'parquet',"
+        " 'partitioning.time_pattern' = 'dt=%Y-%m-%d', 'partitioning.fields' = [country, page],"
+        " 'rolling_policy.interval' = '2 min', 'rolling_policy.file_size' = '64MB',"
+        " 'rolling_policy.inactivity_interval' = '30s', 'multipart.max_parts' = 100,"
+        " 'multipart.target_part_size' = '8MB', event_time_field = 'event_time');"
+        "INSERT INTO t SELECT * FROM s",
+        {},
+    )
+    (spec,) = file.pipelines
+    sink = spec.sinks[0]
+    assert [(c.name, c.spark_format) for c in sink.time_partition_columns] == [("dt", "yyyy'-'MM'-'dd")]
+    assert sink.partition_columns == ("country", "page")
+    assert sink.event_time_column == "event_time"
+    assert (spec.trigger_interval, sink.target_file_size_mb) == (120.0, 64)
+    assert len(file.notes) == 3
+
+
+def test_an_arroyo_key_and_deltaflow_key_for_one_setting_must_agree():
+    base = "CREATE TABLE s WITH (connector='generator'); INSERT INTO t SELECT * FROM s;"
+    same = "CREATE TABLE t WITH (connector='delta', path='/t', rollover_seconds=60, trigger_interval='1 min',"
+    file = parse_sql(same + " partition_fields=[a, b], partition_columns='a,b');" + base, {})
+    assert file.pipelines[0].trigger_interval == 60.0
+    with pytest.raises(PipelineConfigError, match="trigger_interval is set twice"):
+        parse_sql(same.replace("'1 min'", "'2 min'") + " format='parquet');" + base, {})
+
+
+def test_every_arroyo_key_is_known():
+    """Each of Arroyo's keys parses (no 'unknown option'), with a value of the right kind."""
+    values = {
+        "format": "'parquet'",
+        "partition_fields": "'page'",
+        "partitioning.fields": "[page]",
+        "time_partition_pattern": "'%Y'",
+        "partitioning.time_pattern": "'%Y'",
+        "shuffle_by_partition": "true, partition_columns = 'page'",
+        "shuffle_by_partition.enabled": "true, partition_columns = 'page'",
+        "event_time_field": "'event_time', time_partition_pattern = '%Y'",
+        "rollover_seconds": "5",
+        "rolling_policy.interval": "'5s'",
+        "target_file_size": "1048576",
+        "rolling_policy.file_size": "'1MB'",
+        "parquet_compression": "'uncompressed'",
+        "filename.suffix": "'.parquet'",
+    }
+    for key in ARROYO_SINK_KEYS:
+        value = values.get(key, "1" if "filename" not in key else "'uuid'")
+        file = parse_sql(
+            "CREATE TABLE s WITH (connector='generator');"
+            f"CREATE TABLE t WITH (connector='delta', path='/t', '{key}' = {value});"
+            "INSERT INTO t SELECT * FROM s",
+            {},
+        )
+        assert file.pipelines[0].sinks[0].table_uri == "/t", key
+
+
+@pytest.mark.parametrize(
+    ("options", "problem"),
+    [
+        ("time_partition_pattern = '%Y/%Q'", "%Q is not supported; use %Y, %m, %d, %H, %M, %S, %j, %F"),
+        ("time_partition_pattern = '%Y/static'", "segment 'static' has no time directive"),
+        ("time_partition_pattern = '%H/%H'", "two segments make the column 'hour'; name them Hive style"),
+        (
+            "time_partition_pattern = '%Y', partition_fields = 'year'",
+            "time_partition_pattern makes the column(s) year, also in partition_columns",
+        ),
+        ("format = 'json'", "format 'json': a Delta table's data files are Parquet"),
+        ("rollover_seconds = 0", "rollover_seconds = 0: must be a positive duration"),
+        ("rollover_seconds = 'soon'", "rollover_seconds = 'soon': must be a duration"),
+        ("target_file_size = 'big'", "target_file_size = 'big': 'big' is not a size"),
+        ("'filename.strategy' = 'random'", "must be one of serial, uuid, uuidv7, ulid"),
+        ("max_parts = 0", "max_parts = 0: must be a positive number"),
+        ("inactivity_rollover_seconds = 'x'", "must be a positive duration"),
+        (
+            "shuffle_by_partition = true",
+            "shuffle_by_partition needs partition_columns or time_partition_pattern",
+        ),
+        ("shuffle_by_partition = 'maybe'", "shuffle_by_partition"),
+        ("event_time_field = 'ts'", "event_time_column is the column time_partition_pattern formats"),
+        (
+            "time_partition_pattern = '%Y', write_mode = 'merge', key_columns = 'id', sequence_by = 'id'",
+            "time_partition_pattern applies to append and overwrite sinks, not merge",
+        ),
+    ],
+)
+def test_bad_arroyo_values_are_refused(options, problem):
+    with pytest.raises(PipelineConfigError) as info:
+        parse_sql(
+            "CREATE TABLE s WITH (connector='generator');"
+            f"CREATE TABLE t WITH (connector='delta', path='/t', {options});"
+            "INSERT INTO t SELECT * FROM s",
+            {},
+        )
+    assert any(problem in p for p in info.value.problems), info.value.problems
+
+
+def test_validate_prints_the_arroyo_notes(tmp_path):
+    path = tmp_path / "p.sql"
+    path.write_text(ARROYO)
+    result = CliRunner().invoke(cli, ["sql", str(path), "--validate"])
+    assert result.exit_code == 0, result.output
+    assert "  arroyo lake: max_parts = 1000 has no effect: uploads are written by pyarrow" in result.output
