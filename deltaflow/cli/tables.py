@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import click
 
 from deltaflow.cli.options import JSON, STORAGE, key_values
 from deltaflow.cli.output import emit, print_rows, size
+from deltaflow.io.footers import FOOTER_THREADS
+
+if TYPE_CHECKING:
+    from deltaflow.ops.add_files import AddFilesResult
 
 __all__ = [
+    "add_files",
     "changes",
+    "convert",
     "checkpoint",
     "describe",
     "history",
@@ -311,3 +319,155 @@ def changes(
         storage_options=storage_options,
     )
     emit(as_json, rows, lambda: print_rows(rows))
+
+
+#: Without a terminal, a progress line on stderr every this many footers read.
+PROGRESS_EVERY = 1000
+#: Shortest interval between redraws of the progress bar on a terminal.
+PROGRESS_REDRAW_S = 0.2
+
+
+def _footer_progress() -> tuple[Callable[[int, int], None], Callable[[], None]]:
+    """A progress callback for footer reading, and the function that ends its output."""
+    import sys
+
+    from deltaflow.cli.output import ProgressLine
+
+    started = time.monotonic()
+    bar = ProgressLine("footers", "files") if sys.stderr.isatty() else None
+    shown = [0.0]
+
+    def progress(done: int, total: int) -> None:
+        rate = done / max(time.monotonic() - started, 1e-6)
+        if bar is not None:
+            now = time.monotonic()
+            if done == total or now - shown[0] >= PROGRESS_REDRAW_S:
+                shown[0] = now
+                bar.show(done, total - done, rate)
+        elif done % PROGRESS_EVERY == 0 or (done == total and total >= PROGRESS_EVERY):
+            click.echo(f"read {done:,}/{total:,} footers ({rate:,.0f} files/s)", err=True)
+
+    return progress, bar.close if bar is not None else (lambda: None)
+
+
+def _print_added(result: AddFilesResult, started: float) -> None:
+    for path in result.skipped:
+        click.echo(f"skipped (already in the table): {path}", err=True)
+    if result.dry_run:
+        for f in result.files:
+            parts = ", ".join(f"{k}={v}" for k, v in f.partition_values.items())
+            click.echo(f"{f.path}\t{f.rows} rows\t{size(f.size)}" + (f"\t{parts}" if parts else ""))
+        click.echo(
+            f"dry run: {result.files_added} file(s) ({result.rows_added} rows, "
+            f"{size(result.bytes_added)}) would be added to {result.table_uri}"
+            + (" (a new table)" if result.created else "")
+            + (f", {result.files_copied} of them copied below its root first" if result.files_copied else "")
+            + f"; {result.files_skipped} skipped; nothing was committed",
+            err=True,
+        )
+        return
+    if not result.files_added:
+        click.echo(f"nothing to add to {result.table_uri} ({result.files_skipped} file(s) skipped)", err=True)
+        return
+    click.echo(
+        f"added {result.files_added} file(s) ({result.rows_added} rows, {size(result.bytes_added)}) to "
+        f"{result.table_uri} as version {result.version}"
+        + (" (created the table)" if result.created else "")
+        + (f"; {result.files_copied} copied below its root" if result.files_copied else "")
+        + f"; {result.files_skipped} skipped ({time.monotonic() - started:.1f} s)"
+    )
+
+
+@click.command("add-files")
+@click.argument("table_uri")
+@click.argument("paths", nargs=-1, required=True)
+@click.option(
+    "--copy",
+    is_flag=True,
+    help="Copy files outside the table's root below it first (keeping their col=value folders), "
+    "then register the copies. Without it such files are refused.",
+)
+@click.option(
+    "--dry-run", is_flag=True, help="List what would be added (path, rows, size, partition values)."
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    default=FOOTER_THREADS,
+    help="Parquet footers read at once (object stores are latency-bound).",
+)
+@STORAGE
+@JSON
+def add_files(
+    table_uri: str,
+    paths: tuple[str, ...],
+    copy: bool,
+    dry_run: bool,
+    threads: int,
+    storage_options: dict[str, str],
+    as_json: bool,
+) -> None:
+    """Register existing Parquet files (files, folders, globs) in a Delta table without rewriting
+    them, in one commit; the table is created from the first file when missing. Statistics come
+    from the footers, partition values from col=value folders."""
+    from deltaflow import ops
+
+    started = time.monotonic()
+    progress, done = _footer_progress()
+    try:
+        result = ops.add_files(
+            table_uri,
+            paths,
+            copy=copy,
+            dry_run=dry_run,
+            storage_options=storage_options,
+            threads=threads,
+            progress=progress,
+        )
+    finally:
+        done()
+    emit(as_json, result, lambda: _print_added(result, started))
+
+
+@click.command()
+@click.argument("path")
+@click.option(
+    "--partition-by",
+    multiple=True,
+    help="A partition column (repeatable, in folder order); the col=value folders must match.",
+)
+@click.option("--dry-run", is_flag=True, help="List what version 0 would hold; commit nothing.")
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    default=FOOTER_THREADS,
+    help="Parquet footers read at once (object stores are latency-bound).",
+)
+@STORAGE
+@JSON
+def convert(
+    path: str,
+    partition_by: tuple[str, ...],
+    dry_run: bool,
+    threads: int,
+    storage_options: dict[str, str],
+    as_json: bool,
+) -> None:
+    """Make a folder of Parquet files a Delta table in place (CONVERT TO DELTA): version 0
+    references every *.parquet file below it; no data is read or rewritten."""
+    from deltaflow import ops
+
+    started = time.monotonic()
+    progress, done = _footer_progress()
+    try:
+        result = ops.convert(
+            path,
+            partition_by=partition_by,
+            dry_run=dry_run,
+            storage_options=storage_options,
+            threads=threads,
+            progress=progress,
+        )
+    finally:
+        done()
+    emit(as_json, result, lambda: _print_added(result, started))
