@@ -326,6 +326,16 @@ def _register(
         else list(table_fields.values())
     )
     paths_added = {f.path for f in files}
+
+    def done(current: DeltaTable | None) -> bool:
+        if current is None:
+            return False
+        if table is None:
+            # Another writer created the table after step 2: append only if the files fit it.
+            _check_created(current, table_uri, schema, partition_by, todo[0].uri)
+        # Another run (or a concurrent one) registered every one of them meanwhile.
+        return paths_added <= _referenced(current)
+
     operation = "convert" if convert_partitions is not None else "add files"
     result = commit_files(
         table_uri,
@@ -339,8 +349,7 @@ def _register(
         policy=RetryPolicy(),
         create_if_missing=True,
         properties={},
-        # Another run (or a concurrent one) registered every one of them meanwhile.
-        already_done=lambda t: t is not None and paths_added <= _referenced(t),
+        already_done=done,
     )
     logger.info(
         "%s: %d file(s), %d row(s) registered in %s as version %s (%d skipped)",
@@ -366,6 +375,22 @@ def _register(
         tuple(skipped) + (tuple(f.path for f in planned) if not result.committed else ()),
         recovered=result.recovered,
     )
+
+
+def _check_created(
+    table: DeltaTable, table_uri: str, schema: pa.Schema, partition_by: Sequence[str], file: str
+) -> None:
+    """The table another writer created meanwhile must be the one the files were checked for."""
+    parts = list(table.metadata().partition_columns)
+    if sorted(parts) != sorted(partition_by):
+        raise AddFilesError(
+            f"{table_uri!r} was created by another writer meanwhile, partitioned by {parts}, but the "
+            f"files' folders name {list(partition_by)}; nothing was committed",
+            table_uri=table_uri,
+        )
+    data = pa.schema([f for f in schema if f.name not in set(parts)])
+    have = pa.schema(table.schema().to_arrow())
+    _check_schema(table_uri, file, pa.schema([f for f in have if f.name not in set(parts)]), data, parts)
 
 
 def _taken(c: _Candidate, table_uri: str) -> AddFilesError:

@@ -341,3 +341,28 @@ def test_files_spark_wrote_int96_timestamps_and_escaped_colons(spark, tmp_path):
         == want
     )
     assert pl.read_delta(str(root)).height == 20
+
+
+def test_a_table_created_meanwhile_by_another_writer_is_checked_before_appending(tmp_path, monkeypatch):
+    from deltaflow.delta import log as delta_log
+
+    root = tmp_path / "t"
+    _write_files(root)
+    # The other writer's table: the same partitioning, another type for id.
+    write_deltalake(
+        str(root), pa.table({"id": pa.array([1], pa.int32()), "city": ["x"]}), partition_by=["city"]
+    )
+    real = delta_log.load
+    calls = []
+
+    def load(uri, options):  # add_files' own look (step 2) misses the table, as in a race
+        calls.append(uri)
+        return None if len(calls) == 1 else real(uri, options)
+
+    monkeypatch.setattr(delta_log, "load", load)
+    with pytest.raises(FileSchemaMismatchError, match="'id' is integer in the table but long in the file"):
+        ops.add_files(str(root), [str(root / _dir(c)) for c in CITIES])
+    assert len(calls) == 2  # step 2, then the commit's own load that found the table
+    monkeypatch.undo()
+    assert DeltaTable(str(root)).version() == 0
+    assert len(DeltaTable(str(root)).to_pyarrow_table()) == 1
