@@ -226,6 +226,13 @@ def _register(
         todo.append(c)
     for path in skipped:
         logger.info("%s is already in %s: skipped", path, table_uri)
+    logger.info(
+        "found %d Parquet file(s) for %s: %d to add, %d already in the table",
+        len(candidates),
+        table_uri,
+        len(todo),
+        len(skipped),
+    )
     if not todo:
         return AddFilesResult(
             table_uri,
