@@ -378,6 +378,52 @@ def _print_added(result: AddFilesResult, started: float) -> None:
     )
 
 
+def _watch(
+    table_uri: str,
+    path: str,
+    *,
+    copy: bool,
+    available_now: bool,
+    pipeline_id: str,
+    checkpoint_location: str | None,
+    trigger_interval: str | None,
+    max_files_per_trigger: int | None,
+    spark_master: str | None,
+    storage_options: dict[str, str],
+) -> None:
+    """``add-files --watch``: the pipeline a YAML ``parquet-files`` source makes, run as ``run``
+    runs pipelines (restarts on transient errors, stops on signals)."""
+    from pydantic import ValidationError
+
+    import deltaflow
+    from deltaflow.config.pipeline import PipelineSpec
+    from deltaflow.service.daemon import run_pipelines
+
+    source: dict[str, object] = {"type": "parquet-files", "path": path, "copy": copy}
+    if max_files_per_trigger:
+        source["max_files_per_trigger"] = max_files_per_trigger
+    try:
+        spec = PipelineSpec.model_validate(
+            {
+                "pipeline_id": pipeline_id,
+                "source": source,
+                "sinks": [{"table_uri": table_uri, "storage_options": storage_options}],
+                "checkpoint_location": checkpoint_location,
+                "trigger_interval": trigger_interval,
+            }
+        )
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise click.UsageError(problems) from None
+    spark = deltaflow.spark_session(spark_master)
+    try:
+        summaries = run_pipelines(spark, [spec], available_now=available_now)
+    finally:
+        spark.stop()
+    summary = summaries[spec.pipeline_id]
+    click.echo(f"{spec.pipeline_id}: {summary.messages:,} file(s) taken in {summary.batches} batch(es)")
+
+
 @click.command("add-files")
 @click.argument("table_uri")
 @click.argument("paths", nargs=-1, required=True)
@@ -396,6 +442,38 @@ def _print_added(result: AddFilesResult, started: float) -> None:
     default=FOOTER_THREADS,
     help="Parquet footers read at once (object stores are latency-bound).",
 )
+@click.option(
+    "--watch",
+    is_flag=True,
+    help="Keep registering the files that land in PATH (one local folder), each exactly once, "
+    "through a Spark streaming query (one commit per micro-batch) until SIGTERM/SIGINT.",
+)
+@click.option(
+    "--available-now",
+    is_flag=True,
+    help="With --watch: register what has landed since the last run, then exit.",
+)
+@click.option(
+    "--pipeline-id",
+    default="add-files",
+    help="With --watch: the query's identity (txn app id, default checkpoint folder).",
+)
+@click.option(
+    "--checkpoint-location",
+    help="With --watch: Spark's checkpoint (which files it took) "
+    "[default: TABLE/_deltaflow/checkpoints/PIPELINE_ID for a local table].",
+)
+@click.option("--trigger-interval", help="With --watch: time between micro-batches, e.g. '30 seconds'.")
+@click.option(
+    "--max-files-per-trigger", type=click.IntRange(min=1), help="With --watch: files per commit at most."
+)
+@click.option(
+    "--spark-master",
+    default=None,
+    envvar="DELTAFLOW_SPARK_MASTER",
+    show_envvar=True,
+    help="With --watch: Spark master URL [default: local[*]].",
+)
 @STORAGE
 @JSON
 def add_files(
@@ -404,6 +482,13 @@ def add_files(
     copy: bool,
     dry_run: bool,
     threads: int,
+    watch: bool,
+    available_now: bool,
+    pipeline_id: str,
+    checkpoint_location: str | None,
+    trigger_interval: str | None,
+    max_files_per_trigger: int | None,
+    spark_master: str | None,
     storage_options: dict[str, str],
     as_json: bool,
 ) -> None:
@@ -412,6 +497,24 @@ def add_files(
     from the footers, partition values from col=value folders."""
     from deltaflow import ops
 
+    if watch:
+        if dry_run or len(paths) != 1:
+            raise click.UsageError("--watch takes exactly one folder and no --dry-run")
+        _watch(
+            table_uri,
+            paths[0],
+            copy=copy,
+            available_now=available_now,
+            pipeline_id=pipeline_id,
+            checkpoint_location=checkpoint_location,
+            trigger_interval=trigger_interval,
+            max_files_per_trigger=max_files_per_trigger,
+            spark_master=spark_master,
+            storage_options=storage_options,
+        )
+        return
+    if available_now:
+        raise click.UsageError("--available-now goes with --watch")
     started = time.monotonic()
     progress, done = _footer_progress()
     try:

@@ -27,6 +27,7 @@ __all__ = [
     "FoundFile",
     "find_files",
     "hive_partitions",
+    "is_hidden",
     "modification_time_ms",
     "read_footer",
     "read_footers",
@@ -66,6 +67,12 @@ class Footer:
 def _hidden(name: str) -> bool:
     # Spark's and Hive's rule: `_SUCCESS`, `_delta_log/`, `.crc` files, `_temporary/` are not data.
     return name.startswith(("_", "."))
+
+
+def is_hidden(relative: str) -> bool:
+    """Whether a path below a searched folder is not data (a component starts with ``_`` or
+    ``.``: ``_delta_log/``, ``_SUCCESS``, ``.crc`` files, ``_temporary/``)."""
+    return any(_hidden(part) for part in relative.strip("/").split("/"))
 
 
 def modification_time_ms(info: pafs.FileInfo) -> int:
@@ -110,9 +117,7 @@ def _walk(fs: pafs.FileSystem, base: str) -> list[pafs.FileInfo]:
     return [
         i
         for i in infos
-        if i.type == pafs.FileType.File
-        and not any(_hidden(part) for part in i.path[len(base) :].strip("/").split("/"))
-        and i.path.endswith(".parquet")
+        if i.type == pafs.FileType.File and not is_hidden(i.path[len(base) :]) and i.path.endswith(".parquet")
     ]
 
 

@@ -111,6 +111,7 @@ def add_files(
     storage_options: Mapping[str, str] | None = None,
     threads: int = FOOTER_THREADS,
     progress: Callable[[int, int], None] | None = None,
+    txn: tuple[str, int] | None = None,
 ) -> AddFilesResult:
     """Register existing Parquet files in the Delta table at ``table_uri`` (created from the
     first file's schema when missing), in one commit.
@@ -125,6 +126,9 @@ def add_files(
         storage_options: delta-rs' storage options (also used to reach the files).
         threads: Footers read at once.
         progress: Called with (footers read, total) while reading.
+        txn: ``(app_id, version)`` recorded in the same commit (the watching mode: the pipeline
+            and its micro-batch). Whether files are added is still decided by their paths: a
+            replayed batch finds them in the table and commits nothing.
 
     Raises:
         AddFilesError: nothing found, files outside the table, partition directories that do
@@ -140,6 +144,7 @@ def add_files(
         threads=threads,
         progress=progress,
         convert_partitions=None,
+        txn=txn,
     )
 
 
@@ -169,6 +174,7 @@ def convert(
         threads=threads,
         progress=progress,
         convert_partitions=list(partition_by),
+        txn=None,
     )
 
 
@@ -182,6 +188,7 @@ def _register(
     threads: int,
     progress: Callable[[int, int], None] | None,
     convert_partitions: list[str] | None,
+    txn: tuple[str, int] | None,
 ) -> AddFilesResult:
     from deltaflow.delta import log as delta_log
     from deltaflow.delta.commit import RetryPolicy, commit_files
@@ -333,6 +340,7 @@ def _register(
         else list(table_fields.values())
     )
     paths_added = {f.path for f in files}
+    recorded = {txn[0]: txn[1]} if txn is not None else {}
 
     def done(current: DeltaTable | None) -> bool:
         if current is None:
@@ -356,6 +364,7 @@ def _register(
         policy=RetryPolicy(),
         create_if_missing=True,
         properties={},
+        txns=(lambda _table: recorded) if recorded else None,
         already_done=done,
     )
     logger.info(

@@ -75,3 +75,11 @@ def test_convert_in_place_and_refused_twice(tmp_path, capsys):
         main(["convert", str(lake), "--partition-by", "day"])
     assert exit_info.value.code == 2
     assert "already is a Delta table" in capsys.readouterr().err
+
+
+def test_watch_takes_one_folder():
+    # The query itself runs as a parquet-files pipeline (tests/pipeline/test_watch_files.py).
+    out = CliRunner().invoke(cli, ["add-files", "t", "a", "b", "--watch"])
+    assert out.exit_code == 2 and "--watch takes exactly one folder" in out.output
+    out = CliRunner().invoke(cli, ["add-files", "t", "a", "--available-now"])
+    assert out.exit_code == 2 and "--available-now goes with --watch" in out.output
