@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 __all__ = [
+    "AddFilesError",
     "CdcDecodeError",
     "CdcPositionError",
     "CheckpointMismatchError",
@@ -27,6 +28,7 @@ __all__ = [
     "DeltaSourceError",
     "DeltaflowError",
     "ExpectationFailedError",
+    "FileSchemaMismatchError",
     "KafkaAccessError",
     "KafkaUnavailableError",
     "LeaseHeldError",
@@ -122,6 +124,26 @@ class SchemaMismatchError(TerminalError):
         if hint:
             message += f"\n{hint}"
         super().__init__(message, table_uri=table_uri, differences=list(differences))
+
+
+class FileSchemaMismatchError(SchemaMismatchError):
+    """A Parquet file to register (``deltaflow add-files``, ``convert``) does not fit the table's
+    schema; nothing was committed. ``file`` names it."""
+
+    def __init__(self, table_uri: str, file: str, differences: Sequence[str]) -> None:
+        lines = "\n".join(f"  - {d}" for d in differences)
+        message = (
+            f"Parquet file {file!r} does not match the schema of {table_uri!r}:\n{lines}\n"
+            "nothing was committed; leave the file out, or rewrite it with the table's schema"
+        )
+        DeltaflowError.__init__(self, message, table_uri=table_uri, file=file, differences=list(differences))
+
+
+class AddFilesError(TerminalError):
+    """Parquet files cannot be registered as asked (``deltaflow add-files``, ``convert``): files
+    outside the table without ``--copy``, partition directories that do not match the table's
+    columns, a file that is not Parquet, a folder that already is a table. Nothing was
+    committed; the message names the file and what to change."""
 
 
 class TableNotFoundError(TerminalError):

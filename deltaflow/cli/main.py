@@ -18,8 +18,10 @@ from deltaflow.cli.ingest import ingest
 from deltaflow.cli.pipelines import run, sql, validate
 from deltaflow.cli.status import status
 from deltaflow.cli.tables import (
+    add_files,
     changes,
     checkpoint,
+    convert,
     describe,
     history,
     optimize,
@@ -86,6 +88,8 @@ for _command in (
     properties,
     read,
     changes,
+    add_files,
+    convert,
     status,
 ):
     cli.add_command(_command)

@@ -11,26 +11,32 @@ __all__ = ["ProgressLine", "emit", "print_rows", "size"]
 
 
 class ProgressLine:
-    """A one-line progress bar on a terminal (``--ends-at-latest-offsets`` backfills)."""
+    """A one-line progress bar on a terminal (``--ends-at-latest-offsets`` backfills, footers
+    read by ``add-files``)."""
 
     WIDTH = 30
 
-    def __init__(self) -> None:
+    def __init__(self, unit: str = "messages", rate_unit: str = "msgs") -> None:
         self._shown = False
+        self.unit = unit
+        self.rate_unit = rate_unit
 
     @classmethod
-    def render(cls, done: int, left: int, rate: float) -> str:
+    def render(
+        cls, done: int, left: int, rate: float, unit: str = "messages", rate_unit: str = "msgs"
+    ) -> str:
         total = done + left
         fraction = done / total if total else 1.0
         filled = int(cls.WIDTH * fraction)
         eta = f", ~{left / rate:.0f} s left" if left and rate else ""
         return (
             f"[{'#' * filled}{'.' * (cls.WIDTH - filled)}] {fraction:4.0%} "
-            f"{done:,}/{total:,} messages, {rate:,.0f} msgs/s{eta}"
+            f"{done:,}/{total:,} {unit}, {rate:,.0f} {rate_unit}/s{eta}"
         )
 
     def show(self, done: int, left: int, rate: float) -> None:
-        click.echo("\r" + self.render(done, left, rate).ljust(100), nl=False, err=True)
+        line = self.render(done, left, rate, self.unit, self.rate_unit)
+        click.echo("\r" + line.ljust(100), nl=False, err=True)
         self._shown = True
 
     def close(self) -> None:

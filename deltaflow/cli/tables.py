@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import click
 
 from deltaflow.cli.options import JSON, STORAGE, key_values
 from deltaflow.cli.output import emit, print_rows, size
+from deltaflow.io.footers import FOOTER_THREADS
+
+if TYPE_CHECKING:
+    from deltaflow.ops.add_files import AddFilesResult
 
 __all__ = [
+    "add_files",
     "changes",
+    "convert",
     "checkpoint",
     "describe",
     "history",
@@ -311,3 +319,258 @@ def changes(
         storage_options=storage_options,
     )
     emit(as_json, rows, lambda: print_rows(rows))
+
+
+#: Without a terminal, a progress line on stderr every this many footers read.
+PROGRESS_EVERY = 1000
+#: Shortest interval between redraws of the progress bar on a terminal.
+PROGRESS_REDRAW_S = 0.2
+
+
+def _footer_progress() -> tuple[Callable[[int, int], None], Callable[[], None]]:
+    """A progress callback for footer reading, and the function that ends its output."""
+    import sys
+
+    from deltaflow.cli.output import ProgressLine
+
+    started = time.monotonic()
+    bar = ProgressLine("footers", "files") if sys.stderr.isatty() else None
+    shown = [0.0]
+
+    def progress(done: int, total: int) -> None:
+        rate = done / max(time.monotonic() - started, 1e-6)
+        if bar is not None:
+            now = time.monotonic()
+            if done == total or now - shown[0] >= PROGRESS_REDRAW_S:
+                shown[0] = now
+                bar.show(done, total - done, rate)
+        elif done % PROGRESS_EVERY == 0 or (done == total and total >= PROGRESS_EVERY):
+            click.echo(f"read {done:,}/{total:,} footers ({rate:,.0f} files/s)", err=True)
+
+    return progress, bar.close if bar is not None else (lambda: None)
+
+
+def _print_added(result: AddFilesResult, started: float) -> None:
+    for path in result.skipped:
+        click.echo(f"skipped (already in the table): {path}", err=True)
+    if result.dry_run:
+        for f in result.files:
+            parts = ", ".join(f"{k}={v}" for k, v in f.partition_values.items())
+            click.echo(f"{f.path}\t{f.rows} rows\t{size(f.size)}" + (f"\t{parts}" if parts else ""))
+        click.echo(
+            f"dry run: {result.files_added} file(s) ({result.rows_added} rows, "
+            f"{size(result.bytes_added)}) would be added to {result.table_uri}"
+            + (" (a new table)" if result.created else "")
+            + (f", {result.files_copied} of them copied below its root first" if result.files_copied else "")
+            + f"; {result.files_skipped} skipped; nothing was committed",
+            err=True,
+        )
+        return
+    if not result.files_added:
+        click.echo(f"nothing to add to {result.table_uri} ({result.files_skipped} file(s) skipped)", err=True)
+        return
+    click.echo(
+        f"added {result.files_added} file(s) ({result.rows_added} rows, {size(result.bytes_added)}) to "
+        f"{result.table_uri} as version {result.version}"
+        + (" (created the table)" if result.created else "")
+        + (f"; {result.files_copied} copied below its root" if result.files_copied else "")
+        + f"; {result.files_skipped} skipped ({time.monotonic() - started:.1f} s)"
+    )
+
+
+def _watch(
+    table_uri: str,
+    path: str,
+    *,
+    copy: bool,
+    available_now: bool,
+    pipeline_id: str,
+    checkpoint_location: str | None,
+    trigger_interval: str | None,
+    max_files_per_trigger: int | None,
+    spark_master: str | None,
+    storage_options: dict[str, str],
+) -> None:
+    """``add-files --watch``: the pipeline a YAML ``parquet-files`` source makes, run as ``run``
+    runs pipelines (restarts on transient errors, stops on signals)."""
+    from pydantic import ValidationError
+
+    import deltaflow
+    from deltaflow.config.pipeline import PipelineSpec
+    from deltaflow.service.daemon import run_pipelines
+
+    source: dict[str, object] = {"type": "parquet-files", "path": path, "copy": copy}
+    if max_files_per_trigger:
+        source["max_files_per_trigger"] = max_files_per_trigger
+    try:
+        spec = PipelineSpec.model_validate(
+            {
+                "pipeline_id": pipeline_id,
+                "source": source,
+                "sinks": [{"table_uri": table_uri, "storage_options": storage_options}],
+                "checkpoint_location": checkpoint_location,
+                "trigger_interval": trigger_interval,
+            }
+        )
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise click.UsageError(problems) from None
+    spark = deltaflow.spark_session(spark_master)
+    try:
+        summaries = run_pipelines(spark, [spec], available_now=available_now)
+    finally:
+        spark.stop()
+    summary = summaries[spec.pipeline_id]
+    click.echo(f"{spec.pipeline_id}: {summary.messages:,} file(s) taken in {summary.batches} batch(es)")
+
+
+@click.command("add-files")
+@click.argument("table_uri")
+@click.argument("paths", nargs=-1, required=True)
+@click.option(
+    "--copy",
+    is_flag=True,
+    help="Copy files outside the table's root below it first (keeping their col=value folders), "
+    "then register the copies. Without it such files are refused.",
+)
+@click.option(
+    "--dry-run", is_flag=True, help="List what would be added (path, rows, size, partition values)."
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    default=FOOTER_THREADS,
+    help="Parquet footers read at once (object stores are latency-bound).",
+)
+@click.option(
+    "--watch",
+    is_flag=True,
+    help="Keep registering the files that land in PATH (one local folder), each exactly once, "
+    "through a Spark streaming query (one commit per micro-batch) until SIGTERM/SIGINT.",
+)
+@click.option(
+    "--available-now",
+    is_flag=True,
+    help="With --watch: register what has landed since the last run, then exit.",
+)
+@click.option(
+    "--pipeline-id",
+    default="add-files",
+    help="With --watch: the query's identity (txn app id, default checkpoint folder).",
+)
+@click.option(
+    "--checkpoint-location",
+    help="With --watch: Spark's checkpoint (which files it took) "
+    "[default: TABLE/_deltaflow/checkpoints/PIPELINE_ID for a local table].",
+)
+@click.option("--trigger-interval", help="With --watch: time between micro-batches, e.g. '30 seconds'.")
+@click.option(
+    "--max-files-per-trigger", type=click.IntRange(min=1), help="With --watch: files per commit at most."
+)
+@click.option(
+    "--spark-master",
+    default=None,
+    envvar="DELTAFLOW_SPARK_MASTER",
+    show_envvar=True,
+    help="With --watch: Spark master URL [default: local[*]].",
+)
+@STORAGE
+@JSON
+def add_files(
+    table_uri: str,
+    paths: tuple[str, ...],
+    copy: bool,
+    dry_run: bool,
+    threads: int,
+    watch: bool,
+    available_now: bool,
+    pipeline_id: str,
+    checkpoint_location: str | None,
+    trigger_interval: str | None,
+    max_files_per_trigger: int | None,
+    spark_master: str | None,
+    storage_options: dict[str, str],
+    as_json: bool,
+) -> None:
+    """Register existing Parquet files (files, folders, globs) in a Delta table without rewriting
+    them, in one commit; the table is created from the first file when missing. Statistics come
+    from the footers, partition values from col=value folders."""
+    from deltaflow import ops
+
+    if watch:
+        if dry_run or len(paths) != 1:
+            raise click.UsageError("--watch takes exactly one folder and no --dry-run")
+        _watch(
+            table_uri,
+            paths[0],
+            copy=copy,
+            available_now=available_now,
+            pipeline_id=pipeline_id,
+            checkpoint_location=checkpoint_location,
+            trigger_interval=trigger_interval,
+            max_files_per_trigger=max_files_per_trigger,
+            spark_master=spark_master,
+            storage_options=storage_options,
+        )
+        return
+    if available_now:
+        raise click.UsageError("--available-now goes with --watch")
+    started = time.monotonic()
+    progress, done = _footer_progress()
+    try:
+        result = ops.add_files(
+            table_uri,
+            paths,
+            copy=copy,
+            dry_run=dry_run,
+            storage_options=storage_options,
+            threads=threads,
+            progress=progress,
+        )
+    finally:
+        done()
+    emit(as_json, result, lambda: _print_added(result, started))
+
+
+@click.command()
+@click.argument("path")
+@click.option(
+    "--partition-by",
+    multiple=True,
+    help="A partition column (repeatable, in folder order); the col=value folders must match.",
+)
+@click.option("--dry-run", is_flag=True, help="List what version 0 would hold; commit nothing.")
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    default=FOOTER_THREADS,
+    help="Parquet footers read at once (object stores are latency-bound).",
+)
+@STORAGE
+@JSON
+def convert(
+    path: str,
+    partition_by: tuple[str, ...],
+    dry_run: bool,
+    threads: int,
+    storage_options: dict[str, str],
+    as_json: bool,
+) -> None:
+    """Make a folder of Parquet files a Delta table in place (CONVERT TO DELTA): version 0
+    references every *.parquet file below it; no data is read or rewritten."""
+    from deltaflow import ops
+
+    started = time.monotonic()
+    progress, done = _footer_progress()
+    try:
+        result = ops.convert(
+            path,
+            partition_by=partition_by,
+            dry_run=dry_run,
+            storage_options=storage_options,
+            threads=threads,
+            progress=progress,
+        )
+    finally:
+        done()
+    emit(as_json, result, lambda: _print_added(result, started))

@@ -61,6 +61,7 @@ __all__ = [
     "FilesSourceSpec",
     "GeneratorSourceSpec",
     "KafkaSourceSpec",
+    "ParquetFilesSourceSpec",
     "PipelineFile",
     "PipelineSpec",
     "SinkSpec",
@@ -126,6 +127,28 @@ class FilesSourceSpec(_Model):
         if isinstance(value, Mapping):
             return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
         return value
+
+
+class ParquetFilesSourceSpec(_Model):
+    """Parquet files landing in a folder, registered in the (one) sink table where they are, as
+    ``deltaflow add-files`` registers them, exactly once (:mod:`deltaflow.pipeline.watch_files`):
+    no data is read or rewritten.
+
+    Attributes:
+        path: The folder (local: Spark lists it, and has no object-store connector here); the
+            sink table's own root when files land inside it. Files must appear complete
+            (written elsewhere and renamed into place).
+        copy: Copy files that land outside the table's root below it, then register the copies
+            (``add-files --copy``); without it such files stop the pipeline.
+        max_files_per_trigger: Files per micro-batch (one commit each) at most.
+    """
+
+    type: Literal["parquet-files"]
+    path: str
+    copy_: bool = Field(default=False, alias="copy")
+    max_files_per_trigger: int | None = Field(default=None, ge=1)
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
 
 class DeltaSourceSpec(_Model):
@@ -256,7 +279,12 @@ class PostgresCdcSourceSpec(PostgresCdcOptions):
 
 
 SourceSpec = Annotated[
-    FilesSourceSpec | DeltaSourceSpec | KafkaSourceSpec | GeneratorSourceSpec | PostgresCdcSourceSpec,
+    FilesSourceSpec
+    | DeltaSourceSpec
+    | KafkaSourceSpec
+    | GeneratorSourceSpec
+    | PostgresCdcSourceSpec
+    | ParquetFilesSourceSpec,
     Field(discriminator="type"),
 ]
 
@@ -487,6 +515,7 @@ class PipelineSpec(_Model):
                     "one batch have no order of their own: which change of a key is the latest?)"
                 )
         problems += self._postgres_problems()
+        problems += self._parquet_files_problems()
         if self.dead_letter is not None and normalize_uri(self.dead_letter.table_uri) in tables:
             problems.append("dead_letter.table_uri must be another table than the sinks'")
         if self.query and (self.transforms or self.filter or self.select):
@@ -539,6 +568,27 @@ class PipelineSpec(_Model):
             out.append(
                 f"mirror tables take the events as the source reads them: {', '.join(used)} cannot apply"
             )
+        return out
+
+    def _parquet_files_problems(self) -> list[str]:
+        """A parquet-files pipeline registers files as they are in one table: no rows pass
+        through it to transform, filter or route."""
+        if self.source.type != "parquet-files":
+            return []
+        out = []
+        used = [
+            k
+            for k in ("transforms", "filter", "select", "query", "expectations", "dead_letter")
+            if getattr(self, k)
+        ]
+        if used:
+            out.append(
+                f"a parquet-files source registers files without reading them: {', '.join(used)} cannot apply"
+            )
+        if len(self.sinks) != 1 or self.sinks[0].when:
+            out.append("a parquet-files source registers its files in exactly one sink table (no when)")
+        elif self.sinks[0].write_mode != "append":
+            out.append("a parquet-files source adds files: the sink's write_mode must be append")
         return out
 
     def sink_names(self) -> list[str]:
@@ -805,7 +855,13 @@ def _hint(loc: list[Any]) -> str:
                 fields = set().union(
                     *(
                         m.model_fields
-                        for m in (FilesSourceSpec, DeltaSourceSpec, KafkaSourceSpec, GeneratorSourceSpec)
+                        for m in (
+                            FilesSourceSpec,
+                            DeltaSourceSpec,
+                            KafkaSourceSpec,
+                            GeneratorSourceSpec,
+                            ParquetFilesSourceSpec,
+                        )
                     )
                 )
                 close = difflib.get_close_matches(name, sorted(fields | {"schema"}), n=1)

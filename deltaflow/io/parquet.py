@@ -11,6 +11,7 @@ import contextlib
 import datetime as _dt
 import json
 import math
+import re
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -25,7 +26,16 @@ import pyarrow.types as pat
 
 from deltaflow.config.locations import join
 
-__all__ = ["PartitionedFileWriter", "WrittenFile", "partition_dir", "stats_json", "writer_process"]
+__all__ = [
+    "HIVE_NULL",
+    "PartitionedFileWriter",
+    "WrittenFile",
+    "escape_path_component",
+    "partition_dir",
+    "stats_json",
+    "unescape_path_component",
+    "writer_process",
+]
 
 #: Hive's default directory name for a NULL partition value (Spark and delta-rs use it too).
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
@@ -45,6 +55,16 @@ _ESCAPE = frozenset("\"#%'*/:=?\\\x7f{[]^") | frozenset(chr(c) for c in range(0x
 def escape_path_component(value: str) -> str:
     """Percent-escape a partition value for a directory name, the way Hive and Spark do."""
     return "".join(f"%{ord(ch):02X}" if ch in _ESCAPE else ch for ch in value)
+
+
+_ESCAPED = re.compile(r"%([0-9A-Fa-f]{2})")
+
+
+def unescape_path_component(name: str) -> str:
+    """The partition value of a directory name: ``%xx`` decoded the way Spark's
+    ``unescapePathName`` does (each escape is one character; a ``%`` not followed by two hex
+    digits stays as it is)."""
+    return _ESCAPED.sub(lambda m: chr(int(m.group(1), 16)), name)
 
 
 def partition_value(value: Any) -> str | None:

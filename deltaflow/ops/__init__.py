@@ -5,6 +5,7 @@ Guards refuse what would lose data: a vacuum below the table's retention, a rest
 version whose files are gone. ``compaction`` runs ``optimize`` and ``vacuum`` beside a stream.
 """
 
+from deltaflow.ops.add_files import AddedFile, AddFilesResult, add_files, convert
 from deltaflow.ops.checkpoint import checkpoint
 from deltaflow.ops.inspect import SMALL_FILE_SIZE, changes, describe, history, read
 from deltaflow.ops.optimize import OptimizeResult, optimize, parse_partition_predicate
@@ -14,13 +15,17 @@ from deltaflow.ops.table import open_table, to_jsonable
 from deltaflow.ops.vacuum import DEFAULT_RETENTION, VacuumResult, retention, vacuum
 
 __all__ = [
+    "AddFilesResult",
+    "AddedFile",
     "DEFAULT_RETENTION",
     "OptimizeResult",
     "RestoreResult",
     "SMALL_FILE_SIZE",
     "VacuumResult",
+    "add_files",
     "changes",
     "checkpoint",
+    "convert",
     "describe",
     "history",
     "open_table",

@@ -34,6 +34,7 @@ from deltaflow.config.pipeline import (
     FilesSourceSpec,
     GeneratorSourceSpec,
     KafkaSourceSpec,
+    ParquetFilesSourceSpec,
     PipelineSpec,
     PostgresCdcSourceSpec,
     SinkSpec,
@@ -112,6 +113,10 @@ def read_source(spark: SparkSession, spec: PipelineSpec, checkpoint: str) -> Dat
         return _generator(spark, src)
     if isinstance(src, PostgresCdcSourceSpec):
         return _postgres(spark, spec, src)
+    if isinstance(src, ParquetFilesSourceSpec):  # pragma: no cover - started by _watch
+        raise ConfigError(
+            "a parquet-files source has no rows to read: it registers files", pipeline_id=spec.pipeline_id
+        )
     return _kafka(spark, src)
 
 
@@ -579,6 +584,8 @@ def start_pipeline(
     """
     from deltaflow.pipeline.api import _claim, _prepare_table
 
+    if isinstance(spec.source, ParquetFilesSourceSpec):
+        return _watch(spark, spec, spec.source, available_now=available_now, on_engine=on_engine)
     engine = choose_engine(spec)
     if engine == "arrow":
         from deltaflow.pipeline.ingest import ingest
@@ -647,6 +654,34 @@ def start_pipeline(
     return stream.start()
 
 
+def _watch(
+    spark: SparkSession,
+    spec: PipelineSpec,
+    src: ParquetFilesSourceSpec,
+    *,
+    available_now: bool,
+    on_engine: Callable[[str], None] | None,
+) -> StreamingQuery:
+    """A parquet-files pipeline: files registered in place (:mod:`deltaflow.pipeline.watch_files`)."""
+    from deltaflow.pipeline.watch_files import start_watch
+
+    (sink,) = spec.sinks
+    if on_engine is not None:
+        on_engine("spark")
+    return start_watch(
+        spark,
+        table_uri=sink.table_uri,
+        path=src.path,
+        pipeline_id=spec.pipeline_id,
+        checkpoint_location=checkpoint_location(spec),
+        copy=src.copy_,
+        storage_options=sink.storage_options,
+        available_now=available_now,
+        trigger_interval=spec.trigger_interval,
+        max_files_per_trigger=src.max_files_per_trigger,
+    )
+
+
 def _mirrors(spec: PipelineSpec, location: str) -> list[MirrorWriter]:
     """The pipeline's mirror tables, checked against the PostgreSQL catalog and created."""
     src = spec.source
@@ -708,6 +743,8 @@ def describe_source(spec: PipelineSpec) -> str:
         return f"delta table {src.table_uri}" + (" (change feed)" if src.read_change_feed else "")
     if isinstance(src, GeneratorSourceSpec):
         return f"generator at {src.rows_per_second:g} rows/s"
+    if isinstance(src, ParquetFilesSourceSpec):
+        return f"parquet files landing in {src.path} (registered in place)"
     if isinstance(src, PostgresCdcSourceSpec):
         return f"postgres-cdc publication {src.publication} (slot {src.slot_name}) @ {src.where()}"
     return f"kafka {','.join(src.topics) or src.topic_pattern} @ {src.bootstrap_servers}"

@@ -118,7 +118,7 @@ def test_every_problem_is_reported_with_path_received_value_and_what_is_allowed(
         "pipelines[0].sinks[0].partiton_columns: unknown key (did you mean 'partition_columns'?)",
         "pipelines[0].sinks[1]: pipeline_id is set by the pipeline, not per sink",
         "pipelines[1].source: unknown source type; use one of 'files', 'delta', 'kafka', 'generator', "
-        "'postgres-cdc' (received 'generater')",
+        "'postgres-cdc', 'parquet-files' (received 'generater')",
         "pipelines[1].sinks: List should have at least 1 item after validation, not 0",
         "pipelines[2].source: format json needs schema (Spark DDL of the value's fields)",
         "pipelines[2].sinks[0].target_file_size_mb: Input should be greater than or equal to 1 (received 0)",

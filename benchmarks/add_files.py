@@ -1,0 +1,100 @@
+"""``deltaflow add-files``: many small Parquet files registered in ONE commit, without reading
+their data.
+
+pyarrow writes ``--files`` small files (``--rows`` rows each, 4 columns) into ``--partitions``
+Hive folders below a fresh table root (not timed), then :func:`deltaflow.ops.add_files`
+registers them all: seconds (listing, footers on ``--threads`` threads, schema checks, the
+commit), commits in the log, and the same call again (every file skipped). The script checks
+that the table holds every file and every row once. With ``--s3`` the files live in a local
+moto S3 server (``deltaflow.testing.start_s3``) instead of on local disk.
+
+    .venv/bin/python benchmarks/add_files.py [--files 10000] [--rows 100] [--partitions 10]
+        [--threads 16] [--s3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+from machine import describe
+
+from deltaflow import ops
+from deltaflow.io.storage import filesystem
+from deltaflow.testing import start_s3
+
+
+def write_files(uri: str, options: dict[str, str], files: int, rows: int, partitions: int) -> None:
+    fs, root = filesystem(uri, options)
+    for p in range(partitions):
+        fs.create_dir(f"{root}/day=2026-11-{p + 1:02d}", recursive=True)
+
+    def one(n: int) -> None:
+        ids = pa.array(range(n * rows, (n + 1) * rows), pa.int64())
+        table = pa.table({"id": ids, "v": pc.multiply(ids, 2), "name": [f"n{n}"] * rows})
+        pq.write_table(
+            table, f"{root}/day=2026-11-{n % partitions + 1:02d}/part-{n:06d}.parquet", filesystem=fs
+        )
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, range(files)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--files", type=int, default=10_000)
+    parser.add_argument("--rows", type=int, default=100)
+    parser.add_argument("--partitions", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--s3", action="store_true", help="files and table in a local moto S3 server")
+    args = parser.parse_args()
+
+    server = start_s3("bench") if args.s3 else None
+    workdir = tempfile.mkdtemp(prefix="deltaflow-add-files-")
+    try:
+        uri = "s3://bench/events" if server else f"{workdir}/events"
+        options = dict(server.storage_options) if server else {}
+        started = time.perf_counter()
+        write_files(uri, options, args.files, args.rows, args.partitions)
+        print(f"wrote {args.files:,} files in {time.perf_counter() - started:.1f} s (not timed below)")
+
+        started = time.perf_counter()
+        result = ops.add_files(uri, [uri], storage_options=options, threads=args.threads)
+        seconds = time.perf_counter() - started
+        table = DeltaTable(uri, storage_options=options or None)
+        commits = table.version() + 1
+        started = time.perf_counter()
+        again = ops.add_files(uri, [uri], storage_options=options, threads=args.threads)
+        again_seconds = time.perf_counter() - started
+
+        assert result.files_added == args.files and result.rows_added == args.files * args.rows
+        assert len(table.file_uris()) == args.files
+        assert again.files_added == 0 and again.files_skipped == args.files
+        assert DeltaTable(uri, storage_options=options or None).version() == table.version()
+        rows = table.to_pyarrow_table(columns=["id"])["id"]
+        assert len(rows) == args.files * args.rows and pc.count_distinct(rows).as_py() == len(rows)
+
+        print(describe(f"{'moto S3' if server else 'local disk'}, {args.threads} footer threads"))
+        print(
+            f"add_files: {args.files:,} files ({args.files * args.rows:,} rows, {args.partitions} "
+            f"partitions) in {seconds:.2f} s = {args.files / seconds:,.0f} files/s; commits: {commits}; "
+            f"table version {table.version()}"
+        )
+        print(f"again (every file skipped): {again_seconds:.2f} s, commits: 0")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+        if server:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""Watching a folder: Parquet files registered in a Delta table as they land, exactly once.
+
+Spark owns the query: its ``binaryFile`` stream source lists the folder, records in its
+checkpoint which files each micro-batch took (its offsets), and schedules the batches; only the
+files' paths are selected, so no file content is read (Spark prunes the ``content`` column).
+Each micro-batch calls :func:`deltaflow.ops.add_files` with its paths: ONE commit per batch,
+carrying ``txn(pipeline_id, batch_id)``. Exactly once: a batch replayed after its commit landed
+(killed before Spark recorded it) finds every one of its paths in the table and commits nothing;
+a lost commit response is found in the log by the commit's token.
+
+Files must appear complete (object stores do; on local disk write elsewhere and rename into
+the folder): Spark takes a file once, and a file whose footer cannot be read stops the query.
+Spark lists through Hadoop, which has no object-store connector here (no jars): the folder is
+local (or HDFS); the table may be anywhere, with ``copy`` for a folder outside its root.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+from urllib.parse import urlparse
+
+from deltaflow.config.locations import normalize_uri
+from deltaflow.errors import ConfigError
+from deltaflow.io.footers import is_hidden
+from deltaflow.sources.files import BINARY_FILE_SCHEMA
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
+__all__ = ["FileRegistrar", "start_watch"]
+
+logger = logging.getLogger(__name__)
+
+
+def _local_path(spark_path: str) -> str:
+    """A path of Spark's ``binaryFile`` rows (``file:/a/b``: Hadoop's form, not percent-encoded)
+    as a local path."""
+    if spark_path.startswith("file:"):
+        return "/" + spark_path[len("file:") :].lstrip("/")
+    return spark_path
+
+
+class FileRegistrar:
+    """The ``foreachBatch`` function: a micro-batch's files into one ``add_files`` commit."""
+
+    def __init__(
+        self,
+        table_uri: str,
+        folder: str,
+        pipeline_id: str,
+        *,
+        copy: bool,
+        storage_options: Mapping[str, str],
+    ) -> None:
+        self.table_uri = table_uri
+        self.folder = folder
+        self.pipeline_id = pipeline_id
+        self.copy = copy
+        self.storage_options = dict(storage_options)
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        from deltaflow import ops
+
+        found = {_local_path(row[0]) for row in batch.select("path").collect()}
+        # Spark's recursive lookup also lists the log's checkpoint files when the folder is the
+        # table itself: only data files count, as in `add-files FOLDER`.
+        paths = sorted(p for p in found if not is_hidden(p.removeprefix(self.folder)))
+        if not paths:
+            return
+        result = ops.add_files(
+            self.table_uri,
+            paths,
+            copy=self.copy,
+            storage_options=self.storage_options,
+            txn=(self.pipeline_id, batch_id),
+        )
+        logger.info(
+            "pipeline %r batch %d: %d file(s) (%d rows) registered in %s as version %s, %d already there",
+            self.pipeline_id,
+            batch_id,
+            result.files_added,
+            result.rows_added,
+            self.table_uri,
+            result.version,
+            result.files_skipped,
+        )
+
+
+def start_watch(
+    spark: SparkSession,
+    *,
+    table_uri: str,
+    path: str,
+    pipeline_id: str,
+    checkpoint_location: str,
+    copy: bool = False,
+    storage_options: Mapping[str, str] | None = None,
+    available_now: bool = False,
+    trigger_interval: float | None = None,
+    max_files_per_trigger: int | None = None,
+) -> StreamingQuery:
+    """Start the query that registers every ``*.parquet`` file landing below ``path``.
+
+    Raises:
+        ConfigError: ``path`` is on an object store (Spark here cannot list it).
+    """
+    folder = normalize_uri(path)
+    if urlparse(folder).scheme not in ("", "hdfs"):
+        raise ConfigError(
+            f"cannot watch {path!r}: Spark lists the folder through Hadoop, which has no connector "
+            "for that store here (no jars); watch a local folder, or run `deltaflow add-files` "
+            "without --watch as files land (files already in the table are skipped)",
+            path=path,
+        )
+    reader = (
+        spark.readStream.format("binaryFile")
+        .option("pathGlobFilter", "*.parquet")
+        .option("recursiveFileLookup", "true")
+    )
+    if max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
+    files = reader.schema(BINARY_FILE_SCHEMA).load(folder).select("path")
+    writer = FileRegistrar(
+        normalize_uri(table_uri), folder, pipeline_id, copy=copy, storage_options=storage_options or {}
+    )
+    stream = (
+        files.writeStream.foreachBatch(writer)
+        .option("checkpointLocation", checkpoint_location)
+        .queryName(pipeline_id)
+    )
+    if available_now:
+        stream = stream.trigger(availableNow=True)
+    elif trigger_interval:
+        stream = stream.trigger(processingTime=f"{trigger_interval} seconds")
+    logger.info(
+        "pipeline %r: registering Parquet files landing in %s in %s (checkpoint %s)",
+        pipeline_id,
+        folder,
+        writer.table_uri,
+        checkpoint_location,
+    )
+    return stream.start()

@@ -1,0 +1,57 @@
+"""``deltaflow.io.footers``: finding Parquet files and reading their Hive partition values."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+
+from deltaflow.io.footers import find_files, hive_partitions
+
+
+@pytest.mark.parametrize(
+    ("relative", "expected"),
+    [
+        ("a.parquet", []),
+        ("city=New York/a.parquet", [("city", "New York")]),
+        ("t=12%3A30/d=2026-01-01/a.parquet", [("t", "12:30"), ("d", "2026-01-01")]),
+        ("p=100%25/a.parquet", [("p", "100%")]),
+        ("p=50%/a.parquet", [("p", "50%")]),  # not an escape: kept, as Spark keeps it
+        ("p=__HIVE_DEFAULT_PARTITION__/a.parquet", [("p", None)]),
+        ("raw/p=x/a.parquet", [("p", "x")]),
+    ],
+    ids=["none", "space", "colon-escaped", "percent", "lone-percent", "null", "plain-dir"],
+)
+def test_hive_partitions_are_unescaped_as_spark_does(relative, expected):
+    assert hive_partitions(relative) == expected
+
+
+def test_files_folders_and_globs_are_found_once_skipping_hidden_names(tmp_path):
+    for rel in [
+        "d=1/a.parquet",
+        "d=1/b.parquet",
+        "d=2/c.parquet",
+        "d=2/notes.txt",
+        "_SUCCESS",
+        "_tmp/x.parquet",
+    ]:
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"x": [1]}), path)
+    fs = pafs.LocalFileSystem()
+    root = str(tmp_path)
+
+    found, unmatched = find_files(
+        fs, [root, f"{root}/d=*/a.parquet", f"{root}/d=2/c.parquet", f"{root}/none/*"]
+    )
+
+    assert [f.relative for f in found] == ["d=1/a.parquet", "d=1/b.parquet", "d=2/c.parquet"]
+    assert unmatched == [f"{root}/none/*"]
+    assert found[0].size == (tmp_path / "d=1/a.parquet").stat().st_size
+    only, _ = find_files(fs, [f"{root}/d=2/c.parquet"])
+    assert only[0].relative == "d=2/c.parquet"  # a file named directly keeps its col=value folders
+    deep, _ = find_files(fs, [f"{root}/**/*.parquet"])
+    assert len(deep) == 3
+    inner, _ = find_files(fs, [f"{root}/d=1", f"{root}/d=2/*.parquet"])  # a partition folder itself
+    assert [f.relative for f in inner] == ["d=1/a.parquet", "d=1/b.parquet", "d=2/c.parquet"]

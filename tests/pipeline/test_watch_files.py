@@ -1,0 +1,116 @@
+"""``deltaflow.pipeline.watch_files``: Parquet files landing in a folder registered in place by a
+Spark streaming query, each exactly once."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+
+from deltaflow import ops
+from deltaflow.config.pipeline import load_pipelines
+from deltaflow.delta import commit
+from deltaflow.io.faults import lose_commit_responses
+from deltaflow.pipeline.runner import describe_source
+from deltaflow.pipeline.watch_files import start_watch
+from deltaflow.service.daemon import run_pipelines
+
+
+def _land(folder, name: str, ids: range) -> None:
+    """Write elsewhere, then rename into the folder: the file appears complete."""
+    final = folder / name
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = folder.parent / f".{final.name}.tmp"
+    pq.write_table(pa.table({"id": pa.array(ids, pa.int64())}), tmp)
+    os.replace(tmp, final)
+
+
+def test_files_landing_in_the_table_are_registered_once_per_batch(spark, tmp_path, caplog):
+    table = tmp_path / "events"
+    checkpoint = str(tmp_path / "checkpoint")
+    _land(table, "day=1/a.parquet", range(0, 10))
+    _land(table, "day=12%3A30/b.parquet", range(10, 20))
+
+    def run() -> None:
+        query = start_watch(
+            spark,
+            table_uri=str(table),
+            path=str(table),
+            pipeline_id="landing",
+            checkpoint_location=checkpoint,
+            available_now=True,
+        )
+        query.awaitTermination()
+        assert query.exception() is None
+
+    run()
+    delta = DeltaTable(str(table))
+    assert delta.version() == 0
+    assert delta.transaction_version("landing") == 0
+    assert sorted(delta.to_pyarrow_table()["id"].to_pylist()) == list(range(20))
+
+    # New files (one whose commit response is lost), and the log's checkpoint files: only the data counts.
+    _land(table, "day=2/c.parquet", range(20, 30))
+    with lose_commit_responses("add files", times=1) as lost:
+        run()
+    assert len(lost.lost) == 1
+    _land(table, "day=3/d.parquet", range(30, 40))
+    ops.checkpoint(str(table))  # _delta_log/...checkpoint.parquet: Spark lists it, it is no data
+    run()
+    # Killed after the commit, before Spark recorded the batch: Spark replays batch 2 with the
+    # same files, which are all in the table already.
+    for name in ("2", ".2.crc"):
+        os.remove(os.path.join(checkpoint, "commits", name))
+    with caplog.at_level(logging.INFO, logger="deltaflow.pipeline.watch_files"):
+        run()
+    assert "pipeline 'landing' batch 2: 0 file(s) (0 rows)" in caplog.text  # replayed, skipped
+    assert "1 already there" in caplog.text
+
+    delta = DeltaTable(str(table))
+    assert delta.version() == 2
+    assert delta.transaction_version("landing") == 2
+    assert sorted(delta.to_pyarrow_table()["id"].to_pylist()) == list(range(40))
+    added = [e.added for e in commit.read_entries(str(table), {}, 0, delta.version())]
+    assert added == [
+        {"day=1/a.parquet", "day=12%3A30/b.parquet"},
+        {"day=2/c.parquet"},
+        {"day=3/d.parquet"},
+    ]
+    assert {a for a in pa.table(delta.get_add_actions(flatten=True))["partition.day"].to_pylist()} == {
+        "1",
+        "12:30",
+        "2",
+        "3",
+    }
+
+
+def test_a_yaml_parquet_files_pipeline_copies_files_landing_outside_the_table(spark, tmp_path):
+    landing = tmp_path / "landing"
+    table = tmp_path / "table"
+    _land(landing, "region=eu west/a.parquet", range(0, 5))
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        f"""
+pipelines:
+  - id: landed
+    source: {{type: parquet-files, path: "{landing}", copy: true, max_files_per_trigger: 1}}
+    sinks:
+      - table_uri: "{table}"
+"""
+    )
+    specs = load_pipelines(path).pipelines
+    assert describe_source(specs[0]) == f"parquet files landing in {landing} (registered in place)"
+    run_pipelines(spark, specs, available_now=True)
+    _land(landing, "region=us/b.parquet", range(5, 10))
+    _land(landing, "region=us/c.parquet", range(10, 15))
+    summaries = run_pipelines(spark, specs, available_now=True)
+
+    assert summaries["landed"].batches == 2  # one file per trigger
+    delta = DeltaTable(str(table))
+    assert delta.version() == 2
+    assert sorted(delta.to_pyarrow_table()["id"].to_pylist()) == list(range(15))
+    assert (table / "region=eu west" / "a.parquet").exists()  # the copy
+    assert (landing / "region=eu west" / "a.parquet").exists()  # the original stays
