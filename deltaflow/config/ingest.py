@@ -17,7 +17,7 @@ from deltaflow.config.sink import StreamSinkOptions
 from deltaflow.config.transforms import Transform, parse_transform
 from deltaflow.errors import ConfigError
 
-__all__ = ["IngestConfig"]
+__all__ = ["IngestConfig", "client_security_settings"]
 
 #: Sink options ingest sets itself (progress, who writes, the claim; append only).
 _INGEST_OWNED = frozenset(
@@ -51,6 +51,8 @@ class IngestConfig(BaseModel):
             engine whenever it can run the configuration (no ``sql:`` transforms, no schema
             evolution).
         kafka_settings: librdkafka settings (``-K key=value``); values are secrets (masked).
+        schema_registry_auth: ``user:password`` for the Avro schema registry's basic auth
+            (kafka-delta-ingest's ``SCHEMA_REGISTRY_USERNAME``/``_PASSWORD``; masked).
         avro_schema: The Avro reader schema as text (a YAML pipeline's ``avro_schema``); with
             ``avro`` a registry URL it replaces the registry's latest schema as reader schema.
         table_options / dlq_table_options: Further sink options of the main / dead-letter
@@ -73,6 +75,7 @@ class IngestConfig(BaseModel):
     value_schema: str | None = Field(default=None, validation_alias=AliasChoices("value_schema", "schema"))
     avro: str | None = None
     avro_schema: str | None = None
+    schema_registry_auth: SecretStr | None = None
     decompress_gzip: bool = False
     dlq_table_location: str | None = None
     dlq_transforms: tuple[str, ...] = ()
@@ -171,6 +174,53 @@ class IngestConfig(BaseModel):
                 **extra,
             }
         )
+
+
+def client_security_settings(
+    *,
+    certificate_pem: str | None = None,
+    key_pem: str | None = None,
+    ca_pem: str | None = None,
+    scram_json: str | None = None,
+) -> dict[str, str]:
+    """librdkafka settings from kafka-delta-ingest's TLS and SCRAM environment variables.
+
+    ``KAFKA_DELTA_INGEST_CERT``/``_KEY``/``_CA`` hold PEM text (``ssl.certificate.pem``,
+    ``ssl.key.pem``, ``ssl.ca.pem``); ``KAFKA_DELTA_INGEST_SCRAM_JSON`` holds
+    ``{"username": ..., "password": ...}`` (``sasl.username``, ``sasl.password``). Like
+    kafka-delta-ingest, nothing else is implied: ``security.protocol`` and ``sasl.mechanism``
+    come from ``-K``.
+
+    Raises:
+        ConfigError: the SCRAM JSON is not an object with string ``username`` and ``password``.
+    """
+    out = {
+        key: value
+        for key, value in (
+            ("ssl.certificate.pem", certificate_pem),
+            ("ssl.key.pem", key_pem),
+            ("ssl.ca.pem", ca_pem),
+        )
+        if value
+    }
+    if scram_json:
+        import json
+
+        try:
+            scram = json.loads(scram_json)
+        except ValueError:
+            scram = None
+        if not isinstance(scram, dict) or not all(
+            isinstance(scram.get(k), str) for k in ("username", "password")
+        ):
+            # The value is a secret: never quote it.
+            raise ConfigError(
+                'KAFKA_DELTA_INGEST_SCRAM_JSON must be a JSON object {"username": "...", '
+                '"password": "..."} (value not shown)'
+            )
+        out["sasl.username"] = scram["username"]
+        out["sasl.password"] = scram["password"]
+    return out
 
 
 def _describe(exc: ValidationError) -> str:

@@ -183,11 +183,16 @@ def source_options(spark: SparkSession, config: IngestConfig) -> dict[str, str]:
             from deltaflow.sources.decode import SchemaRegistry
 
             options["schema_registry_url"] = config.avro
+            auth = config.schema_registry_auth.get_secret_value() if config.schema_registry_auth else None
+            if auth:
+                options["schema_registry_auth"] = auth
             # The reader schema, fixed once for the query (the source and its tasks share it).
             if config.avro_schema:
                 options["avro_schema"] = config.avro_schema
             else:
-                _id, options["avro_schema"] = SchemaRegistry(config.avro).latest(f"{config.topic}-value")
+                _id, options["avro_schema"] = SchemaRegistry(config.avro, basic_auth=auth).latest(
+                    f"{config.topic}-value"
+                )
         elif config.avro_schema:
             options["avro_schema"] = config.avro_schema
         else:
