@@ -238,6 +238,17 @@ STOP_POLL_S = 1
     "(topic, partition, offset, kafka_timestamp, key_base64, value_base64, error, dead_lettered_at).",
 )
 @click.option(
+    "--dlq-format",
+    "--dlq_format",
+    type=click.Choice(["deltaflow", "kafka-delta-ingest"]),
+    default="deltaflow",
+    envvar="DLQ_FORMAT",
+    show_envvar=True,
+    help="Dead-letter rows: deltaflow's (topic, partition, offset, kafka_timestamp, key_base64, "
+    "value_base64, error, dead_lettered_at) or kafka-delta-ingest's (base64_bytes, json_string, "
+    "error, timestamp, date).",
+)
+@click.option(
     "-b",
     "--min-bytes-per-file",
     "--min_bytes_per_file",
@@ -370,6 +381,7 @@ def ingest(
     decompress_gzip: bool,
     dlq_table_location: str | None,
     dlq_transforms: tuple[str, ...],
+    dlq_format: str,
     min_bytes_per_file: int | None,
     commit_to_group: bool,
     schema_evolution: bool,
@@ -448,6 +460,7 @@ def ingest(
         decompress_gzip=decompress_gzip,
         dlq_table_location=dlq_table_location,
         dlq_transforms=dlq_transforms,
+        dlq_format=dlq_format,
         min_bytes_per_file=min_bytes_per_file,
         commit_to_group=commit_to_group,
         schema_evolution=schema_evolution,

@@ -17,7 +17,11 @@ from deltaflow.config.sink import StreamSinkOptions
 from deltaflow.config.transforms import Transform, parse_transform
 from deltaflow.errors import ConfigError
 
-__all__ = ["IngestConfig", "client_security_settings"]
+__all__ = ["DlqFormat", "IngestConfig", "client_security_settings"]
+
+#: Row shapes of the dead-letter table: deltaflow's (coordinates, raw key and value) or
+#: kafka-delta-ingest's (``base64_bytes``, ``json_string``, ``error``, ``timestamp``, ``date``).
+DlqFormat = Literal["deltaflow", "kafka-delta-ingest"]
 
 #: Sink options ingest sets itself (progress, who writes, the claim; append only).
 _INGEST_OWNED = frozenset(
@@ -55,6 +59,8 @@ class IngestConfig(BaseModel):
             (kafka-delta-ingest's ``SCHEMA_REGISTRY_USERNAME``/``_PASSWORD``; masked).
         avro_schema: The Avro reader schema as text (a YAML pipeline's ``avro_schema``); with
             ``avro`` a registry URL it replaces the registry's latest schema as reader schema.
+        dlq_format: The dead-letter rows' shape (``--dlq_format``): ``deltaflow`` or
+            ``kafka-delta-ingest`` (see :mod:`deltaflow.pipeline.dead_letters`).
         table_options / dlq_table_options: Further sink options of the main / dead-letter
             table (:class:`~deltaflow.config.sink.SinkOptions` names: ``compression``,
             ``storage_options``, ``table_properties``, ...), as a YAML pipeline's sink sets them.
@@ -79,6 +85,7 @@ class IngestConfig(BaseModel):
     decompress_gzip: bool = False
     dlq_table_location: str | None = None
     dlq_transforms: tuple[str, ...] = ()
+    dlq_format: DlqFormat = "deltaflow"
     min_bytes_per_file: int | None = Field(default=None, ge=1)
     schema_evolution: bool = False
     ends_at_latest_offsets: bool = False

@@ -96,6 +96,7 @@ def ingest_plan(
         transforms=tuple(config.transforms),
         dlq_transforms=tuple(config.dlq_transforms),
         dlq_pipeline_id=dlq.pipeline_id if dlq is not None else None,
+        dlq_format=config.dlq_format,
         sample_unknown=SCHEMA_SAMPLE_PER_PARTITION if config.schema_evolution else 0,
     )
 
