@@ -32,6 +32,7 @@ from deltaflow.pipeline.evolution import (
     SCHEMA_SAMPLE_PER_PARTITION,
     evolve_schema,
     new_top_level_fields,
+    restart_if_table_gained,
     sample_text,
 )
 from deltaflow.pipeline.transforms import apply_transforms, failure
@@ -192,8 +193,8 @@ def _value_schema(spark: SparkSession, config: IngestConfig) -> StructType:
         import pyarrow as pa
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        # Columns a transform makes whole are not in the message; nested targets only add
-        # fields to a struct the message carries (they stay in the decoded schema as nulls).
+        # Columns a transform makes whole are not in the message; nor are nested targets
+        # (removed below: decoded, they would be null structs a transform cannot add to).
         produced = {t.target[0] for t in config.parsed_transforms() if len(t.target) == 1}
         table_schema = from_arrow_schema(pa.schema(table.schema().to_arrow()))
         table_fields = [f for f in table_schema.fields if f.name not in produced]
@@ -203,9 +204,10 @@ def _value_schema(spark: SparkSession, config: IngestConfig) -> StructType:
             raise ConfigError(f"--schema must list columns, got {config.value_schema!r}")
         # The table's other columns (added by schema evolution, or by hand) decode too.
         given = set(parsed.fieldNames())
-        return StructType([*parsed.fields, *(f for f in table_fields if f.name not in given)])
+        merged = StructType([*parsed.fields, *(f for f in table_fields if f.name not in given)])
+        return _without_nested_targets(merged, config)
     if table is not None:
-        return StructType(table_fields)
+        return _without_nested_targets(StructType(table_fields), config)
     samples = _sample_values(config)
     if not samples:
         raise ConfigError(
@@ -218,6 +220,38 @@ def _value_schema(spark: SparkSession, config: IngestConfig) -> StructType:
     inferred = StructType([f for f in inferred.fields if f.name != "_corrupt_record"])
     logger.info("inferred the JSON schema from %d message(s): %s", len(samples), inferred.simpleString())
     return inferred
+
+
+def _without_nested_targets(schema: StructType, config: IngestConfig) -> StructType:
+    """``schema`` without the nested fields transforms produce (``meta.kafka.offset``), and
+    without structs left empty by that (``meta.kafka``).
+
+    Messages do not carry them (kafka-delta-ingest's walkthrough: a table with ``meta.kafka``
+    filled by ``kafka.*`` transforms). Decoded from the table's schema they would be null
+    structs, and a field set inside a null struct stays null; left out, the transform adds the
+    struct to its parent (the table's column order is restored when the rows are written).
+    """
+    from pyspark.sql.types import StructField, StructType
+
+    targets = [t.target for t in config.parsed_transforms() if len(t.target) > 1]
+    if not targets:
+        return schema
+
+    def prune(struct: StructType, paths: list[tuple[str, ...]]) -> StructType:
+        fields: list[StructField] = []
+        for f in struct.fields:
+            below = [p[1:] for p in paths if p[0].lower() == f.name.lower()]
+            if any(len(p) == 0 for p in below):
+                continue  # the transform's target itself
+            if below and isinstance(f.dataType, StructType):
+                inner = prune(f.dataType, below)
+                if not inner.fields:
+                    continue
+                f = StructField(f.name, inner, f.nullable, f.metadata)
+            fields.append(f)
+        return StructType(fields)
+
+    return prune(schema, targets)
 
 
 def _sample_values(config: IngestConfig) -> list[str]:
@@ -408,6 +442,7 @@ class IngestWriter:
         schema_evolution: bool = False,
         gzipped: bool = False,
         dlq_format: str = "deltaflow",
+        follow_table: bool = False,
     ) -> None:
         from deltaflow.sinks.batch_writer import SparkBatchWriter
 
@@ -420,6 +455,7 @@ class IngestWriter:
         self._dlq_options = dlq
         self._dlq_transforms = list(dlq_transforms)
         self._dlq_format = dlq_format
+        self._follow_table = follow_table
         self.failed_total = 0
         self.unknown_total = 0
 
@@ -450,6 +486,8 @@ class IngestWriter:
             if stats["unknown"]:
                 self.unknown_total += stats["unknown"]
                 metrics.unknown_fields_seen(pipeline=pipeline, table=table, count=stats["unknown"])
+                if self._follow_table:
+                    restart_if_table_gained(self._main_options, stats["names"], batch_id)
                 if self._evolve:
                     self._evolve_schema(batch, batch_id, sorted(stats["names"]))
                 log_unknown_fields(batch_id, stats["unknown"], stats["names"])
@@ -593,6 +631,7 @@ def ingest(
             schema_evolution=config.schema_evolution,
             gzipped=config.decompress_gzip,
             dlq_format=config.dlq_format,
+            follow_table=config.value_format == "json",
         )
         stream = frame.writeStream.foreachBatch(writer)
     stream = stream.option("checkpointLocation", location).queryName(config.pipeline_id)
@@ -652,5 +691,6 @@ def _arrow_engine(
         group_config=group,
         schema_evolution=config.schema_evolution,
         gzipped=config.decompress_gzip,
+        follow_table=config.value_format == "json",
     )
     return arrow_stream(spark, options, plan, writer)

@@ -1,15 +1,23 @@
 """``deltaflow ingest`` as a drop-in for kafka-delta-ingest: its seek offsets, its progress,
-the table's partitioning, its dead-letter rows (in-process, on the shared Spark session)."""
+the table's partitioning, its dead-letter rows (in-process, on the shared Spark session); its
+README walkthrough and its multi-worker and schema-update scenarios (CLI processes)."""
 
 from __future__ import annotations
 
 import base64
 import datetime as dt
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Field, Transaction, write_deltalake
 
 from deltaflow.config.ingest import IngestConfig
 from deltaflow.errors import ConfigError
@@ -155,3 +163,170 @@ def test_kafka_delta_ingest_dead_letter_rows(spark, kafka, tmp_path, engine):
         assert row["error"]
         assert before - dt.timedelta(seconds=1) <= row["timestamp"] <= dt.datetime.now(dt.UTC)
         assert row["date"] == row["timestamp"].strftime("%Y-%m-%d")
+
+
+# --- kafka-delta-ingest's README walkthrough and its multi-process scenarios (CLI processes) ---
+
+ROOT = Path(__file__).resolve().parents[2]
+METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH")
+URLS = ("http://www.youku.com", "http://www.google.co.uk", "https://example.org/a", "http://example.com/b")
+
+
+def _web_requests(n):
+    """Messages of the shape of kafka-delta-ingest's tests/json/web_requests-100.json (generated,
+    not its file): a producer timestamp, method, session id, status, url, uuid."""
+    return [
+        {
+            "meta": {
+                "producer": {"timestamp": f"2021-03-24T15:06:{17 + i // 60:02d}.{321710 + i * 183:06d}+00:00"}
+            },
+            "method": METHODS[i % 5],
+            "session_id": str(uuid.UUID(int=(i + 1) * 7919)),
+            "status": (200, 201, 204, 400, 401, 404, 500)[i % 7],
+            "url": URLS[i % 4],
+            "uuid": str(uuid.UUID(int=(i + 1) * 104729)),
+        }
+        for i in range(n)
+    ]
+
+
+def _cli_env(**extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DELTAFLOW_TEST_", "KAFKA_", "TABLE_"))}
+    return {**env, **extra}
+
+
+def test_readme_walkthrough_from_a_container_manifest(kafka, tmp_path):
+    topic = kafka.create_topic(partitions=1)
+    messages = _web_requests(100)
+    kafka.produce(topic, [json.dumps(m).encode() for m in messages], partitions=1)
+    table = tmp_path / "web_requests"
+    # Created by another writer first, as the walkthrough's table is: its schema, partitioned by date.
+    kafka_meta = pa.struct([("offset", pa.int64()), ("topic", pa.string()), ("partition", pa.int32())])
+    schema = pa.schema(
+        [
+            (
+                "meta",
+                pa.struct([("producer", pa.struct([("timestamp", pa.string())])), ("kafka", kafka_meta)]),
+            ),
+            ("method", pa.string()),
+            ("session_id", pa.string()),
+            ("status", pa.int32()),
+            ("url", pa.string()),
+            ("uuid", pa.string()),
+            ("date", pa.string()),
+        ]
+    )
+    DeltaTable.create(str(table), schema, partition_by=["date"])
+    # `ingest web_requests ./tests/data/web_requests --allowed_latency 60 --app_id web_requests
+    #  --transform ... (four) --auto_offset_reset earliest`, every value from the environment.
+    env = _cli_env(
+        KAFKA_TOPIC=topic,
+        TABLE_LOCATION=str(table),
+        KAFKA_BROKERS=kafka.bootstrap,
+        APP_ID="web_requests",
+        ALLOWED_LATENCY="60",
+        KAFKA_AUTO_OFFSET_RESET="earliest",
+        TRANSFORMS="date: substr(meta.producer.timestamp, `0`, `10`)\n"
+        "meta.kafka.offset: kafka.offset\n"
+        "meta.kafka.partition: kafka.partition\n"
+        "meta.kafka.topic: kafka.topic\n",
+        ENDS_AT_LATEST_OFFSETS="true",
+        RUST_LOG="debug",
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "deltaflow.cli", "ingest"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "ingested 100 message(s)" in out.stdout
+    assert " DEBUG " in out.stderr  # RUST_LOG=debug
+    dt_ = DeltaTable(str(table))
+    assert dt_.metadata().partition_columns == ["date"]
+    assert {f.split("/")[-2] for f in dt_.file_uris()} == {"date=2021-03-24"}
+    rows = sorted(dt_.to_pyarrow_table().to_pylist(), key=lambda r: r["meta"]["kafka"]["offset"])
+    assert len(rows) == 100
+    for offset, (row, message) in enumerate(zip(rows, messages, strict=True)):
+        assert row["meta"] == {
+            "producer": message["meta"]["producer"],
+            "kafka": {"offset": offset, "topic": topic, "partition": 0},
+        }
+        assert {k: row[k] for k in ("method", "session_id", "status", "url", "uuid")} == {
+            k: message[k] for k in ("method", "session_id", "status", "url", "uuid")
+        }
+        assert row["date"] == "2021-03-24"
+    assert dt_.transaction_version(f"web_requests-{topic}-0") == 99
+
+
+def _rows(table):
+    try:
+        return DeltaTable(str(table)).to_pyarrow_table(columns=["id"]).num_rows
+    except Exception:  # noqa: BLE001 - not created yet
+        return -1
+
+
+def _poll(condition, timeout_s, what, *alive):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        for p in alive:
+            assert p.poll() is None, f"a worker exited ({p.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s} s"
+        time.sleep(0.2)
+
+
+def test_two_workers_and_a_column_added_by_another_writer(kafka, tmp_path):
+    """kafka-delta-ingest runs several workers on one topic (its consumer group splits the
+    partitions). deltaflow runs one writer per --app_id (Spark's tasks read the partitions in
+    parallel): a second worker takes the pipeline over, the first stops, every message lands
+    once. The worker then follows a column another writer adds while it runs."""
+    topic = kafka.create_topic(partitions=2)
+    table = tmp_path / "t"
+    command = [sys.executable, "-m", "deltaflow.cli", "ingest", topic, str(table), "-k", kafka.bootstrap]
+    command += ["-a", "workers", "-l", "1", "--schema", "id LONG, user STRING"]
+    logs = [tmp_path / "a.txt", tmp_path / "b.txt"]
+    workers = []
+    try:
+        with logs[0].open("w") as err:
+            workers.append(
+                subprocess.Popen(
+                    command, cwd=ROOT, env=_cli_env(), stdout=subprocess.PIPE, stderr=err, text=True
+                )
+            )
+        kafka.produce(topic, [json.dumps({"id": i, "user": "a"}).encode() for i in range(100)], partitions=2)
+        _poll(lambda: _rows(table) == 100, 240, "100 rows from worker 1", *workers)
+        with logs[1].open("w") as err:
+            workers.append(
+                subprocess.Popen(
+                    command, cwd=ROOT, env=_cli_env(), stdout=subprocess.PIPE, stderr=err, text=True
+                )
+            )
+        _poll(lambda: "as epoch 2" in logs[1].read_text(), 240, "worker 2's claim", workers[1])
+        kafka.produce(
+            topic, [json.dumps({"id": i, "user": "b"}).encode() for i in range(100, 200)], partitions=2
+        )
+        _poll(lambda: workers[0].poll() is not None, 120, "worker 1 to stop")
+        _poll(lambda: _rows(table) == 200, 120, "200 rows", workers[1])
+
+        DeltaTable(str(table)).alter.add_columns([Field("color", "string", nullable=True)])  # another writer
+        new = [json.dumps({"id": i, "user": "c", "color": f"c{i}"}).encode() for i in range(200, 220)]
+        kafka.produce(topic, new, partitions=2)
+        _poll(lambda: _rows(table) == 220, 120, "220 rows", workers[1])
+        workers[1].send_signal(signal.SIGTERM)
+        workers[1].communicate(timeout=120)
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+                w.wait()
+    first, second = (log.read_text() for log in logs)
+    assert workers[0].returncode == 2, first[-3000:]
+    assert "pipeline 'workers' was taken over" in first
+    assert workers[1].returncode == 0, second[-3000:]
+    assert "that the query does not decode (added since it started)" in second
+    rows = DeltaTable(str(table)).to_pyarrow_table().to_pylist()
+    assert sorted(r["id"] for r in rows) == list(range(220))  # every message once
+    assert {r["id"]: r["color"] for r in rows if r["id"] >= 200} == {i: f"c{i}" for i in range(200, 220)}
