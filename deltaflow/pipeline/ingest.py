@@ -309,6 +309,7 @@ def source_options(spark: SparkSession, config: IngestConfig) -> dict[str, str]:
         "batch_interval": str(config.allowed_latency or 0),
         "delta_table_uri": normalize_uri(config.table_uri),
         "pipeline_id": config.pipeline_id,
+        "kafka_delta_ingest_txns": "true",  # a table kafka-delta-ingest wrote resumes
     }
     storage = config.table_options.get("storage_options")
     if storage:  # the source reads the table's progress with them

@@ -124,6 +124,9 @@ class KafkaSourceOptions(BaseModel):
         pipeline_id: The pipeline whose txns to read (the sink's ``pipeline_id``; the option
             ``delta_app_id`` is accepted for it).
         delta_storage_options: Storage options for reading that table (JSON object).
+        kafka_delta_ingest_txns: Also take kafka-delta-ingest's progress txns
+            (``<pipeline_id>-<partition>``, no topic) as the table's, for one topic
+            (``deltaflow ingest`` does: a table kafka-delta-ingest wrote resumes where it stopped).
         value_format: ``binary`` (rows carry the value bytes), ``json`` or ``avro``: the source
             decodes values into a ``data`` struct, with ``error`` and ``unknown_fields`` columns;
             a message that fails to decode is a row with its error, never a failed batch.
@@ -158,6 +161,7 @@ class KafkaSourceOptions(BaseModel):
     delta_table_uri: str | None = None
     pipeline_id: PipelineId | None = None
     delta_storage_options: dict[str, str] = Field(default_factory=dict)
+    kafka_delta_ingest_txns: bool = False
     value_format: Literal["binary", "json", "avro"] = "binary"
     value_schema: str | None = None
     avro_schema: str | None = None
@@ -434,7 +438,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             normalize_uri(self._options.delta_table_uri), self._options.delta_storage_options
         )
         done = kafka_progress(table, self._options.pipeline_id, layout)
-        if len(layout) == 1:
+        if self._options.kafka_delta_ingest_txns and len(layout) == 1:
             # A table kafka-delta-ingest wrote as this app id: resume where it stopped.
             [(topic, parts)] = layout.items()
             before = kafka_delta_ingest_progress(table, self._options.pipeline_id, parts)
