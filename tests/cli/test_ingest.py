@@ -106,6 +106,10 @@ def test_short_flags_and_old_names_still_work(monkeypatch):
         True,
     )
     assert seen["kafka_settings"] == {"x": "y"}
+    assert seen["dlq_format"] == "deltaflow"
+    assert _parsed(monkeypatch, ["t", "/x", "--dlq_format", "kafka-delta-ingest"], {})["dlq_format"] == (
+        "kafka-delta-ingest"
+    )
     old = {
         "TABLE_URI": "/tmp/old",
         "KAFKA_CONSUMER_GROUP_ID": "g-old",
