@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import click
@@ -17,8 +18,9 @@ STOP_POLL_S = 1
 
 @click.command()
 @click.argument("topic", envvar="KAFKA_TOPIC")
-@click.argument("table_uri", envvar="TABLE_URI")
+@click.argument("table_uri", envvar=["TABLE_LOCATION", "TABLE_URI"])
 @click.option(
+    "-k",
     "--kafka",
     "brokers",
     default="localhost:9092",
@@ -27,6 +29,7 @@ STOP_POLL_S = 1
     help="Kafka bootstrap servers.",
 )
 @click.option(
+    "-a",
     "--pipeline-id",
     "--app-id",
     "--app_id",
@@ -37,16 +40,19 @@ STOP_POLL_S = 1
     help="Stable pipeline id: the Delta txn prefix <pipeline_id>-<topic>-<partition> and checkpoint name.",
 )
 @click.option(
+    "-g",
+    "--consumer-group",
+    "--consumer_group",
     "--consumer-group-id",
     "--consumer_group_id",
-    "--consumer_group",
     "consumer_group",
     default=None,
-    envvar="KAFKA_CONSUMER_GROUP_ID",
+    envvar=["KAFKA_CONSUMER_GROUP", "KAFKA_CONSUMER_GROUP_ID"],
     show_envvar=True,
     help="Kafka group.id of the reading consumers.",
 )
 @click.option(
+    "-l",
     "--allowed-latency",
     "--allowed_latency",
     type=click.FloatRange(min=0),
@@ -58,6 +64,7 @@ STOP_POLL_S = 1
     "drains batch after batch without pauses).",
 )
 @click.option(
+    "-m",
     "--max-messages-per-batch",
     "--max_messages_per_batch",
     type=click.IntRange(min=0),
@@ -67,11 +74,12 @@ STOP_POLL_S = 1
     help="Admission control per micro-batch (0 = no limit).",
 )
 @click.option(
+    "-o",
     "--auto-offset-reset",
     "--auto_offset_reset",
     type=click.Choice(["earliest", "latest"]),
     default="earliest",
-    envvar="AUTO_OFFSET_RESET",
+    envvar=["KAFKA_AUTO_OFFSET_RESET", "AUTO_OFFSET_RESET"],
     show_envvar=True,
     help="Where to start when the table holds no progress for a partition.",
 )
@@ -79,9 +87,11 @@ STOP_POLL_S = 1
     "--seek-offsets",
     "--seek_offsets",
     default=None,
-    envvar="SEEK_OFFSETS",
+    envvar=["KAFKA_SEEK_OFFSETS", "SEEK_OFFSETS"],
     show_envvar=True,
-    help="""Start offsets per partition as JSON, e.g. '{"0":123}'.""",
+    help="""Seek offsets per partition as JSON, e.g. '{"0":123}': the first message ingested from
+    partition 0 is 124 (kafka-delta-ingest's meaning). Used while the table holds no progress of
+    this --app_id for a partition; a table whose progress is behind them is refused.""",
 )
 @click.option(
     "-t",
@@ -108,6 +118,57 @@ STOP_POLL_S = 1
     help="librdkafka setting key=value (repeatable).",
 )
 @click.option(
+    "--ssl-certificate-pem",
+    "ssl_certificate_pem",
+    default=None,
+    envvar="KAFKA_DELTA_INGEST_CERT",
+    show_envvar=True,
+    help="Client certificate (PEM text) for TLS to the brokers: librdkafka's ssl.certificate.pem.",
+)
+@click.option(
+    "--ssl-key-pem",
+    "ssl_key_pem",
+    default=None,
+    envvar="KAFKA_DELTA_INGEST_KEY",
+    show_envvar=True,
+    help="The client certificate's private key (PEM text): ssl.key.pem.",
+)
+@click.option(
+    "--ssl-ca-pem",
+    "ssl_ca_pem",
+    default=None,
+    envvar="KAFKA_DELTA_INGEST_CA",
+    show_envvar=True,
+    help="CA certificate(s) (PEM text) to verify the brokers with: ssl.ca.pem.",
+)
+@click.option(
+    "--sasl-scram-json",
+    "sasl_scram_json",
+    default=None,
+    envvar="KAFKA_DELTA_INGEST_SCRAM_JSON",
+    show_envvar=True,
+    help="""'{"username": ..., "password": ...}': sasl.username and sasl.password (set
+    security.protocol and sasl.mechanism with -K). -K settings win over these four.""",
+)
+@click.option(
+    "-s",
+    "--statsd-endpoint",
+    "--statsd_endpoint",
+    default=None,
+    envvar="STATSD_ENDPOINT",
+    show_envvar=True,
+    help="Not served: deltaflow exports Prometheus metrics (--metrics_port) instead; given, it is refused.",
+)
+@click.option(
+    "--log-level",
+    default=None,
+    envvar="RUST_LOG",
+    show_envvar=True,
+    help="off, error, warn, info, debug or trace (kafka-delta-ingest's RUST_LOG levels; other "
+    "values mean info); --verbose wins.",
+)
+@click.option(
+    "-e",
     "--ends-at-latest-offsets",
     "--ends_at_latest_offsets",
     is_flag=True,
@@ -116,9 +177,10 @@ STOP_POLL_S = 1
     help="Read up to the offsets at start, commit, exit 0.",
 )
 @click.option(
+    "-c",
     "--checkpoints",
     is_flag=True,
-    envvar="CHECKPOINTS",
+    envvar=["WRITE_CHECKPOINTS", "CHECKPOINTS"],
     show_envvar=True,
     help="Write Delta log checkpoints (always done: every 10 commits, at delta-rs' interval).",
 )
@@ -132,6 +194,20 @@ STOP_POLL_S = 1
     envvar="AVRO",
     show_envvar=True,
     help="Values are Avro: a schema registry URL (Confluent wire format) or an .avsc file (bare datums).",
+)
+@click.option(
+    "--schema-registry-username",
+    default=None,
+    envvar="SCHEMA_REGISTRY_USERNAME",
+    show_envvar=True,
+    help="Basic-auth user of the --avro schema registry.",
+)
+@click.option(
+    "--schema-registry-password",
+    default=None,
+    envvar="SCHEMA_REGISTRY_PASSWORD",
+    show_envvar=True,
+    help="Basic-auth password of the --avro schema registry (with --schema-registry-username).",
 )
 @click.option(
     "--decompress-gzip",
@@ -162,6 +238,18 @@ STOP_POLL_S = 1
     "(topic, partition, offset, kafka_timestamp, key_base64, value_base64, error, dead_lettered_at).",
 )
 @click.option(
+    "--dlq-format",
+    "--dlq_format",
+    type=click.Choice(["deltaflow", "kafka-delta-ingest"]),
+    default="deltaflow",
+    envvar="DLQ_FORMAT",
+    show_envvar=True,
+    help="Dead-letter rows: deltaflow's (topic, partition, offset, kafka_timestamp, key_base64, "
+    "value_base64, error, dead_lettered_at) or kafka-delta-ingest's (base64_bytes, json_string, "
+    "error, timestamp, date).",
+)
+@click.option(
+    "-b",
     "--min-bytes-per-file",
     "--min_bytes_per_file",
     type=click.IntRange(min=1),
@@ -278,13 +366,22 @@ def ingest(
     seek_offsets: str | None,
     transforms: tuple[str, ...],
     kafka_settings: tuple[str, ...],
+    ssl_certificate_pem: str | None,
+    ssl_key_pem: str | None,
+    ssl_ca_pem: str | None,
+    sasl_scram_json: str | None,
+    statsd_endpoint: str | None,
+    log_level: str | None,
     ends_at_latest_offsets: bool,
     checkpoints: bool,
     value_format: str,
     avro: str | None,
+    schema_registry_username: str | None,
+    schema_registry_password: str | None,
     decompress_gzip: bool,
     dlq_table_location: str | None,
     dlq_transforms: tuple[str, ...],
+    dlq_format: str,
     min_bytes_per_file: int | None,
     commit_to_group: bool,
     schema_evolution: bool,
@@ -308,9 +405,16 @@ def ingest(
     import json as _json
     import signal
 
-    from deltaflow.config.ingest import IngestConfig
+    from deltaflow.config.ingest import IngestConfig, client_security_settings
     from deltaflow.pipeline.ingest import ingest as start_ingest
 
+    if statsd_endpoint:
+        raise click.BadParameter(
+            f"{statsd_endpoint!r}: deltaflow does not send statsd metrics; serve Prometheus "
+            "metrics with --metrics_port <port> (/metrics) instead, and unset STATSD_ENDPOINT",
+            param_hint="--statsd_endpoint",
+        )
+    _apply_log_level(log_level)
     try:
         seek = {str(k): int(v) for k, v in _json.loads(seek_offsets).items()} if seek_offsets else None
     except (ValueError, AttributeError) as exc:
@@ -336,12 +440,27 @@ def ingest(
         ends_at_latest_offsets=ends_at_latest_offsets,
         checkpoint_location=checkpoint_location,
         partition_by=partition_by,
-        kafka_settings=key_values(kafka_settings, "--kafka-setting"),
+        # kafka-delta-ingest's TLS/SCRAM variables first: -K settings win over them.
+        kafka_settings={
+            **client_security_settings(
+                certificate_pem=ssl_certificate_pem,
+                key_pem=ssl_key_pem,
+                ca_pem=ssl_ca_pem,
+                scram_json=sasl_scram_json,
+            ),
+            **key_values(kafka_settings, "--kafka-setting"),
+        },
         consumer_group=consumer_group,
         avro=avro,
+        schema_registry_auth=(
+            f"{schema_registry_username}:{schema_registry_password or ''}"
+            if schema_registry_username
+            else None
+        ),
         decompress_gzip=decompress_gzip,
         dlq_table_location=dlq_table_location,
         dlq_transforms=dlq_transforms,
+        dlq_format=dlq_format,
         min_bytes_per_file=min_bytes_per_file,
         commit_to_group=commit_to_group,
         schema_evolution=schema_evolution,
@@ -385,3 +504,26 @@ def ingest(
     if summary.restarts:
         click.echo(f"the query was restarted {summary.restarts} time(s) after transient failures", err=True)
     click.echo(f"ingested {summary.messages:,} message(s) in {summary.batches} batch(es) into {table_uri}")
+
+
+#: kafka-delta-ingest's RUST_LOG levels (a bare level, any case) as logging levels.
+_RUST_LEVELS = {
+    "off": logging.CRITICAL + 10,
+    "error": logging.ERROR,
+    "warn": logging.WARNING,
+    "info": logging.INFO,
+    "debug": logging.DEBUG,
+    "trace": logging.DEBUG,
+}
+
+
+def _apply_log_level(level: str | None) -> None:
+    """``RUST_LOG`` / ``--log-level`` as the root logger's level, unless ``--verbose`` is set.
+
+    kafka-delta-ingest reads a bare level only and takes ``info`` for anything else (module
+    filters like ``kafka_delta_ingest=debug`` included); so does this.
+    """
+    root = click.get_current_context().find_root()
+    if level is None or (root.obj or {}).get("verbose"):
+        return
+    logging.getLogger().setLevel(_RUST_LEVELS.get(level.strip().lower(), logging.INFO))

@@ -17,7 +17,11 @@ from deltaflow.config.sink import StreamSinkOptions
 from deltaflow.config.transforms import Transform, parse_transform
 from deltaflow.errors import ConfigError
 
-__all__ = ["IngestConfig"]
+__all__ = ["DlqFormat", "IngestConfig", "client_security_settings"]
+
+#: Row shapes of the dead-letter table: deltaflow's (coordinates, raw key and value) or
+#: kafka-delta-ingest's (``base64_bytes``, ``json_string``, ``error``, ``timestamp``, ``date``).
+DlqFormat = Literal["deltaflow", "kafka-delta-ingest"]
 
 #: Sink options ingest sets itself (progress, who writes, the claim; append only).
 _INGEST_OWNED = frozenset(
@@ -51,8 +55,12 @@ class IngestConfig(BaseModel):
             engine whenever it can run the configuration (no ``sql:`` transforms, no schema
             evolution).
         kafka_settings: librdkafka settings (``-K key=value``); values are secrets (masked).
+        schema_registry_auth: ``user:password`` for the Avro schema registry's basic auth
+            (kafka-delta-ingest's ``SCHEMA_REGISTRY_USERNAME``/``_PASSWORD``; masked).
         avro_schema: The Avro reader schema as text (a YAML pipeline's ``avro_schema``); with
             ``avro`` a registry URL it replaces the registry's latest schema as reader schema.
+        dlq_format: The dead-letter rows' shape (``--dlq_format``): ``deltaflow`` or
+            ``kafka-delta-ingest`` (see :mod:`deltaflow.pipeline.dead_letters`).
         table_options / dlq_table_options: Further sink options of the main / dead-letter
             table (:class:`~deltaflow.config.sink.SinkOptions` names: ``compression``,
             ``storage_options``, ``table_properties``, ...), as a YAML pipeline's sink sets them.
@@ -73,9 +81,11 @@ class IngestConfig(BaseModel):
     value_schema: str | None = Field(default=None, validation_alias=AliasChoices("value_schema", "schema"))
     avro: str | None = None
     avro_schema: str | None = None
+    schema_registry_auth: SecretStr | None = None
     decompress_gzip: bool = False
     dlq_table_location: str | None = None
     dlq_transforms: tuple[str, ...] = ()
+    dlq_format: DlqFormat = "deltaflow"
     min_bytes_per_file: int | None = Field(default=None, ge=1)
     schema_evolution: bool = False
     ends_at_latest_offsets: bool = False
@@ -171,6 +181,53 @@ class IngestConfig(BaseModel):
                 **extra,
             }
         )
+
+
+def client_security_settings(
+    *,
+    certificate_pem: str | None = None,
+    key_pem: str | None = None,
+    ca_pem: str | None = None,
+    scram_json: str | None = None,
+) -> dict[str, str]:
+    """librdkafka settings from kafka-delta-ingest's TLS and SCRAM environment variables.
+
+    ``KAFKA_DELTA_INGEST_CERT``/``_KEY``/``_CA`` hold PEM text (``ssl.certificate.pem``,
+    ``ssl.key.pem``, ``ssl.ca.pem``); ``KAFKA_DELTA_INGEST_SCRAM_JSON`` holds
+    ``{"username": ..., "password": ...}`` (``sasl.username``, ``sasl.password``). Like
+    kafka-delta-ingest, nothing else is implied: ``security.protocol`` and ``sasl.mechanism``
+    come from ``-K``.
+
+    Raises:
+        ConfigError: the SCRAM JSON is not an object with string ``username`` and ``password``.
+    """
+    out = {
+        key: value
+        for key, value in (
+            ("ssl.certificate.pem", certificate_pem),
+            ("ssl.key.pem", key_pem),
+            ("ssl.ca.pem", ca_pem),
+        )
+        if value
+    }
+    if scram_json:
+        import json
+
+        try:
+            scram = json.loads(scram_json)
+        except ValueError:
+            scram = None
+        if not isinstance(scram, dict) or not all(
+            isinstance(scram.get(k), str) for k in ("username", "password")
+        ):
+            # The value is a secret: never quote it.
+            raise ConfigError(
+                'KAFKA_DELTA_INGEST_SCRAM_JSON must be a JSON object {"username": "...", '
+                '"password": "..."} (value not shown)'
+            )
+        out["sasl.username"] = scram["username"]
+        out["sasl.password"] = scram["password"]
+    return out
 
 
 def _describe(exc: ValidationError) -> str:

@@ -2,8 +2,10 @@
 
 A commit records its progress in the same transaction as its files (DESIGN.md "The commit
 sequence"): ``txn(pipeline_id, batch_id)`` for a micro-batch, and for Kafka one
-``txn(<pipeline_id>-<topic>-<partition>, last offset)`` per partition (kafka-delta-ingest's
-scheme), so a replay is recognised and a lost Spark checkpoint resumes from the table.
+``txn(<pipeline_id>-<topic>-<partition>, last offset)`` per partition, so a replay is
+recognised and a lost Spark checkpoint resumes from the table. kafka-delta-ingest records
+``txn(<app_id>-<partition>, last offset)`` (no topic): a table it wrote is read with
+:func:`kafka_delta_ingest_progress`, so ``deltaflow ingest`` resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -16,7 +18,14 @@ from deltaflow.errors import CheckpointMismatchError
 if TYPE_CHECKING:
     from deltalake import DeltaTable
 
-__all__ = ["advancing_txns", "is_committed", "kafka_progress", "kafka_txn_id", "transaction_version"]
+__all__ = [
+    "advancing_txns",
+    "is_committed",
+    "kafka_delta_ingest_progress",
+    "kafka_progress",
+    "kafka_txn_id",
+    "transaction_version",
+]
 
 
 def transaction_version(table: DeltaTable | None, app_id: str) -> int | None:
@@ -27,8 +36,23 @@ def transaction_version(table: DeltaTable | None, app_id: str) -> int | None:
 
 
 def kafka_txn_id(app_id: str, topic: str, partition: int | str) -> str:
-    """The txn app id that records a Kafka partition's progress (kafka-delta-ingest's scheme)."""
+    """The txn app id that records a Kafka partition's progress."""
     return f"{app_id}-{topic}-{partition}"
+
+
+def kafka_delta_ingest_progress(
+    table: DeltaTable | None, app_id: str, partitions: Sequence[int | str]
+) -> dict[str, int]:
+    """Last offset per partition that kafka-delta-ingest committed as ``app_id`` (its txns
+    ``<app_id>-<partition>`` carry no topic: one topic per app id)."""
+    out: dict[str, int] = {}
+    if table is None:
+        return out
+    for p in partitions:
+        version = table.transaction_version(f"{app_id}-{p}")
+        if version is not None:
+            out[str(p)] = int(version)
+    return out
 
 
 def kafka_progress(

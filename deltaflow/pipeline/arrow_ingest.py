@@ -96,6 +96,7 @@ def ingest_plan(
         transforms=tuple(config.transforms),
         dlq_transforms=tuple(config.dlq_transforms),
         dlq_pipeline_id=dlq.pipeline_id if dlq is not None else None,
+        dlq_format=config.dlq_format,
         sample_unknown=SCHEMA_SAMPLE_PER_PARTITION if config.schema_evolution else 0,
     )
 
@@ -142,10 +143,12 @@ class ArrowIngestWriter:
         group_config: Mapping[str, str] | None = None,
         schema_evolution: bool = False,
         gzipped: bool = False,
+        follow_table: bool = False,
     ) -> None:
         from deltaflow.sinks.datasource import _DeltaSink
 
         self._evolve = schema_evolution
+        self._follow_table = follow_table
         self._gzipped = gzipped
         self._pipeline = main.pipeline_id
         self._main = _DeltaSink(main, main_schema, overwrite=False)
@@ -164,6 +167,11 @@ class ArrowIngestWriter:
         dlq_attempted = False
         try:
             failed = self._report(results, batch_id)
+            if self._follow_table:
+                from deltaflow.pipeline.evolution import restart_if_table_gained
+
+                names = set().union(*(r.unknown_names for r in results))
+                restart_if_table_gained(self._main.options, names, batch_id)
             if self._evolve:
                 self._evolve_schema(batch.sparkSession, results, batch_id)  # raises if it added columns
             if failed and self._dlq is not None:

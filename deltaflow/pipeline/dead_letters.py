@@ -5,6 +5,13 @@ Two layouts, both defined here:
 * ``deltaflow ingest`` (kafka-delta-ingest's dead-letter table): one row per Kafka message that
   failed decoding or a transform, with its coordinates and raw bytes (:data:`KAFKA_COLUMNS`);
   ``--dlq_transform`` adds columns. Its txns are ``<pipeline_id>-dlq-<topic>-<partition>``.
+* ``deltaflow ingest --dlq_format kafka-delta-ingest``: kafka-delta-ingest's own row
+  (:data:`KDI_COLUMNS`): ``base64_bytes`` (the value in base64, when it is not JSON text: it
+  could not be decoded), ``json_string`` (the value, when it is JSON text that a transform or a
+  column type refused), ``error``, ``timestamp`` (when the dead letter was made: epoch
+  microseconds while ``--dlq_transform``s run, as kafka-delta-ingest's transforms see it, then a
+  TIMESTAMP) and ``date`` (its UTC date, ``yyyy-MM-dd``: kafka-delta-ingest's documented
+  partition column, which it leaves to a transform; a ``--dlq_transform`` of ``date`` wins).
 * Pipelines (``deltaflow run``/``sql``): one row per record of any source, with the reason (an
   expectation with ``action: drop``, an undecodable Kafka message) and the record as JSON
   (:data:`PIPELINE_SCHEMA`). Its txn is the pipeline's batch id, like its sinks'.
@@ -28,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = [
     "INGEST_META",
     "KAFKA_COLUMNS",
+    "KDI_COLUMNS",
     "PIPELINE_SCHEMA",
     "ingest_letters",
     "log_failed",
@@ -50,17 +58,40 @@ KAFKA_COLUMNS = (
     "error",
     "dead_lettered_at",
 )
+#: Columns of kafka-delta-ingest's dead-letter table (``--dlq_format kafka-delta-ingest``).
+KDI_COLUMNS = ("base64_bytes", "json_string", "error", "timestamp", "date")
 #: Columns of a pipeline's dead-letter table.
 PIPELINE_SCHEMA = (
     "pipeline_id STRING, batch_id BIGINT, reason STRING, record STRING, dead_lettered_at TIMESTAMP"
 )
 
 
-def ingest_letters(frame: DataFrame, transforms: Sequence[Transform] = ()) -> DataFrame:
-    """The dead-letter rows of an ingest frame: its failed messages, raw bytes in base64."""
+def ingest_letters(
+    frame: DataFrame, transforms: Sequence[Transform] = (), dlq_format: str = "deltaflow"
+) -> DataFrame:
+    """The dead-letter rows of an ingest frame: its failed messages, in ``dlq_format``'s shape."""
     from pyspark.sql import functions as F  # noqa: N812
+    from pyspark.sql.types import LongType
 
-    out = frame.filter(F.col(f"{INGEST_META}.error").isNotNull()).select(
+    failed = frame.filter(F.col(f"{INGEST_META}.error").isNotNull())
+    if dlq_format == "kafka-delta-ingest":
+        value = F.col(f"{INGEST_META}.value")
+        text = value.cast("string")
+        is_json = F.try_parse_json(text).isNotNull()
+        now = F.current_timestamp()
+        kdi = failed.select(
+            F.when(~is_json, F.base64(value)).alias("base64_bytes"),
+            F.when(is_json, text).alias("json_string"),
+            F.col(f"{INGEST_META}.error").alias("error"),
+            F.unix_micros(now).alias("timestamp"),
+            F.date_format(now, "yyyy-MM-dd").alias("date"),  # the session's time zone is UTC
+            F.col("kafka"),
+        )
+        kdi = apply_transforms(kdi, transforms).drop("kafka")
+        if isinstance(kdi.schema["timestamp"].dataType, LongType):
+            kdi = kdi.withColumn("timestamp", F.timestamp_micros("timestamp"))
+        return kdi
+    out = failed.select(
         F.col("kafka.topic").alias("topic"),
         F.col("kafka.partition").alias("partition"),
         F.col("kafka.offset").alias("offset"),

@@ -6,11 +6,15 @@ added to the table in a commit of their own, and the query restarts
 (:class:`~deltaflow.errors.SchemaEvolvedError`) to decode the batch again with them. Nothing of
 that batch is committed. The samples come from the batch's rows on the Spark engine and from
 the source tasks' results on the Arrow engine.
+
+Columns another writer adds while ingest runs are followed too (kafka-delta-ingest picks up a
+table's new schema): a batch whose messages carry a top-level field the table now has as a
+column is not committed, and the query restarts to decode it (:func:`restart_if_table_gained`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from deltaflow.config.locations import normalize_uri
@@ -23,6 +27,7 @@ __all__ = [
     "SCHEMA_SAMPLE_PER_PARTITION",
     "evolve_schema",
     "new_top_level_fields",
+    "restart_if_table_gained",
     "sample_text",
     "sample_texts",
 ]
@@ -60,6 +65,38 @@ def new_top_level_fields(options: SinkOptions, names: Sequence[str]) -> set[str]
         return set()
     have = {name.lower() for name in table.schema().to_arrow().names}
     return {n for n in names if "." not in n and n.lower() not in have}
+
+
+def restart_if_table_gained(options: SinkOptions, names: Iterable[str], batch_id: int) -> None:
+    """Restart when the table has columns for fields this batch's messages carry but the query
+    does not decode: another writer added them since the query started.
+
+    Only exact-case top-level names count (a name the decoder treats as unknown in another case
+    would restart forever).
+
+    Raises:
+        SchemaEvolvedError: such columns exist; nothing of this batch is committed, and the
+            restarted query decodes the batch again with them.
+    """
+    from deltaflow.delta import log as delta_log
+    from deltaflow.errors import SchemaEvolvedError
+
+    top = {n for n in names if "." not in n}
+    if not top:
+        return
+    uri = normalize_uri(options.table_uri)
+    table = delta_log.load(uri, options.storage_options)
+    if table is None:
+        return
+    gained = sorted(top & set(table.schema().to_arrow().names))
+    if gained:
+        raise SchemaEvolvedError(
+            f"batch {batch_id}: {uri} has column(s) {', '.join(gained)} that the query does not "
+            "decode (added since it started); restarting the query to decode them (nothing of "
+            "the batch was committed)",
+            batch_id=batch_id,
+            table_uri=uri,
+        )
 
 
 def evolve_schema(

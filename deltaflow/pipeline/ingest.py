@@ -32,6 +32,7 @@ from deltaflow.pipeline.evolution import (
     SCHEMA_SAMPLE_PER_PARTITION,
     evolve_schema,
     new_top_level_fields,
+    restart_if_table_gained,
     sample_text,
 )
 from deltaflow.pipeline.transforms import apply_transforms, failure
@@ -52,8 +53,130 @@ logger = logging.getLogger(__name__)
 
 def _starting_offsets(config: IngestConfig) -> str:
     if config.seek_offsets:
-        return json.dumps({config.topic: {str(p): int(o) for p, o in config.seek_offsets.items()}})
+        # kafka-delta-ingest *seeks*: the first message ingested is the one after the offset.
+        return json.dumps({config.topic: {str(p): int(o) + 1 for p, o in config.seek_offsets.items()}})
     return config.auto_offset_reset
+
+
+def _stored_offsets(config: IngestConfig, table: Any) -> dict[str, int]:
+    """The table's progress for the partitions of ``--seek_offsets`` (kafka-delta-ingest's
+    txns included)."""
+    from deltaflow.delta.progress import kafka_delta_ingest_progress, kafka_progress
+
+    parts = list(config.seek_offsets or {})
+    done = kafka_progress(table, config.pipeline_id, {config.topic: parts}).get(config.topic, {})
+    return {**kafka_delta_ingest_progress(table, config.pipeline_id, parts), **done}
+
+
+def _check_seek_offsets(config: IngestConfig) -> None:
+    """``--seek_offsets`` against the table's progress, before anything is written.
+
+    Progress behind a seek offset is refused: seeking would skip messages after what the
+    pipeline already wrote (kafka-delta-ingest's ``InconsistentStoredOffsets``); a new
+    ``--app_id`` is the deliberate way to skip ahead. Progress at or beyond it wins.
+
+    Raises:
+        ConfigError: the table's progress is behind the seek offsets.
+    """
+    if not config.seek_offsets:
+        return
+    from deltaflow.delta import log as delta_log
+
+    uri = normalize_uri(config.table_uri)
+    app = config.pipeline_id
+    table = delta_log.load(uri, dict(config.table_options.get("storage_options") or {}))
+    held = _stored_offsets(config, table)
+    seek = {str(p): int(o) for p, o in config.seek_offsets.items()}
+    behind = {p: (held[p], o) for p, o in seek.items() if p in held and held[p] < o}
+    if behind:
+        detail = ", ".join(f"partition {p}: stored={s}/seek={o}" for p, (s, o) in sorted(behind.items()))
+        raise ConfigError(
+            f"table {uri!r} holds offsets of --app_id {app!r} behind the seek offsets ({detail}); "
+            "seeking would skip messages after what it holds. Drop --seek_offsets to resume from "
+            "the table, or use a new --app_id to start at the seek offsets",
+            table_uri=uri,
+            pipeline_id=app,
+        )
+
+
+def _record_seek_offsets(config: IngestConfig, main: StreamSinkOptions) -> None:
+    """``--seek_offsets`` recorded as kafka-delta-ingest does, before the first batch: the
+    partitions the table holds no progress for get one commit of txns
+    ``<app_id>-<topic>-<partition>`` = the seek offset, no files, so the first message read is
+    the next one and a restart without the flag keeps the position."""
+    if not config.seek_offsets:
+        return
+    import pyarrow as pa
+
+    from deltaflow.delta import commit
+    from deltaflow.delta import log as delta_log
+    from deltaflow.delta.progress import kafka_txn_id
+
+    uri = normalize_uri(main.table_uri)
+    app, topic = config.pipeline_id, config.topic
+    seek = {str(p): int(o) for p, o in config.seek_offsets.items()}
+
+    def missing(t: Any) -> dict[str, int]:
+        held = _stored_offsets(config, t)
+        return {kafka_txn_id(app, topic, p): o for p, o in seek.items() if p not in held}
+
+    table = delta_log.load(uri, main.storage_options)
+    if table is None or not missing(table):
+        logger.info("seek offsets %s: the table holds them or later ones", seek)
+        return
+
+    fence = (
+        commit.Fence(commit.fence_app_id(app), main.writer_epoch) if main.writer_epoch is not None else None
+    )
+    commit.commit_files(
+        uri,
+        [],
+        what=f"seek offsets of {app!r}",
+        schema=pa.schema(table.schema().to_arrow()),
+        partition_by=main.partition_columns,
+        mode="append",
+        metadata={"deltaflow.operation": "seek offsets", "deltaflow.pipeline_id": app},
+        storage_options=main.storage_options,
+        policy=commit.RetryPolicy(max_retries=main.max_commit_retries),
+        create_if_missing=False,
+        properties={},
+        txns=missing,
+        already_done=lambda t: not missing(t),
+        fence=fence,
+    )
+    logger.info("seek offsets %s recorded in %s: the first message read is the next one", seek, uri)
+
+
+def _with_table_partitioning(config: IngestConfig) -> IngestConfig:
+    """The partitioning of an existing table, as kafka-delta-ingest takes it: from the table.
+
+    Without ``--partition_by`` the table's partition columns are used; an explicit one that
+    differs is refused (a table's partitioning is fixed when it is created).
+
+    Raises:
+        ConfigError: ``--partition_by`` differs from the existing table's partitioning.
+    """
+    from deltaflow.delta import log as delta_log
+
+    uri = normalize_uri(config.table_uri)
+    table = delta_log.load(uri, dict(config.table_options.get("storage_options") or {}))
+    if table is None:
+        return config
+    have = list(table.metadata().partition_columns)
+    given = list(config.table_options.get("partition_columns") or config.partition_by)
+    if given and given != have:
+        raise ConfigError(
+            f"table {uri!r} is partitioned by {have}, but --partition_by {given} was given; "
+            "an existing table keeps its partitioning: drop --partition_by to use the table's",
+            table_uri=uri,
+        )
+    if given or not have:
+        return config
+    logger.info("table %s is partitioned by %s: writing with its partitioning", uri, have)
+    table_options = dict(config.table_options)
+    if "partition_columns" in table_options:
+        table_options["partition_columns"] = have
+    return config.model_copy(update={"partition_by": tuple(have), "table_options": table_options})
 
 
 def _value_schema(spark: SparkSession, config: IngestConfig) -> StructType:
@@ -70,8 +193,8 @@ def _value_schema(spark: SparkSession, config: IngestConfig) -> StructType:
         import pyarrow as pa
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        # Columns a transform makes whole are not in the message; nested targets only add
-        # fields to a struct the message carries (they stay in the decoded schema as nulls).
+        # Columns a transform makes whole are not in the message; nor are nested targets
+        # (removed below: decoded, they would be null structs a transform cannot add to).
         produced = {t.target[0] for t in config.parsed_transforms() if len(t.target) == 1}
         table_schema = from_arrow_schema(pa.schema(table.schema().to_arrow()))
         table_fields = [f for f in table_schema.fields if f.name not in produced]
@@ -81,9 +204,10 @@ def _value_schema(spark: SparkSession, config: IngestConfig) -> StructType:
             raise ConfigError(f"--schema must list columns, got {config.value_schema!r}")
         # The table's other columns (added by schema evolution, or by hand) decode too.
         given = set(parsed.fieldNames())
-        return StructType([*parsed.fields, *(f for f in table_fields if f.name not in given)])
+        merged = StructType([*parsed.fields, *(f for f in table_fields if f.name not in given)])
+        return _without_nested_targets(merged, config)
     if table is not None:
-        return StructType(table_fields)
+        return _without_nested_targets(StructType(table_fields), config)
     samples = _sample_values(config)
     if not samples:
         raise ConfigError(
@@ -96,6 +220,38 @@ def _value_schema(spark: SparkSession, config: IngestConfig) -> StructType:
     inferred = StructType([f for f in inferred.fields if f.name != "_corrupt_record"])
     logger.info("inferred the JSON schema from %d message(s): %s", len(samples), inferred.simpleString())
     return inferred
+
+
+def _without_nested_targets(schema: StructType, config: IngestConfig) -> StructType:
+    """``schema`` without the nested fields transforms produce (``meta.kafka.offset``), and
+    without structs left empty by that (``meta.kafka``).
+
+    Messages do not carry them (kafka-delta-ingest's walkthrough: a table with ``meta.kafka``
+    filled by ``kafka.*`` transforms). Decoded from the table's schema they would be null
+    structs, and a field set inside a null struct stays null; left out, the transform adds the
+    struct to its parent (the table's column order is restored when the rows are written).
+    """
+    from pyspark.sql.types import StructField, StructType
+
+    targets = [t.target for t in config.parsed_transforms() if len(t.target) > 1]
+    if not targets:
+        return schema
+
+    def prune(struct: StructType, paths: list[tuple[str, ...]]) -> StructType:
+        fields: list[StructField] = []
+        for f in struct.fields:
+            below = [p[1:] for p in paths if p[0].lower() == f.name.lower()]
+            if any(len(p) == 0 for p in below):
+                continue  # the transform's target itself
+            if below and isinstance(f.dataType, StructType):
+                inner = prune(f.dataType, below)
+                if not inner.fields:
+                    continue
+                f = StructField(f.name, inner, f.nullable, f.metadata)
+            fields.append(f)
+        return StructType(fields)
+
+    return prune(schema, targets)
 
 
 def _sample_values(config: IngestConfig) -> list[str]:
@@ -153,6 +309,7 @@ def source_options(spark: SparkSession, config: IngestConfig) -> dict[str, str]:
         "batch_interval": str(config.allowed_latency or 0),
         "delta_table_uri": normalize_uri(config.table_uri),
         "pipeline_id": config.pipeline_id,
+        "kafka_delta_ingest_txns": "true",  # a table kafka-delta-ingest wrote resumes
     }
     storage = config.table_options.get("storage_options")
     if storage:  # the source reads the table's progress with them
@@ -183,11 +340,16 @@ def source_options(spark: SparkSession, config: IngestConfig) -> dict[str, str]:
             from deltaflow.sources.decode import SchemaRegistry
 
             options["schema_registry_url"] = config.avro
+            auth = config.schema_registry_auth.get_secret_value() if config.schema_registry_auth else None
+            if auth:
+                options["schema_registry_auth"] = auth
             # The reader schema, fixed once for the query (the source and its tasks share it).
             if config.avro_schema:
                 options["avro_schema"] = config.avro_schema
             else:
-                _id, options["avro_schema"] = SchemaRegistry(config.avro).latest(f"{config.topic}-value")
+                _id, options["avro_schema"] = SchemaRegistry(config.avro, basic_auth=auth).latest(
+                    f"{config.topic}-value"
+                )
         elif config.avro_schema:
             options["avro_schema"] = config.avro_schema
         else:
@@ -280,6 +442,8 @@ class IngestWriter:
         group_config: Mapping[str, str] | None = None,
         schema_evolution: bool = False,
         gzipped: bool = False,
+        dlq_format: str = "deltaflow",
+        follow_table: bool = False,
     ) -> None:
         from deltaflow.sinks.batch_writer import SparkBatchWriter
 
@@ -291,6 +455,8 @@ class IngestWriter:
         self._dlq = SparkBatchWriter(dlq) if dlq else None
         self._dlq_options = dlq
         self._dlq_transforms = list(dlq_transforms)
+        self._dlq_format = dlq_format
+        self._follow_table = follow_table
         self.failed_total = 0
         self.unknown_total = 0
 
@@ -321,6 +487,8 @@ class IngestWriter:
             if stats["unknown"]:
                 self.unknown_total += stats["unknown"]
                 metrics.unknown_fields_seen(pipeline=pipeline, table=table, count=stats["unknown"])
+                if self._follow_table:
+                    restart_if_table_gained(self._main_options, stats["names"], batch_id)
                 if self._evolve:
                     self._evolve_schema(batch, batch_id, sorted(stats["names"]))
                 log_unknown_fields(batch_id, stats["unknown"], stats["names"])
@@ -369,7 +537,9 @@ class IngestWriter:
         again = Observation(f"deltaflow-dlq-{self._dlq_options.pipeline_id}-{batch_id}")
         source = batch.observe(again, F.count(F.col(f"{META}.error")).alias("failed"))
         seen = _already_dead_lettered(self._dlq_options, batch_id)
-        rows = ingest_letters(source if seen is None else source.filter(~seen), self._dlq_transforms)
+        rows = ingest_letters(
+            source if seen is None else source.filter(~seen), self._dlq_transforms, self._dlq_format
+        )
         log_failed(batch_id, failed, first_error, dead_letter_table=True)
         pending = self._dlq.write_files(rows, batch_id)
         if pending is None:
@@ -419,6 +589,8 @@ def ingest(
     from deltaflow.pipeline.api import _claim, _prepare_table, default_checkpoint_location
     from deltaflow.pipeline.arrow_ingest import choose_engine
 
+    config = _with_table_partitioning(config)
+    _check_seek_offsets(config)
     engine = choose_engine(config)
     options = source_options(spark, config)
     # The Arrow engine reads with a source of its own and needs the Kafka rows' schema only
@@ -431,11 +603,12 @@ def ingest(
     dlq = config.dlq_options(location)
     dlq_transforms = config.parsed_dlq_transforms()
     if dlq is not None:
-        _prepare_table(ingest_letters(frame, dlq_transforms), dlq)
+        _prepare_table(ingest_letters(frame, dlq_transforms, config.dlq_format), dlq)
         dlq = _claim(dlq)
     # Claimed before the query plans its first batch from the table's progress: from here on a
     # process that started earlier on this pipeline can no longer commit (zombie writers).
     main = _claim(main)
+    _record_seek_offsets(config, main)
     group = None
     if config.commit_to_group:
         group = {"bootstrap.servers": config.brokers, **config.kafka_conf}
@@ -458,6 +631,8 @@ def ingest(
             group_config=group,
             schema_evolution=config.schema_evolution,
             gzipped=config.decompress_gzip,
+            dlq_format=config.dlq_format,
+            follow_table=config.value_format == "json",
         )
         stream = frame.writeStream.foreachBatch(writer)
     stream = stream.option("checkpointLocation", location).queryName(config.pipeline_id)
@@ -498,7 +673,8 @@ def _arrow_engine(
     from deltaflow.sources.kafka_ingest import check_plan
 
     main_schema = spark_to_arrow(main_rows(frame).schema)
-    dlq_schema = spark_to_arrow(ingest_letters(frame, config.parsed_dlq_transforms()).schema) if dlq else None
+    letters = ingest_letters(frame, config.parsed_dlq_transforms(), config.dlq_format)
+    dlq_schema = spark_to_arrow(letters.schema) if dlq else None
     plan = ingest_plan(
         source_schema=spark_to_arrow(raw.schema),
         main=main,
@@ -516,5 +692,6 @@ def _arrow_engine(
         group_config=group,
         schema_evolution=config.schema_evolution,
         gzipped=config.decompress_gzip,
+        follow_table=config.value_format == "json",
     )
     return arrow_stream(spark, options, plan, writer)

@@ -124,6 +124,9 @@ class KafkaSourceOptions(BaseModel):
         pipeline_id: The pipeline whose txns to read (the sink's ``pipeline_id``; the option
             ``delta_app_id`` is accepted for it).
         delta_storage_options: Storage options for reading that table (JSON object).
+        kafka_delta_ingest_txns: Also take kafka-delta-ingest's progress txns
+            (``<pipeline_id>-<partition>``, no topic) as the table's, for one topic
+            (``deltaflow ingest`` does: a table kafka-delta-ingest wrote resumes where it stopped).
         value_format: ``binary`` (rows carry the value bytes), ``json`` or ``avro``: the source
             decodes values into a ``data`` struct, with ``error`` and ``unknown_fields`` columns;
             a message that fails to decode is a row with its error, never a failed batch.
@@ -158,6 +161,7 @@ class KafkaSourceOptions(BaseModel):
     delta_table_uri: str | None = None
     pipeline_id: PipelineId | None = None
     delta_storage_options: dict[str, str] = Field(default_factory=dict)
+    kafka_delta_ingest_txns: bool = False
     value_format: Literal["binary", "json", "avro"] = "binary"
     value_schema: str | None = None
     avro_schema: str | None = None
@@ -428,13 +432,20 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return {}
         from deltaflow.config.locations import normalize_uri
         from deltaflow.delta import log as delta_log
-        from deltaflow.delta.progress import kafka_progress
+        from deltaflow.delta.progress import kafka_delta_ingest_progress, kafka_progress
 
         table = delta_log.load(
             normalize_uri(self._options.delta_table_uri), self._options.delta_storage_options
         )
         done = kafka_progress(table, self._options.pipeline_id, layout)
-        return {t: {p: v + 1 for p, v in parts.items()} for t, parts in done.items()}
+        if self._options.kafka_delta_ingest_txns and len(layout) == 1:
+            # A table kafka-delta-ingest wrote as this app id: resume where it stopped.
+            [(topic, parts)] = layout.items()
+            before = kafka_delta_ingest_progress(table, self._options.pipeline_id, parts)
+            ours = done.setdefault(topic, {})
+            for p, v in before.items():
+                ours.setdefault(p, v)
+        return {t: {p: v + 1 for p, v in parts.items()} for t, parts in done.items() if parts}
 
     def initialOffset(self) -> Offsets:  # noqa: N802
         # Spark asks twice while planning the first batch (each answer costs broker requests

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import json
 import pickle
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -132,6 +133,8 @@ class IngestPlan:
     dlq_transforms: tuple[str, ...] = ()
     #: The pipeline id of the dead-letter table's txns (its progress per partition).
     dlq_pipeline_id: str | None = None
+    #: The dead-letter rows' shape: ``deltaflow`` or ``kafka-delta-ingest`` (``--dlq_format``).
+    dlq_format: str = "deltaflow"
     #: Schema evolution: return up to this many raw values of good messages with unknown fields.
     sample_unknown: int = 0
 
@@ -265,7 +268,7 @@ def check_plan(plan: IngestPlan) -> None:
     arrow_transforms.check(rows.schema, [parse_transform(t) for t in plan.transforms])
     if plan.dead_letters is not None:
         no_errors = pa.chunked_array([pa.array([], pa.string())])
-        letters = _dead_letters(empty, no_errors, rows.column(arrow_transforms.KAFKA_COLUMN))
+        letters = _dead_letters(empty, no_errors, rows.column(arrow_transforms.KAFKA_COLUMN), plan.dlq_format)
         arrow_transforms.check(letters.schema, [parse_transform(t) for t in plan.dlq_transforms])
 
 
@@ -312,9 +315,12 @@ def write_range(task: IngestRange) -> pa.RecordBatch:
                 if result.first_error is None:
                     result.first_error = pc.drop_null(error)[0].as_py()
                 if dead is not None and plan.dead_letters is not None:
-                    letters = _dead_letters(table.filter(bad), error.filter(bad), kafka.filter(bad))
-                    letters = letters.filter(pc.greater(letters.column("offset"), task.dead_lettered_through))
+                    new = pc.and_(bad, pc.greater(table.column("offset"), task.dead_lettered_through))
+                    letters = _dead_letters(
+                        table.filter(new), error.filter(new), kafka.filter(new), plan.dlq_format
+                    )
                     letters, _ = arrow_transforms.apply(letters, dlq_transforms)
+                    letters = _finish_dead_letters(letters)
                     if letters.num_rows:
                         for part in _conform(letters, plan.dead_letters.schema).to_batches():
                             dead.write(part)
@@ -397,11 +403,32 @@ def _sample_unknown(
             size += len(value)
 
 
-def _dead_letters(failed: pa.Table, errors: pa.ChunkedArray, kafka: pa.ChunkedArray) -> pa.Table:
-    """kafka-delta-ingest's dead-letter rows (``pipeline.dead_letters.KAFKA_COLUMNS``) plus the
-    ``kafka`` struct (as :func:`_decoded` built it) for ``--dlq_transform`` sources."""
+def _dead_letters(
+    failed: pa.Table, errors: pa.ChunkedArray, kafka: pa.ChunkedArray, dlq_format: str = "deltaflow"
+) -> pa.Table:
+    """The dead-letter rows of ``dlq_format`` (``pipeline.dead_letters.KAFKA_COLUMNS`` or
+    ``KDI_COLUMNS``, the same rows the Spark engine makes) plus the ``kafka`` struct (as
+    :func:`_decoded` built it) for ``--dlq_transform`` sources."""
     now = pa.scalar(dt.datetime.now(dt.UTC), pa.timestamp("us", tz="UTC"))
     n = failed.num_rows
+    if dlq_format == "kafka-delta-ingest":
+        texts = [_json_text(v) for v in failed.column("value").to_pylist()]
+        b64 = [
+            None if v is None or t is not None else base64.b64encode(v).decode()
+            for v, t in zip(failed.column("value").to_pylist(), texts, strict=True)
+        ]
+        stamp = now.as_py()
+        return pa.table(
+            {
+                "base64_bytes": pa.array(b64, pa.string()),
+                "json_string": pa.array(texts, pa.string()),
+                "error": errors,
+                # Epoch microseconds while --dlq_transforms run (kafka-delta-ingest's value).
+                "timestamp": pa.array([int(stamp.timestamp() * 1_000_000)] * n, pa.int64()),
+                "date": pa.array([stamp.strftime("%Y-%m-%d")] * n, pa.string()),
+                arrow_transforms.KAFKA_COLUMN: kafka,
+            }
+        )
     return pa.table(
         {
             "topic": failed.column("topic"),
@@ -415,6 +442,27 @@ def _dead_letters(failed: pa.Table, errors: pa.ChunkedArray, kafka: pa.ChunkedAr
             arrow_transforms.KAFKA_COLUMN: kafka,
         }
     )
+
+
+def _json_text(value: bytes | None) -> str | None:
+    """``value`` as text when it is JSON (kafka-delta-ingest's ``json_string``), else ``None``."""
+    if value is None:
+        return None
+    try:
+        text = value.decode()
+        json.loads(text)
+    except ValueError:  # UnicodeDecodeError included
+        return None
+    return text
+
+
+def _finish_dead_letters(letters: pa.Table) -> pa.Table:
+    """kafka-delta-ingest's ``timestamp`` (epoch microseconds for the transforms) as a TIMESTAMP."""
+    if "timestamp" in letters.schema.names and pa.types.is_int64(letters.schema.field("timestamp").type):
+        index = letters.schema.get_field_index("timestamp")
+        stamps = pc.cast(letters.column("timestamp"), pa.timestamp("us", tz="UTC"))
+        letters = letters.set_column(index, "timestamp", stamps)
+    return letters
 
 
 def _base64(column: pa.ChunkedArray) -> pa.Array:
