@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
+    from deltaflow.ops.compaction import CompactionPolicy
+
 __all__ = ["FileRegistrar", "start_watch"]
 
 logger = logging.getLogger(__name__)
@@ -54,12 +56,14 @@ class FileRegistrar:
         *,
         copy: bool,
         storage_options: Mapping[str, str],
+        compaction: CompactionPolicy | None = None,
     ) -> None:
         self.table_uri = table_uri
         self.folder = folder
         self.pipeline_id = pipeline_id
         self.copy = copy
         self.storage_options = dict(storage_options)
+        self.compaction = compaction
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         from deltaflow import ops
@@ -87,6 +91,15 @@ class FileRegistrar:
             result.version,
             result.files_skipped,
         )
+        if self.compaction is not None and result.files_added:
+            from deltaflow.ops.compaction import compactor_for
+
+            # As a sink does after its commit: the partitions that got files, to the table's
+            # background compactor (and its vacuum schedule). Both keep registered files.
+            compactor = compactor_for(
+                self.table_uri, self.storage_options, self.compaction, pipeline=self.pipeline_id
+            )
+            compactor.after_commit(f.partition_values for f in result.files)
 
 
 def start_watch(
@@ -101,8 +114,12 @@ def start_watch(
     available_now: bool = False,
     trigger_interval: float | None = None,
     max_files_per_trigger: int | None = None,
+    compaction: CompactionPolicy | None = None,
 ) -> StreamingQuery:
     """Start the query that registers every ``*.parquet`` file landing below ``path``.
+
+    ``compaction``: auto-compaction (and scheduled vacuum) after each commit, as the sinks have
+    it; the registered originals a compaction replaces stay on disk (vacuum keeps them).
 
     Raises:
         ConfigError: ``path`` is on an object store (Spark here cannot list it).
@@ -124,7 +141,12 @@ def start_watch(
         reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
     files = reader.schema(BINARY_FILE_SCHEMA).load(folder).select("path")
     writer = FileRegistrar(
-        normalize_uri(table_uri), folder, pipeline_id, copy=copy, storage_options=storage_options or {}
+        normalize_uri(table_uri),
+        folder,
+        pipeline_id,
+        copy=copy,
+        storage_options=storage_options or {},
+        compaction=compaction,
     )
     stream = (
         files.writeStream.foreachBatch(writer)

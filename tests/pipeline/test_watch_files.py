@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -14,6 +15,7 @@ from deltaflow import ops
 from deltaflow.config.pipeline import load_pipelines
 from deltaflow.delta import commit
 from deltaflow.io.faults import lose_commit_responses
+from deltaflow.ops.compaction import CompactionPolicy, compactors
 from deltaflow.pipeline.runner import describe_source
 from deltaflow.pipeline.watch_files import start_watch
 from deltaflow.service.daemon import run_pipelines
@@ -114,3 +116,41 @@ pipelines:
     assert sorted(delta.to_pyarrow_table()["id"].to_pylist()) == list(range(15))
     assert (table / "region=eu west" / "a.parquet").exists()  # the copy
     assert (landing / "region=eu west" / "a.parquet").exists()  # the original stays
+
+
+def test_a_watch_compacts_and_after_a_lost_checkpoint_registers_nothing_again(spark, tmp_path):
+    table = tmp_path / "t"
+    checkpoint = tmp_path / "checkpoint"
+    for i in range(3):
+        _land(table, f"day=1/f{i}.parquet", range(5 * i, 5 * i + 5))
+
+    def run() -> None:
+        query = start_watch(
+            spark,
+            table_uri=str(table),
+            path=str(table),
+            pipeline_id="compacting",
+            checkpoint_location=str(checkpoint),
+            available_now=True,
+            max_files_per_trigger=1,
+            compaction=CompactionPolicy(min_files=3, target_bytes=1024**2),
+        )
+        query.awaitTermination()
+        assert query.exception() is None
+        assert all(c.wait_idle(60) for c in compactors())
+
+    run()
+    delta = DeltaTable(str(table))
+    assert delta.history(1)[0]["operation"] == "OPTIMIZE"  # after the third file
+    assert len(delta.file_uris()) == 1
+    # The checkpoint is lost: Spark lists every file again, the originals no longer active.
+    shutil.rmtree(checkpoint)
+    _land(table, "day=1/f3.parquet", range(15, 20))
+    run()
+    delta = DeltaTable(str(table))
+    assert sorted(delta.to_pyarrow_table()["id"].to_pylist()) == list(range(20))
+    assert len(delta.file_uris()) == 2  # the compacted file and f3: nothing registered again
+    # Vacuum keeps the compacted originals (the user's files).
+    kept = ops.vacuum(str(table), retention_hours=0, force=True, dry_run=False)
+    assert (kept.files, kept.kept_registered) == ([], 3)
+    assert all((table / "day=1" / f"f{i}.parquet").exists() for i in range(4))
