@@ -460,8 +460,8 @@ def _watch(
 @click.option(
     "--watch",
     is_flag=True,
-    help="Keep registering the files that land in PATH (one local folder), each exactly once, "
-    "through a Spark streaming query (one commit per micro-batch) until SIGTERM/SIGINT.",
+    help="Keep registering the files that land in PATH (one folder or object-store prefix), each "
+    "exactly once, through a Spark streaming query (one commit per micro-batch) until SIGTERM/SIGINT.",
 )
 @click.option(
     "--available-now",

@@ -24,7 +24,8 @@ What each reader makes of them:
 
 To register a path again on purpose (e.g. after deleting its rows), remove it from its record
 (rewrite the ``.json`` without it, or delete the record and its marker: then vacuum no longer
-keeps those files either) and restart running watches.
+keeps those files either) and run ``deltaflow add-files`` on it: a watch does not offer a path
+the log still names.
 """
 
 from __future__ import annotations

@@ -32,7 +32,6 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
-from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -483,10 +482,9 @@ def _find(
 
 
 def _referenced(table: DeltaTable | None) -> set[str]:
-    if table is None:
-        return set()
-    paths = pa.table(table.get_add_actions(flatten=False))["path"].to_pylist()
-    return {unquote(p) for p in paths}
+    from deltaflow.delta.log import active_paths
+
+    return active_paths(table)
 
 
 def _partition_values(c: _Candidate, partition_by: Sequence[str], table_uri: str) -> dict[str, str | None]:
