@@ -82,6 +82,12 @@ def optimize(
 @click.option("--dry-run/--execute", default=True, help="List the files (default) or delete them.")
 @click.option("--full", is_flag=True, help="Also delete files no commit ever referenced (failed writes).")
 @click.option("--force", is_flag=True, help="Allow a retention below the table's minimum.")
+@click.option(
+    "--include-registered",
+    is_flag=True,
+    help="Also delete files registered in place (add-files, convert, a watch) and, with --full, "
+    "never-referenced files of a table holding such files (kept by default: they are the user's).",
+)
 @STORAGE
 @JSON
 def vacuum(
@@ -90,6 +96,7 @@ def vacuum(
     dry_run: bool,
     full: bool,
     force: bool,
+    include_registered: bool,
     storage_options: dict[str, str],
     as_json: bool,
 ) -> None:
@@ -102,6 +109,7 @@ def vacuum(
         dry_run=dry_run,
         full=full,
         force=force,
+        include_registered=include_registered,
         storage_options=storage_options,
     )
 
@@ -109,6 +117,13 @@ def vacuum(
         for path in [*result.files, *result.staging_files]:
             click.echo(path)
         count = len(result.files) + len(result.staging_files)
+        if result.kept_registered or result.kept_unreferenced:
+            click.echo(
+                f"kept {result.kept_registered} file(s) registered in place and "
+                f"{result.kept_unreferenced} never-referenced file(s) of a table holding such files "
+                "(--include-registered deletes them too)",
+                err=True,
+            )
         if result.dry_run:
             click.echo(
                 f"dry run: {count} file(s) would be deleted (retention {result.retention_hours} h); "
@@ -445,8 +460,8 @@ def _watch(
 @click.option(
     "--watch",
     is_flag=True,
-    help="Keep registering the files that land in PATH (one local folder), each exactly once, "
-    "through a Spark streaming query (one commit per micro-batch) until SIGTERM/SIGINT.",
+    help="Keep registering the files that land in PATH (one folder or object-store prefix), each "
+    "exactly once, through a Spark streaming query (one commit per micro-batch) until SIGTERM/SIGINT.",
 )
 @click.option(
     "--available-now",

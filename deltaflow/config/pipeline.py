@@ -135,7 +135,7 @@ class ParquetFilesSourceSpec(_Model):
     no data is read or rewritten.
 
     Attributes:
-        path: The folder (local: Spark lists it, and has no object-store connector here); the
+        path: The folder or object-store prefix (listed with pyarrow); the
             sink table's own root when files land inside it. Files must appear complete
             (written elsewhere and renamed into place).
         copy: Copy files that land outside the table's root below it, then register the copies

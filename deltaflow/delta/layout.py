@@ -8,18 +8,23 @@ Readers ignore it (Delta readers skip paths that start with ``_``)::
                                      files Spark wrote for ``write_path=spark`` before their
                                      commit moved them into the table (vacuum removes old ones)
         locks/<name>/                a lease: a small Delta table of its own (see ``leases``)
+        registered/<id>.json         paths ``add-files`` / ``convert`` / a watch registered in
+        registered/<id>.committed    place (written before their commit; the marker after it),
+                                     see ``registered``
 """
 
 from __future__ import annotations
 
 from deltaflow.config.locations import join
 
-__all__ = ["STAGING_DIR", "STATE_DIR", "checkpoint_dir", "lock_dir", "staging_dir"]
+__all__ = ["REGISTERED_DIR", "STAGING_DIR", "STATE_DIR", "checkpoint_dir", "lock_dir", "staging_dir"]
 
 #: The folder itself.
 STATE_DIR = "_deltaflow"
 #: Staging area of ``write_path=spark``, relative to the table root.
 STAGING_DIR = f"{STATE_DIR}/staging"
+#: Records of files registered in place, relative to the table root.
+REGISTERED_DIR = f"{STATE_DIR}/registered"
 _CHECKPOINTS = f"{STATE_DIR}/checkpoints"
 _LOCKS = f"{STATE_DIR}/locks"
 

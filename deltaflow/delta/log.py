@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from urllib.parse import unquote
 
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
@@ -20,6 +21,7 @@ from deltalake.exceptions import TableNotFoundError as _DeltaTableNotFound
 from deltaflow.errors import storage_error
 
 __all__ = [
+    "active_paths",
     "is_delta_rs_error",
     "indexed_columns",
     "load",
@@ -61,3 +63,13 @@ def indexed_columns(table: DeltaTable | None, properties: Mapping[str, str] | No
         return int(raw) if raw is not None else DEFAULT_INDEXED_COLUMNS
     except ValueError:
         return DEFAULT_INDEXED_COLUMNS
+
+
+def active_paths(table: DeltaTable | None) -> set[str]:
+    """The table's data files, relative to its root as on disk (the log percent-encodes them)."""
+    if table is None:
+        return set()
+    import pyarrow as pa
+
+    paths = pa.table(table.get_add_actions(flatten=False))["path"].to_pylist()
+    return {unquote(p) for p in paths}

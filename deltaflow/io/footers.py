@@ -29,6 +29,7 @@ __all__ = [
     "hive_partitions",
     "is_hidden",
     "modification_time_ms",
+    "named_relative",
     "read_footer",
     "read_footers",
     "same_file",
@@ -131,6 +132,12 @@ def _hive_tail(path: str) -> str:
     return "/".join(keep)
 
 
+def named_relative(path: str) -> str:
+    """The ``relative`` of a file named directly: its name with the ``col=value`` folders above."""
+    parent, _, name = path.rpartition("/")
+    return "/".join(p for p in (_hive_tail(parent), name) if p)
+
+
 def _below(base: str, path: str) -> str:
     """``path`` relative to the folder ``base``, with ``base``'s own ``col=value`` folders."""
     return "/".join(p for p in (_hive_tail(base), path[len(base) :].strip("/")) if p)
@@ -164,9 +171,7 @@ def find_files(fs: pafs.FileSystem, paths: Iterable[str]) -> tuple[list[FoundFil
                     rel = _below(path, child.path)
                     matched.append(FoundFile(child.path, rel, child.size, modification_time_ms(child)))
             elif info.type == pafs.FileType.File:
-                parent, _, name = path.rpartition("/")
-                rel = "/".join(p for p in (_hive_tail(parent), name) if p)
-                matched.append(FoundFile(path, rel, info.size, modification_time_ms(info)))
+                matched.append(FoundFile(path, named_relative(path), info.size, modification_time_ms(info)))
         if not matched:
             unmatched.append(raw)
         for f in matched:

@@ -13,14 +13,17 @@ The sequence of :func:`add_files`:
 Step 1. Find the files (files, folders, globs) and tell those under the table root from the
         others; the others are refused unless ``copy`` (then they go below the root, keeping
         their Hive directories, after every check passed).
-Step 2. Load the table; files it already references are skipped (and reported).
+Step 2. Load the table; files it already references, and files registered before (the
+        committed records of :mod:`deltaflow.delta.registered`, which outlive compaction and
+        log cleanup), are skipped (and reported).
 Step 3. Read the footers on a thread pool.
 Step 4. Check every file: its partition directories name the table's partition columns (for a
         new table, those of the first file), its schema fits the table's (for a new table, the
         first file's). A file that does not fit stops everything: nothing is copied or committed.
 Step 5. Copy the outside files (``copy``).
-Step 6. Commit the ``add`` actions in one commit (a missing table is created by it: version 0
-        holds every file), unless ``dry_run``.
+Step 6. Write the record of the paths (``_deltaflow/registered/``), commit the ``add`` actions
+        in one commit (a missing table is created by it: version 0 holds every file), then mark
+        the record committed; nothing of this unless ``dry_run``.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
-from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -191,6 +193,7 @@ def _register(
     txn: tuple[str, int] | None,
 ) -> AddFilesResult:
     from deltaflow.delta import log as delta_log
+    from deltaflow.delta import registered
     from deltaflow.delta.commit import RetryPolicy, commit_files
 
     table_fs, root = filesystem(table_uri, storage_options)
@@ -216,6 +219,10 @@ def _register(
             table_uri=table_uri,
         )
     have = _referenced(table)
+    # Paths registered before stay registered once, even after compaction replaced them.
+    earlier = registered.load(table_uri, storage_options)
+    if table is not None and earlier.pending:
+        earlier = registered.settle(table_uri, storage_options, earlier, have, table.version())
     todo: list[_Candidate] = []
     skipped: list[str] = []
     seen: set[str] = set()
@@ -226,7 +233,14 @@ def _register(
             and not same_file(c.fs, c.found.path, table_fs, join(root, c.path))
         ):
             raise _taken(c, table_uri)
-        if c.path in have or c.path in seen:
+        if c.path in earlier.committed and c.path not in have:
+            logger.info(
+                "%s was registered in %s before (no longer an active file: compacted or removed): "
+                "skipped; see _deltaflow/registered/ to register it again",
+                c.path,
+                table_uri,
+            )
+        if c.path in have or c.path in earlier.committed or c.path in seen:
             skipped.append(c.path)
             continue
         seen.add(c.path)
@@ -352,6 +366,10 @@ def _register(
         return paths_added <= _referenced(current)
 
     operation = "convert" if convert_partitions is not None else "add files"
+    # The record first: a crash before the commit can only make vacuum keep files it may delete.
+    record_id = registered.record(
+        table_uri, storage_options, paths_added, table.version() if table is not None else -1
+    )
     result = commit_files(
         table_uri,
         files,
@@ -366,6 +384,10 @@ def _register(
         properties={},
         txns=(lambda _table: recorded) if recorded else None,
         already_done=done,
+    )
+    # Committed, or found registered by another run: the paths are in the table either way.
+    registered.mark_committed(
+        table_uri, storage_options, record_id, result.version if result.committed else None
     )
     logger.info(
         "%s: %d file(s), %d row(s) registered in %s as version %s (%d skipped)",
@@ -460,10 +482,9 @@ def _find(
 
 
 def _referenced(table: DeltaTable | None) -> set[str]:
-    if table is None:
-        return set()
-    paths = pa.table(table.get_add_actions(flatten=False))["path"].to_pylist()
-    return {unquote(p) for p in paths}
+    from deltaflow.delta.log import active_paths
+
+    return active_paths(table)
 
 
 def _partition_values(c: _Candidate, partition_by: Sequence[str], table_uri: str) -> dict[str, str | None]:

@@ -1,8 +1,19 @@
 """``vacuum``: delete files older versions no longer need; a dry run unless told otherwise,
-never below the table's retention unless forced."""
+never below the table's retention unless forced, and never the files registered in place
+(``add-files``, ``convert``, a watch) unless told.
+
+Registered files are the user's: the table did not write them. A compaction tombstones them
+like any other file, so in a table holding registered files (:mod:`deltaflow.delta.registered`)
+vacuum asks delta-rs for a dry run, leaves out every recorded path, and deletes the rest itself.
+In such a table ``full`` does not delete files the log never referenced either (a file landed in
+a watched folder and not registered yet, a file ``add-files`` refused look exactly like the
+orphans of a failed write): only tombstoned files and deltaflow's staging folder go.
+``include_registered`` restores delta-rs' own behaviour for both.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import math
@@ -12,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from deltaflow.config.locations import join, normalize_uri
+from deltaflow.delta import registered
 from deltaflow.delta.layout import STAGING_DIR
 from deltaflow.errors import ConfigError
 from deltaflow.io.storage import filesystem
@@ -60,6 +72,10 @@ class VacuumResult:
     full: bool
     files: list[str]
     staging_files: list[str] = field(default_factory=list)
+    #: Registered files (``_deltaflow/registered/``) vacuum would have deleted and kept.
+    kept_registered: int = 0
+    #: Never-referenced files kept because the table holds registered files (``full`` only).
+    kept_unreferenced: int = 0
 
 
 def vacuum(
@@ -69,12 +85,16 @@ def vacuum(
     dry_run: bool = True,
     full: bool = False,
     force: bool = False,
+    include_registered: bool = False,
     storage_options: Mapping[str, str] | None = None,
 ) -> VacuumResult:
     """Delete data files no version within the retention period needs (a dry run by default).
 
     ``full`` also deletes files the log never referenced (left by failed or killed writes),
     including deltaflow's staging folder, older than the retention period.
+
+    Files registered in place are kept (``kept_registered``), and in a table holding any, so
+    are never-referenced files (``kept_unreferenced``), unless ``include_registered``.
 
     Raises:
         ConfigError: ``retention_hours`` is below the table's retention and ``force`` is off.
@@ -93,17 +113,51 @@ def vacuum(
             f"{min_hours} or more, or --force if nothing reads older versions",
             table_uri=normalize_uri(uri),
         )
-    files = table.vacuum(retention_hours=hours, dry_run=dry_run, enforce_retention_duration=False, full=full)
+    records = registered.load(normalize_uri(uri), storage_options or {})
+    kept_registered = kept_unreferenced = 0
+    if include_registered or not records.exists:
+        files = table.vacuum(
+            retention_hours=hours, dry_run=dry_run, enforce_retention_duration=False, full=full
+        )
+    else:
+        # Step 1. What delta-rs would delete: tombstoned files (and, for full, unreferenced ones).
+        tombstoned = set(table.vacuum(retention_hours=hours, dry_run=True, enforce_retention_duration=False))
+        candidates = tombstoned
+        if full:
+            candidates = set(
+                table.vacuum(retention_hours=hours, dry_run=True, enforce_retention_duration=False, full=True)
+            )
+        # Step 2. Leave out the user's files: registered ones, and never-referenced ones.
+        protected = records.paths
+        files = sorted(tombstoned - protected)
+        kept_registered = len(candidates & protected)
+        kept_unreferenced = len(candidates - tombstoned - protected)
+        # Step 3. Delete the rest ourselves (delta-rs' VACUUM START/END entries are not written:
+        # commit info only, nothing a reader or a writer of the table needs).
+        if not dry_run:
+            _delete(uri, storage_options or {}, files)
     staging = _vacuum_staging(uri, storage_options or {}, hours, dry_run) if full else []
-    result = VacuumResult(normalize_uri(uri), dry_run, hours, full, sorted(files), staging)
+    result = VacuumResult(
+        normalize_uri(uri), dry_run, hours, full, sorted(files), staging, kept_registered, kept_unreferenced
+    )
     logger.info(
-        "vacuum of %s%s: %d file(s)%s",
+        "vacuum of %s%s: %d file(s)%s; kept %d registered and %d never-referenced file(s) of the user",
         result.table_uri,
         " (dry run)" if dry_run else "",
         len(files) + len(staging),
         " would be deleted" if dry_run else " deleted",
+        kept_registered,
+        kept_unreferenced,
     )
     return result
+
+
+def _delete(uri: str, storage_options: Mapping[str, str], paths: list[str]) -> None:
+    """Delete table files (paths relative to the root, as delta-rs' vacuum lists them)."""
+    fs, root = filesystem(normalize_uri(uri), storage_options)
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):  # another vacuum was faster
+            fs.delete_file(join(root, path))
 
 
 def _vacuum_staging(uri: str, storage_options: Mapping[str, str], hours: int, dry_run: bool) -> list[str]:

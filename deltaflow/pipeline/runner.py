@@ -663,9 +663,17 @@ def _watch(
     on_engine: Callable[[str], None] | None,
 ) -> StreamingQuery:
     """A parquet-files pipeline: files registered in place (:mod:`deltaflow.pipeline.watch_files`)."""
+    from deltaflow.ops.compaction import CompactionPolicy
     from deltaflow.pipeline.watch_files import start_watch
 
     (sink,) = spec.sinks
+    options = sink.sink_options(spec.pipeline_id, checkpoint_location(spec))
+    compaction = CompactionPolicy(
+        min_files=options.auto_compact_min_files,
+        target_bytes=options.target_file_size_bytes,
+        compact=options.auto_compact,
+        vacuum_interval_s=options.vacuum_interval_hours * 3600,
+    )
     if on_engine is not None:
         on_engine("spark")
     return start_watch(
@@ -679,6 +687,7 @@ def _watch(
         available_now=available_now,
         trigger_interval=spec.trigger_interval,
         max_files_per_trigger=src.max_files_per_trigger,
+        compaction=compaction if compaction.compact or compaction.vacuum_interval_s else None,
     )
 
 

@@ -1,17 +1,19 @@
 """Watching a folder: Parquet files registered in a Delta table as they land, exactly once.
 
-Spark owns the query: its ``binaryFile`` stream source lists the folder, records in its
-checkpoint which files each micro-batch took (its offsets), and schedules the batches; only the
-files' paths are selected, so no file content is read (Spark prunes the ``content`` column).
+Spark owns the query: the ``deltaflow-landed-files`` source
+(:mod:`deltaflow.sources.landed_files`) lists the folder or prefix with pyarrow, its offsets
+record which files each micro-batch took (Spark's checkpoint keeps them), and Spark schedules
+the batches; no file content is read.
 Each micro-batch calls :func:`deltaflow.ops.add_files` with its paths: ONE commit per batch,
 carrying ``txn(pipeline_id, batch_id)``. Exactly once: a batch replayed after its commit landed
 (killed before Spark recorded it) finds every one of its paths in the table and commits nothing;
 a lost commit response is found in the log by the commit's token.
 
 Files must appear complete (object stores do; on local disk write elsewhere and rename into
-the folder): Spark takes a file once, and a file whose footer cannot be read stops the query.
-Spark lists through Hadoop, which has no object-store connector here (no jars): the folder is
-local (or HDFS); the table may be anywhere, with ``copy`` for a folder outside its root.
+the folder): a file is taken once, and a file whose footer cannot be read stops the query. The
+folder is local or on an object store (pyarrow lists it; no Hadoop connector is needed); the
+table may be anywhere, with ``copy`` for a folder outside its root. Files the table holds or its
+registration records name are never offered again, so a lost checkpoint re-registers nothing.
 """
 
 from __future__ import annotations
@@ -19,16 +21,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
-from urllib.parse import urlparse
 
 from deltaflow.config.locations import normalize_uri
-from deltaflow.errors import ConfigError
 from deltaflow.io.footers import is_hidden
-from deltaflow.sources.files import BINARY_FILE_SCHEMA
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
+
+    from deltaflow.ops.compaction import CompactionPolicy
 
 __all__ = ["FileRegistrar", "start_watch"]
 
@@ -54,12 +55,14 @@ class FileRegistrar:
         *,
         copy: bool,
         storage_options: Mapping[str, str],
+        compaction: CompactionPolicy | None = None,
     ) -> None:
         self.table_uri = table_uri
         self.folder = folder
         self.pipeline_id = pipeline_id
         self.copy = copy
         self.storage_options = dict(storage_options)
+        self.compaction = compaction
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         from deltaflow import ops
@@ -87,6 +90,15 @@ class FileRegistrar:
             result.version,
             result.files_skipped,
         )
+        if self.compaction is not None and result.files_added:
+            from deltaflow.ops.compaction import compactor_for
+
+            # As a sink does after its commit: the partitions that got files, to the table's
+            # background compactor (and its vacuum schedule). Both keep registered files.
+            compactor = compactor_for(
+                self.table_uri, self.storage_options, self.compaction, pipeline=self.pipeline_id
+            )
+            compactor.after_commit(f.partition_values for f in result.files)
 
 
 def start_watch(
@@ -101,30 +113,38 @@ def start_watch(
     available_now: bool = False,
     trigger_interval: float | None = None,
     max_files_per_trigger: int | None = None,
+    compaction: CompactionPolicy | None = None,
 ) -> StreamingQuery:
     """Start the query that registers every ``*.parquet`` file landing below ``path``.
 
-    Raises:
-        ConfigError: ``path`` is on an object store (Spark here cannot list it).
+    ``compaction``: auto-compaction (and scheduled vacuum) after each commit, as the sinks have
+    it; the registered originals a compaction replaces stay on disk (vacuum keeps them).
+
+    ``path`` is a local folder or an object-store prefix (listed with pyarrow by
+    :mod:`deltaflow.sources.landed_files`).
     """
+    import json
+
+    from deltaflow.sources.landed_files import FORMAT_NAME, LandedFilesDataSource
+
     folder = normalize_uri(path)
-    if urlparse(folder).scheme not in ("", "hdfs"):
-        raise ConfigError(
-            f"cannot watch {path!r}: Spark lists the folder through Hadoop, which has no connector "
-            "for that store here (no jars); watch a local folder, or run `deltaflow add-files` "
-            "without --watch as files land (files already in the table are skipped)",
-            path=path,
-        )
+    spark.dataSource.register(LandedFilesDataSource)
     reader = (
-        spark.readStream.format("binaryFile")
-        .option("pathGlobFilter", "*.parquet")
-        .option("recursiveFileLookup", "true")
+        spark.readStream.format(FORMAT_NAME)
+        .option("path", folder)
+        .option("table_uri", normalize_uri(table_uri))
+        .option("storage_options", json.dumps(dict(storage_options or {})))
     )
     if max_files_per_trigger:
-        reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
-    files = reader.schema(BINARY_FILE_SCHEMA).load(folder).select("path")
+        reader = reader.option("max_files_per_trigger", max_files_per_trigger)
+    files = reader.load()
     writer = FileRegistrar(
-        normalize_uri(table_uri), folder, pipeline_id, copy=copy, storage_options=storage_options or {}
+        normalize_uri(table_uri),
+        folder,
+        pipeline_id,
+        copy=copy,
+        storage_options=storage_options or {},
+        compaction=compaction,
     )
     stream = (
         files.writeStream.foreachBatch(writer)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -14,6 +15,8 @@ from deltaflow import ops
 from deltaflow.config.pipeline import load_pipelines
 from deltaflow.delta import commit
 from deltaflow.io.faults import lose_commit_responses
+from deltaflow.io.storage import filesystem
+from deltaflow.ops.compaction import CompactionPolicy, compactors
 from deltaflow.pipeline.runner import describe_source
 from deltaflow.pipeline.watch_files import start_watch
 from deltaflow.service.daemon import run_pipelines
@@ -114,3 +117,85 @@ pipelines:
     assert sorted(delta.to_pyarrow_table()["id"].to_pylist()) == list(range(15))
     assert (table / "region=eu west" / "a.parquet").exists()  # the copy
     assert (landing / "region=eu west" / "a.parquet").exists()  # the original stays
+
+
+def test_a_watch_compacts_and_after_a_lost_checkpoint_registers_nothing_again(spark, tmp_path):
+    table = tmp_path / "t"
+    checkpoint = tmp_path / "checkpoint"
+    for i in range(3):
+        _land(table, f"day=1/f{i}.parquet", range(5 * i, 5 * i + 5))
+
+    def run() -> None:
+        query = start_watch(
+            spark,
+            table_uri=str(table),
+            path=str(table),
+            pipeline_id="compacting",
+            checkpoint_location=str(checkpoint),
+            available_now=True,
+            max_files_per_trigger=1,
+            compaction=CompactionPolicy(min_files=3, target_bytes=1024**2),
+        )
+        query.awaitTermination()
+        assert query.exception() is None
+        assert all(c.wait_idle(60) for c in compactors())
+
+    run()
+    delta = DeltaTable(str(table))
+    assert delta.history(1)[0]["operation"] == "OPTIMIZE"  # after the third file
+    assert len(delta.file_uris()) == 1
+    # The checkpoint is lost: Spark lists every file again, the originals no longer active.
+    shutil.rmtree(checkpoint)
+    _land(table, "day=1/f3.parquet", range(15, 20))
+    run()
+    delta = DeltaTable(str(table))
+    assert sorted(delta.to_pyarrow_table()["id"].to_pylist()) == list(range(20))
+    assert len(delta.file_uris()) == 2  # the compacted file and f3: nothing registered again
+    # The file the compaction wrote is replaced in turn: the log named it, it is not offered.
+    delta.optimize.compact()
+    run()
+    delta = DeltaTable(str(table))
+    assert sorted(delta.to_pyarrow_table()["id"].to_pylist()) == list(range(20))
+    # Vacuum keeps the compacted originals (the user's files), deletes the table's own file.
+    kept = ops.vacuum(str(table), retention_hours=0, force=True, dry_run=False)
+    assert (len(kept.files), kept.kept_registered) == (1, 4)
+    assert kept.files[0].startswith("day=1/part-")
+    assert all((table / "day=1" / f"f{i}.parquet").exists() for i in range(4))
+
+
+def test_files_landing_in_an_s3_prefix_are_registered_once_each(spark, s3, tmp_path):
+    uri = s3.uri("watch")
+    fs, root = filesystem(uri, s3.storage_options)
+    checkpoint = tmp_path / "checkpoint"
+
+    def land(name: str, ids: range) -> None:
+        pq.write_table(pa.table({"id": pa.array(ids, pa.int64())}), f"{root}/{name}", filesystem=fs)
+
+    def run() -> None:
+        query = start_watch(
+            spark,
+            table_uri=uri,
+            path=uri,
+            pipeline_id="s3-watch",
+            checkpoint_location=str(checkpoint),
+            storage_options=s3.storage_options,
+            available_now=True,
+            max_files_per_trigger=2,
+        )
+        query.awaitTermination()
+        assert query.exception() is None
+
+    for i in range(3):
+        land(f"day={i % 2}/f{i}.parquet", range(5 * i, 5 * i + 5))
+    run()
+    delta = DeltaTable(uri, storage_options=s3.storage_options)
+    assert (delta.version(), delta.transaction_version("s3-watch")) == (1, 1)  # 2 files, then 1
+    # The checkpoint is lost: only the file that landed since is registered.
+    shutil.rmtree(checkpoint)
+    land("day=1/f3.parquet", range(15, 20))
+    run()
+    delta = DeltaTable(uri, storage_options=s3.storage_options)
+    assert sorted(delta.to_pyarrow_table()["id"].to_pylist()) == list(range(20))
+    added = [e.added for e in commit.read_entries(uri, s3.storage_options, 0, delta.version())]
+    # In path order, two per trigger.
+    assert added == [{"day=0/f0.parquet", "day=0/f2.parquet"}, {"day=1/f1.parquet"}, {"day=1/f3.parquet"}]

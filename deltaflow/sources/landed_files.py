@@ -1,0 +1,194 @@
+"""Parquet files landing below a folder or an object-store prefix, as a Spark streaming source
+(``deltaflow-landed-files``): one row per file, its URI; no file content is read.
+
+Spark's ``binaryFile`` source lists through Hadoop, which has no object-store connector here
+(no jars); this source lists with pyarrow's filesystems (:mod:`deltaflow.io.storage`), on the
+driver side, for any location a table can be at.
+
+Offsets carry the files of their batch: ``{"batch": n, "files": [uri, ...]}``. Spark writes the
+end offset to its offset log before it runs the batch, so a replayed batch takes exactly the
+same files. The files of the next batch are the listing (``*.parquet``, names starting with
+``_`` or ``.`` skipped, as ``add-files FOLDER``) minus the table's active files, minus every path
+its registration records hold (:mod:`deltaflow.delta.registered`: what was registered once,
+even if compaction replaced it since), minus every path the log's retained entries added or
+removed (files the table's own writers wrote, in a watch of the table's root), minus the files
+of the previous offset; in path order, at most ``max_files_per_trigger``. A lost checkpoint
+therefore re-registers nothing: the new query's first batch starts from what the table and its
+records hold.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pydantic import Field, field_validator
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxFiles,
+    SupportsTriggerAvailableNow,
+)
+
+from deltaflow.config.locations import normalize_uri
+from deltaflow.config.models import SparkOptions
+from deltaflow.io.footers import find_files, named_relative
+from deltaflow.io.storage import filesystem
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
+__all__ = [
+    "FORMAT_NAME",
+    "LANDED_FILES_SCHEMA",
+    "LandedFilesDataSource",
+    "LandedFilesOptions",
+    "LogPaths",
+    "new_files",
+]
+
+logger = logging.getLogger(__name__)
+
+FORMAT_NAME = "deltaflow-landed-files"
+#: One row per file: its URI (a local path for local files).
+LANDED_FILES_SCHEMA = "path STRING"
+
+Offset = dict[str, Any]
+
+
+class LandedFilesOptions(SparkOptions):
+    """Options of ``deltaflow-landed-files`` (``path``: the folder or prefix watched)."""
+
+    what = "the landed-files source"
+
+    path: str = Field(min_length=1)
+    table_uri: str = Field(min_length=1)
+    storage_options: dict[str, str] = Field(default_factory=dict)
+    max_files_per_trigger: int | None = Field(default=None, ge=1)
+
+    @field_validator("path", "table_uri")
+    @classmethod
+    def _normalized(cls, value: str) -> str:
+        return normalize_uri(value)
+
+    @field_validator("storage_options", mode="before")
+    @classmethod
+    def _json(cls, value: Any) -> Any:
+        return json.loads(value or "{}") if isinstance(value, str) else value
+
+
+class LogPaths:
+    """Every path the table's log added or removed (the table's own writers' files included, and
+    files a compaction replaced), read incrementally: a log entry never changes."""
+
+    def __init__(self) -> None:
+        self.paths: set[str] = set()
+        self.version = -1
+
+    def update(self, table_uri: str, storage_options: dict[str, str], version: int) -> set[str]:
+        from deltaflow.delta.commit import read_entries
+
+        if version > self.version:
+            for entry in read_entries(table_uri, storage_options, self.version + 1, version):
+                self.paths |= entry.added | entry.removed
+            self.version = version
+        return self.paths
+
+
+def new_files(
+    options: LandedFilesOptions, exclude: Sequence[str] = (), log: LogPaths | None = None
+) -> list[str]:
+    """URIs of the Parquet files below ``options.path`` the table has not registered, in path
+    order (``exclude``: URIs taken by the previous offset; ``log``: the paths the log named so
+    far, kept between calls)."""
+    import pyarrow.fs as pafs
+
+    from deltaflow.delta import registered
+    from deltaflow.delta.log import active_paths, load
+
+    fs, where = filesystem(options.path, options.storage_options)
+    if fs.get_file_info(where).type != pafs.FileType.Directory:
+        return []  # not there yet (an empty prefix)
+    prefix = options.path[: len(options.path) - len(where)] if options.path.endswith(where) else ""
+    found, _ = find_files(fs, [where])
+    table_uri = options.table_uri
+    table = load(table_uri, options.storage_options)
+    taken = active_paths(table) | registered.load(table_uri, options.storage_options).paths
+    if table is not None:
+        taken |= (log or LogPaths()).update(table_uri, options.storage_options, table.version())
+    skip = set(exclude)
+    out = []
+    for f in found:
+        uri = prefix + f.path
+        if uri in skip:
+            continue
+        # The path add-files gives the file in the table (a watch names each file directly).
+        inside = uri.startswith(table_uri + "/")
+        rel = uri[len(table_uri) + 1 :] if inside else named_relative(f.path)
+        if rel not in taken:
+            out.append(uri)
+    return out
+
+
+class _Files(InputPartition):
+    def __init__(self, files: Sequence[str]) -> None:
+        self.files = list(files)
+
+
+class LandedFilesDataSource(DataSource):
+    """Spark data source ``deltaflow-landed-files`` (streaming only)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def schema(self) -> str:
+        return LANDED_FILES_SCHEMA
+
+    def streamReader(self, schema: StructType) -> LandedFilesStreamReader:  # noqa: N802
+        return LandedFilesStreamReader(LandedFilesOptions.from_spark_options(self.options))
+
+
+class LandedFilesStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Lists the folder on the driver side; offsets hold each batch's files."""
+
+    def __init__(self, options: LandedFilesOptions) -> None:
+        self._options = options
+        self._target: set[str] | None = None  # availableNow: only files listed at its start
+        self._log = LogPaths()
+
+    def initialOffset(self) -> Offset:  # noqa: N802
+        return {"batch": 0, "files": []}
+
+    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
+        self._target = set(new_files(self._options, log=self._log))
+
+    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
+        n = self._options.max_files_per_trigger
+        return ReadMaxFiles(n) if n else ReadAllAvailable()
+
+    def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:  # noqa: N802
+        files = new_files(self._options, exclude=start.get("files", []), log=self._log)
+        if self._target is not None:
+            files = [f for f in files if f in self._target]
+        if isinstance(limit, ReadMaxFiles):
+            files = files[: max(1, limit.max_files)]
+        if not files:
+            return start
+        return {"batch": int(start.get("batch", 0)) + 1, "files": files}
+
+    def partitions(self, start: Offset, end: Offset) -> Sequence[InputPartition]:
+        if end == start or not end.get("files"):
+            return []
+        return [_Files(end["files"])]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[str]]:
+        assert isinstance(partition, _Files)
+        for uri in partition.files:
+            yield (uri,)
+
+    def commit(self, end: Offset) -> None:
+        """Nothing to release: the table and its records are the progress."""
