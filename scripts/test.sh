@@ -7,4 +7,9 @@ cd "$(dirname "$0")/.."
 .venv/bin/ruff format --check deltaflow tests benchmarks
 .venv/bin/mypy
 .venv/bin/lint-imports --no-cache
-exec .venv/bin/pytest "$@"
+# Two test processes (pytest-xdist), a test file at a time in each: most of the suite's time is
+# crash tests waiting for Spark drivers they start and kill, so a second process nearly halves it
+# (tests/integration/test_exactly_once.py: 204 s alone, 124 s in two). Each process has its own
+# Spark session and its own broker, S3, Azure and PostgreSQL servers. DELTAFLOW_TEST_WORKERS=0
+# runs everything in this process.
+exec .venv/bin/pytest -n "${DELTAFLOW_TEST_WORKERS:-2}" --dist loadfile "$@"
