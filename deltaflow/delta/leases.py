@@ -36,7 +36,7 @@ from deltaflow.errors import LeaseHeldError
 if TYPE_CHECKING:
     from deltalake import DeltaTable
 
-__all__ = ["TableLease", "compaction_lease"]
+__all__ = ["LeaseState", "TableLease", "compaction_lease", "lease_state"]
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class TableLease:
 
     def state(self) -> LeaseState:
         """Who holds the lease now (empty owner: nobody)."""
-        return _state(self._table())
+        return lease_state(self._table())
 
     def _commit(
         self, owner: str, expires_ms: int, *, refused: Callable[[LeaseState], bool], retries: int
@@ -115,7 +115,7 @@ class TableLease:
                 attempt,
                 what=f"lease {self.uri} for {owner or 'nobody'}",
                 metadata={_OWNER: owner, _EXPIRES: expires_ms},
-                already_done=lambda table: table is None or refused(_state(table)),
+                already_done=lambda table: table is None or refused(lease_state(table)),
                 policy=commit.RetryPolicy(max_retries=retries),
                 # Of two takers that saw the lease free, the second must fail, not be rebased.
                 delta_rs_retries=0,
@@ -166,7 +166,7 @@ class TableLease:
             logger.warning("could not release the %s lease; it expires on its own", self.uri, exc_info=True)
 
 
-def _state(table: DeltaTable) -> LeaseState:
+def lease_state(table: DeltaTable) -> LeaseState:
     """The lease as the lock table's last commit records it."""
     last = table.history(1)[0]
     return LeaseState(str(last.get(_OWNER) or ""), int(last.get(_EXPIRES) or 0))

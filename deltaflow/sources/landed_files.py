@@ -15,6 +15,13 @@ removed (files the table's own writers wrote, in a watch of the table's root), m
 of the previous offset; in path order, at most ``max_files_per_trigger``. A lost checkpoint
 therefore re-registers nothing: the new query's first batch starts from what the table and its
 records hold.
+
+A watch of the table's own root (or of a folder the root is in) also sees the files a running
+compaction has written and not committed yet: taken, they would double their rows. So when the
+table's compaction lease (:mod:`deltaflow.delta.leases`, held by every deltaflow compaction
+from before it writes until after it commits) is held after the listing, the trigger offers
+nothing and the next one lists again. The order matters: list, load the table, then look at the
+lease; a compaction that committed in between has its file in the log (add-files skips it).
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ __all__ = [
     "LandedFilesDataSource",
     "LandedFilesOptions",
     "LogPaths",
+    "compaction_running",
     "new_files",
 ]
 
@@ -119,6 +127,14 @@ def new_files(
     taken = active_paths(table) | registered.load(table_uri, options.storage_options).paths
     if table is not None:
         taken |= (log or LogPaths()).update(table_uri, options.storage_options, table.version())
+    if _overlaps(options.path, table_uri) and compaction_running(table_uri, options.storage_options):
+        logger.info(
+            "a compaction of %s is running: its files may be in %s uncommitted; the watch lists again "
+            "next trigger",
+            table_uri,
+            options.path,
+        )
+        return []
     skip = set(exclude)
     out = []
     for f in found:
@@ -131,6 +147,24 @@ def new_files(
         if rel not in taken:
             out.append(uri)
     return out
+
+
+def _overlaps(folder: str, table_uri: str) -> bool:
+    """Whether files written below the table's root can show up in a listing of ``folder``."""
+    folder, root = folder.rstrip("/"), table_uri.rstrip("/")
+    return folder == root or root.startswith(folder + "/") or folder.startswith(root + "/")
+
+
+def compaction_running(table_uri: str, storage_options: dict[str, str]) -> bool:
+    """Whether a deltaflow compaction holds the table's lease now (no lease table: none ever ran)."""
+    import time
+
+    from deltaflow.delta import log as delta_log
+    from deltaflow.delta.layout import lock_dir
+    from deltaflow.delta.leases import lease_state
+
+    lock = delta_log.load(lock_dir(table_uri, "compaction"), storage_options)
+    return lock is not None and not lease_state(lock).free_at(int(time.time() * 1000))
 
 
 class _Files(InputPartition):
