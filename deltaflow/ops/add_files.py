@@ -267,6 +267,9 @@ def _register(
         partition_by = convert_partitions if convert_partitions is not None else [name for name, _ in first]
         data_schema = None  # the first file's
     values = [_partition_values(c, partition_by, table_uri) for c in todo]
+    if table is not None:
+        for c, v in zip(todo, values, strict=True):
+            _check_partition_types(c, v, table_fields, table_uri)
     indexed = delta_log.indexed_columns(table)
     order = data_schema.names if data_schema is not None else None
 
@@ -479,6 +482,43 @@ def _partition_values(c: _Candidate, partition_by: Sequence[str], table_uri: str
             file=c.uri,
         )
     return dict(hive)
+
+
+def _check_partition_types(
+    c: _Candidate, values: Mapping[str, str | None], fields: Mapping[str, pa.Field], table_uri: str
+) -> None:
+    """Every partition value must parse as its column's type: the log stores it as text and
+    every reader parses it when loading the log, so one bad value makes the whole table
+    unreadable (delta-rs: "Failed to parse value 'abc' as 'integer'")."""
+    for name, value in values.items():
+        field = fields.get(name)
+        if value is None or field is None or not _partition_value_ok(value, field.type):
+            if value is None and (field is None or field.nullable):
+                continue
+            raise AddFilesError(
+                f"{c.uri!r} sits in partition directory {name}={value if value is not None else 'null'}, "
+                f"but the table's partition column {name!r} is {field.type if field else 'unknown'}"
+                f"{' NOT NULL' if value is None else ''} and the value does not parse as one; "
+                "nothing was committed (readers would fail on the whole table)",
+                table_uri=table_uri,
+                file=c.uri,
+            )
+
+
+def _partition_value_ok(value: str, t: pa.DataType) -> bool:
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t):
+        return True
+    if pa.types.is_boolean(t):
+        return value in ("true", "false")
+    text = pa.array([value], pa.string())
+    # Timestamps as the log writes them (`2024-01-01 08:00:00[.ffffff]`, UTC), or with an offset.
+    casts = [pa.timestamp("us"), pa.timestamp("us", tz="UTC")] if pa.types.is_timestamp(t) else [t]
+    for to in casts:
+        try:
+            return bool(text.cast(to).null_count == 0)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            continue
+    return False
 
 
 def _check_schema(

@@ -366,3 +366,21 @@ def test_a_table_created_meanwhile_by_another_writer_is_checked_before_appending
     monkeypatch.undo()
     assert DeltaTable(str(root)).version() == 0
     assert len(DeltaTable(str(root)).to_pyarrow_table()) == 1
+
+
+def test_a_partition_value_not_of_the_columns_type_is_refused_and_nothing_is_committed(tmp_path):
+    root = tmp_path / "t"
+    write_deltalake(
+        str(root), pa.table({"year": pa.array([2024], pa.int32()), "v": [1]}), partition_by=["year"]
+    )
+    (root / "year=abc").mkdir()
+    pq.write_table(pa.table({"v": [2, 3]}), root / "year=abc" / "x.parquet")
+    (root / "year=2025").mkdir()
+    pq.write_table(pa.table({"v": [4]}), root / "year=2025" / "y.parquet")
+    with pytest.raises(AddFilesError, match=r"x\.parquet.*year=abc.*'year' is int32.*nothing was committed"):
+        ops.add_files(str(root), [str(root)])
+    table = DeltaTable(str(root))
+    assert table.version() == 0
+    assert table.to_pyarrow_table().num_rows == 1
+    ops.add_files(str(root), [str(root / "year=2025")])  # a value of the column's type is fine
+    assert sorted(DeltaTable(str(root)).to_pyarrow_table()["year"].to_pylist()) == [2024, 2025]
