@@ -301,7 +301,7 @@ def _register(
 
     footers = read_footers(read, len(todo), threads=threads, progress=progress)
     if data_schema is None:
-        data_schema = pa.schema([f for f in footers[0].schema if f.name not in set(partition_by)])
+        data_schema = _as_stored(pa.schema([f for f in footers[0].schema if f.name not in set(partition_by)]))
     for c, footer in zip(todo, footers, strict=True):
         _check_schema(table_uri, c.uri, data_schema, footer.schema, partition_by)
 
@@ -521,6 +521,21 @@ def _partition_value_ok(value: str, t: pa.DataType) -> bool:
     return False
 
 
+def _as_stored(schema: pa.Schema) -> pa.Schema:
+    """The Delta types a file's columns are registered as. Parquet timestamps are instants
+    (zoned: any zone is UTC on disk) or wall-clock times (zone-less) in s, ms, us or ns; Delta has
+    TIMESTAMP (us, UTC) and TIMESTAMP_NTZ (us) that every reader reads. delta-rs would type ns
+    columns ``timestamp_nanos`` (reader feature ``timestampNanos``: DuckDB, Polars, chdb and
+    delta-rs itself cannot read the table) and refuses zones other than UTC."""
+
+    def stored(t: pa.DataType) -> pa.DataType:
+        if pa.types.is_timestamp(t):
+            return pa.timestamp("us", tz="UTC" if t.tz is not None else None)
+        return t
+
+    return pa.schema([f.with_type(stored(f.type)) for f in schema], metadata=schema.metadata)
+
+
 def _check_schema(
     table_uri: str, file: str, table: pa.Schema, data: pa.Schema, partition_by: Sequence[str]
 ) -> None:
@@ -529,6 +544,17 @@ def _check_schema(
     from deltaflow.delta.schema import compare, delta_schema
 
     data = pa.schema([f for f in data if f.name not in set(partition_by)])
+    # Delta stores microseconds; delta-rs fails reading a file whose ns values have digits below
+    # the microsecond ("would lose data"), which the footer cannot rule out.
+    problems = [
+        f"column {f.name!r} is {f.type}: Delta stores timestamps in microseconds and delta-rs cannot "
+        "read nanoseconds; rewrite it with microsecond timestamps (pyarrow: coerce_timestamps='us')"
+        for f in data
+        if pa.types.is_timestamp(f.type) and f.type.unit == "ns"
+    ]
+    if problems:
+        raise FileSchemaMismatchError(table_uri, file, problems)
+    data = _as_stored(data)
     try:
         diff = compare(delta_schema(table), data)
     except Exception as exc:  # noqa: BLE001 - delta-rs refuses types it cannot store

@@ -384,3 +384,36 @@ def test_a_partition_value_not_of_the_columns_type_is_refused_and_nothing_is_com
     assert table.to_pyarrow_table().num_rows == 1
     ops.add_files(str(root), [str(root / "year=2025")])  # a value of the column's type is fine
     assert sorted(DeltaTable(str(root)).to_pyarrow_table()["year"].to_pylist()) == [2024, 2025]
+
+
+def test_timestamps_of_any_unit_and_zone_are_registered_as_microseconds_and_ns_is_refused(tmp_path):
+    """s/ms columns and zones other than UTC become Delta's TIMESTAMP (us, UTC) / TIMESTAMP_NTZ,
+    which every reader reads; ns (delta-rs: timestampNanos, unreadable) is refused."""
+    root = tmp_path / "t"
+    root.mkdir()
+    instant = dt.datetime(2026, 1, 1, 12, 30, 1, 250000, tzinfo=dt.UTC)
+    pq.write_table(
+        pa.table(
+            {
+                "at": pa.array([instant], pa.timestamp("ms", tz="Europe/Paris")),
+                "local": pa.array([instant.replace(tzinfo=None)], pa.timestamp("s")),
+            }
+        ),
+        root / "a.parquet",
+    )
+    ops.add_files(str(root), [str(root)])
+    table = DeltaTable(str(root))
+    assert table.protocol().reader_features in (None, ["timestampNtz"])
+    assert table.schema().to_arrow().field("at").type == pa.timestamp("us", tz="UTC")
+    got = table.to_pyarrow_table().to_pylist()
+    assert got == [{"at": instant, "local": instant.replace(tzinfo=None, microsecond=0)}]
+    con = duckdb_delta()
+    assert con.execute(f"select epoch_ms(\"at\") from delta_scan('{root}')").fetchall() == [
+        (int(instant.timestamp() * 1000),)
+    ]
+    ns = tmp_path / "ns"
+    ns.mkdir()
+    pq.write_table(pa.table({"ts": pa.array([1], pa.timestamp("ns"))}), ns / "a.parquet")
+    with pytest.raises(FileSchemaMismatchError, match=r"'ts' is timestamp\[ns\].*microsecond"):
+        ops.add_files(str(ns), [str(ns)])
+    assert not (ns / "_delta_log").exists()
