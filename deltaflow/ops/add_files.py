@@ -85,12 +85,15 @@ class AddFilesResult:
     rows_added: int
     bytes_added: int
     files_copied: int
-    #: Files the table already referenced (or named twice): not added again.
+    #: Files the table already referenced: not added again.
     files_skipped: int
     files: tuple[AddedFile, ...]
     skipped: tuple[str, ...]
     #: The commit's response was lost and the log showed it had landed.
     recovered: bool = False
+    #: Table paths named more than once (the same file, or identical copies): added once, and
+    #: not counted in ``files_skipped``.
+    named_twice: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -218,7 +221,8 @@ def _register(
     have = _referenced(table)
     todo: list[_Candidate] = []
     skipped: list[str] = []
-    seen: set[str] = set()
+    twice: list[str] = []
+    seen: dict[str, _Candidate] = {}
     for c in candidates:
         if (
             c.path in have
@@ -226,19 +230,36 @@ def _register(
             and not same_file(c.fs, c.found.path, table_fs, join(root, c.path))
         ):
             raise _taken(c, table_uri)
-        if c.path in have or c.path in seen:
+        if c.path in have:
             skipped.append(c.path)
             continue
-        seen.add(c.path)
+        earlier = seen.get(c.path)
+        if earlier is not None:
+            # Two sources for one table path (--copy of day1/data_0.parquet and day2/data_0.parquet):
+            # only copies of one file may share it, else one of them would be dropped.
+            if earlier.uri != c.uri and not same_file(earlier.fs, earlier.found.path, c.fs, c.found.path):
+                raise AddFilesError(
+                    f"{earlier.uri!r} and {c.uri!r} would both be {c.path!r} in {table_uri!r} but are "
+                    "different files; nothing was committed. Copy from their common parent folder "
+                    "(keeping the folders that tell them apart), or rename one",
+                    table_uri=table_uri,
+                    file=c.uri,
+                )
+            twice.append(c.path)
+            continue
+        seen[c.path] = c
         todo.append(c)
     for path in skipped:
         logger.info("%s is already in %s: skipped", path, table_uri)
+    for path in twice:
+        logger.info("%s was named twice: added once", path)
     logger.info(
-        "found %d Parquet file(s) for %s: %d to add, %d already in the table",
+        "found %d Parquet file(s) for %s: %d to add, %d already in the table, %d named twice",
         len(candidates),
         table_uri,
         len(todo),
         len(skipped),
+        len(twice),
     )
     if not todo:
         return AddFilesResult(
@@ -253,6 +274,7 @@ def _register(
             len(skipped),
             (),
             tuple(skipped),
+            named_twice=tuple(twice),
         )
 
     # Step 3 and 4. Footers, partitions, schemas.
@@ -325,6 +347,7 @@ def _register(
             len(skipped),
             planned,
             tuple(skipped),
+            named_twice=tuple(twice),
         )
 
     # Step 5. Copies.
@@ -393,6 +416,7 @@ def _register(
         added,
         tuple(skipped) + (tuple(f.path for f in planned) if not result.committed else ()),
         recovered=result.recovered,
+        named_twice=tuple(twice),
     )
 
 

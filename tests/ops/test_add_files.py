@@ -139,7 +139,8 @@ def test_files_already_in_the_table_are_skipped(tmp_path):
     result = ops.add_files(str(root), [str(root), str(new)])  # the new one named twice
 
     assert (result.files_added, result.version) == (1, 1)
-    assert result.files_skipped == len(CITIES) * FILES_PER_CITY + 1
+    assert result.files_skipped == len(CITIES) * FILES_PER_CITY
+    assert result.named_twice == ("city=New York/part-late.parquet",)
     assert result.files[0].path == "city=New York/part-late.parquet"
     again = ops.add_files(str(root), [f"{root}/**/*.parquet"])
     assert (again.files_added, again.version) == (0, 1)
@@ -417,3 +418,15 @@ def test_timestamps_of_any_unit_and_zone_are_registered_as_microseconds_and_ns_i
     with pytest.raises(FileSchemaMismatchError, match=r"'ts' is timestamp\[ns\].*microsecond"):
         ops.add_files(str(ns), [str(ns)])
     assert not (ns / "_delta_log").exists()
+
+
+def test_copies_of_two_different_files_to_one_table_path_are_refused(tmp_path):
+    src, root = tmp_path / "src", tmp_path / "t"
+    for day, values in (("day1", [1, 2, 3]), ("day2", [4, 5])):
+        (src / day).mkdir(parents=True)
+        pq.write_table(pa.table({"v": values}), src / day / "data_0.parquet")
+    with pytest.raises(AddFilesError, match=r"day1/data_0.parquet.*day2/data_0.parquet.*different files"):
+        ops.add_files(str(root), [str(src / "day1"), str(src / "day2")], copy=True)
+    assert not root.exists() or not (root / "_delta_log").exists()
+    result = ops.add_files(str(root), [str(src)], copy=True)  # from the common parent: both
+    assert (result.files_added, result.rows_added) == (2, 5)
