@@ -13,7 +13,7 @@ import re
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -62,6 +62,9 @@ class Footer:
 
     file: WrittenFile
     schema: pa.Schema
+    #: Nulls per top-level column from the row groups' statistics, all columns (not only the
+    #: indexed ones); ``None``: not known (a row group without a null count, a nested column).
+    null_counts: dict[str, int | None] = field(default_factory=dict)
 
 
 def _hidden(name: str) -> bool:
@@ -236,7 +239,22 @@ def read_footer(
         stats=stats,
         modification_time=file.modification_time,
     )
-    return Footer(added, schema)
+    return Footer(added, schema, _null_counts(metadata, schema))
+
+
+def _null_counts(metadata: pq.FileMetaData, schema: pa.Schema) -> dict[str, int | None]:
+    groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
+    positions = {metadata.schema.column(i).path: i for i in range(len(metadata.schema))}
+    out: dict[str, int | None] = {}
+    for f in schema:
+        ci = positions.get(f.name)  # nested columns have dotted leaf paths only: unknown
+        if ci is None:
+            out[f.name] = None if groups and any(g.num_rows for g in groups) else 0
+            continue
+        stats = [g.column(ci).statistics for g in groups]
+        known = all(st is not None and st.has_null_count for st in stats)
+        out[f.name] = sum(st.null_count for st in stats if st is not None) if known else None
+    return out
 
 
 def read_footers(

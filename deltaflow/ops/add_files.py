@@ -218,6 +218,18 @@ def _register(
             "converted. Register further files with `deltaflow add-files`",
             table_uri=table_uri,
         )
+    if table is not None:
+        mode = table.metadata().configuration.get("delta.columnMapping.mode", "none")
+        if mode != "none":
+            # Its files name columns by physical names (col-<uuid>) or field ids the log maps;
+            # a file written outside it names them by logical names: every reader reads NULLs.
+            raise AddFilesError(
+                f"{table_uri!r} uses column mapping (delta.columnMapping.mode={mode}): its data "
+                "files name columns by physical names or ids, which files written elsewhere do not "
+                "carry (readers would read NULL); nothing was committed. Register the files in a "
+                "table without column mapping, or write them through a Delta writer",
+                table_uri=table_uri,
+            )
     have = _referenced(table)
     todo: list[_Candidate] = []
     skipped: list[str] = []
@@ -326,6 +338,7 @@ def _register(
         data_schema = _as_stored(pa.schema([f for f in footers[0].schema if f.name not in set(partition_by)]))
     for c, footer in zip(todo, footers, strict=True):
         _check_schema(table_uri, c.uri, data_schema, footer.schema, partition_by)
+        _check_nulls(table_uri, c.uri, data_schema, footer)
 
     planned = tuple(
         AddedFile(c.path, c.uri, f.file.num_records, f.file.size, dict(f.file.partition_values))
@@ -545,6 +558,36 @@ def _partition_value_ok(value: str, t: pa.DataType) -> bool:
     return False
 
 
+def _has_unsigned(t: pa.DataType) -> bool:
+    if pa.types.is_unsigned_integer(t):
+        return True
+    return any(_has_unsigned(t.field(i).type) for i in range(t.num_fields))
+
+
+def _check_nulls(table_uri: str, file: str, table: pa.Schema, footer: Footer) -> None:
+    """A NOT NULL column of the table may hold no null in the file: its footer must say so
+    (the column required in the file's schema, or every row group's null count 0). Readers
+    trust the constraint (chdb reads such nulls as 0)."""
+    fields = {f.name: f for f in footer.schema}
+    problems = []
+    for column in table:
+        f = fields.get(column.name)
+        if column.nullable or f is None or not f.nullable:
+            continue  # a missing NOT NULL column is _check_schema's
+        nulls = footer.null_counts.get(column.name)
+        if nulls is None:
+            problems.append(
+                f"column {column.name!r} is NOT NULL in the table, and the file's footer does not "
+                "tell whether it holds nulls (no null count)"
+            )
+        elif nulls:
+            problems.append(
+                f"column {column.name!r} is NOT NULL in the table but holds {nulls} null(s) in the file"
+            )
+    if problems:
+        raise FileSchemaMismatchError(table_uri, file, problems)
+
+
 def _as_stored(schema: pa.Schema) -> pa.Schema:
     """The Delta types a file's columns are registered as. Parquet timestamps are instants
     (zoned: any zone is UTC on disk) or wall-clock times (zone-less) in s, ms, us or ns; Delta has
@@ -575,6 +618,13 @@ def _check_schema(
         "read nanoseconds; rewrite it with microsecond timestamps (pyarrow: coerce_timestamps='us')"
         for f in data
         if pa.types.is_timestamp(f.type) and f.type.unit == "ns"
+    ]
+    problems += [
+        f"column {f.name!r} is {f.type}: Delta has no unsigned integers and delta-rs registers it "
+        "as the signed type of the same width, which Polars cannot read and others misread above "
+        "the signed maximum; rewrite it as a signed type wide enough (uint32 -> int64)"
+        for f in data
+        if _has_unsigned(f.type)
     ]
     if problems:
         raise FileSchemaMismatchError(table_uri, file, problems)

@@ -430,3 +430,40 @@ def test_copies_of_two_different_files_to_one_table_path_are_refused(tmp_path):
     assert not root.exists() or not (root / "_delta_log").exists()
     result = ops.add_files(str(root), [str(src)], copy=True)  # from the common parent: both
     assert (result.files_added, result.rows_added) == (2, 5)
+
+
+def test_column_mapping_nulls_in_not_null_columns_and_unsigned_integers_are_refused(tmp_path):
+    """Each made a table readers misread: column-mapped files read as NULL, chdb read the nulls
+    of a NOT NULL column as 0, uint64 above 2^63-1 failed DuckDB and delta-rs (Polars fails on
+    any unsigned column)."""
+    mapped = tmp_path / "mapped"
+    DeltaTable.create(
+        str(mapped),
+        schema=pa.schema([("id", pa.int64())]),
+        configuration={"delta.columnMapping.mode": "name"},
+    )
+    pq.write_table(pa.table({"id": [1]}), mapped / "x.parquet")
+    with pytest.raises(AddFilesError, match=r"column mapping \(delta.columnMapping.mode=name\)"):
+        ops.add_files(str(mapped), [str(mapped / "x.parquet")])
+
+    strict = tmp_path / "strict"
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.int64())])
+    write_deltalake(str(strict), pa.table({"id": [1], "v": [1]}, schema=schema))
+    pq.write_table(
+        pa.table({"id": pa.array([3, None, None], pa.int64()), "v": [3, 4, 5]}), strict / "nulls.parquet"
+    )
+    with pytest.raises(FileSchemaMismatchError, match=r"'id' is NOT NULL in the table but holds 2 null"):
+        ops.add_files(str(strict), [str(strict / "nulls.parquet")])
+    pq.write_table(
+        pa.table({"id": pa.array([4], pa.int64()), "v": pa.array([None], pa.int64())}),
+        strict / "fine.parquet",
+    )
+    ops.add_files(str(strict), [str(strict / "fine.parquet")])  # nullable in the file, no null
+    assert sorted(DeltaTable(str(strict)).to_pyarrow_table()["id"].to_pylist()) == [1, 4]
+
+    unsigned = tmp_path / "unsigned"
+    unsigned.mkdir()
+    pq.write_table(pa.table({"u": pa.array([1, 2**63 + 5], pa.uint64())}), unsigned / "u.parquet")
+    with pytest.raises(FileSchemaMismatchError, match=r"'u' is uint64: Delta has no unsigned"):
+        ops.add_files(str(unsigned), [str(unsigned)])
+    assert not (unsigned / "_delta_log").exists()
