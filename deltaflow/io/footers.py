@@ -228,12 +228,13 @@ def read_footer(
 ) -> Footer:
     """Read one footer: the ``add`` for ``file`` at ``path`` (relative to the table root)."""
     with fs.open_input_file(file.path) as handle:
+        size = handle.size()  # of the file this footer is read from (the listing may be older)
         metadata = pq.read_metadata(handle)
     schema = _arrow_schema(metadata)
     stats = stats_json(metadata, stats_columns(schema), indexed_columns)
     added = WrittenFile(
         path=path,
-        size=file.size,
+        size=size,
         partition_values=partition_values,
         num_records=metadata.num_rows,
         stats=stats,

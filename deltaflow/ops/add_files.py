@@ -367,12 +367,29 @@ def _register(
     files = [f.file for f in footers]
     if copies:
         copied = _copy(copies, table_fs, root, table_uri)
+        _check_unchanged(
+            table_uri,
+            [
+                (c.uri, f.size, copied[c.path][0])
+                for c, f in zip(todo, files, strict=True)
+                if c.path in copied
+            ],
+        )
         files = [
             replace(f, size=copied[f.path][0], modification_time=copied[f.path][1]) if f.path in copied else f
             for f in files
         ]
 
-    # Step 6. One commit.
+    # Step 6. One commit, of files unchanged since their footers were read (an exporter
+    # rewriting `latest.parquet` meanwhile would leave a size and stats of another file).
+    _check_unchanged(
+        table_uri,
+        [
+            (c.uri, (f.size, c.found.modification_time), _size_and_time(c.fs, c.found.path))
+            for c, f in zip(todo, files, strict=True)
+            if c.inside
+        ],
+    )
     schema = pa.schema(
         [*data_schema, *(pa.field(p, pa.string()) for p in partition_by)]
         if table is None
@@ -519,6 +536,24 @@ def _partition_values(c: _Candidate, partition_by: Sequence[str], table_uri: str
             file=c.uri,
         )
     return dict(hive)
+
+
+def _size_and_time(fs: pafs.FileSystem, path: str) -> tuple[int, int] | None:
+    info = fs.get_file_info(path)
+    return (info.size, modification_time_ms(info)) if info.type == pafs.FileType.File else None
+
+
+def _check_unchanged(table_uri: str, checks: Sequence[tuple[str, object, object]]) -> None:
+    """Each (file, as read, as now) must match: else the file changed after its footer was read."""
+    changed = [uri for uri, then, now in checks if then != now]
+    if changed:
+        raise AddFilesError(
+            f"{len(changed)} file(s) changed while being registered (size or modification time "
+            f"differs from the footer read), e.g. {_examples(changed)}; nothing was committed. "
+            "Register them again once they are complete",
+            table_uri=table_uri,
+            files=len(changed),
+        )
 
 
 def _check_partition_types(

@@ -467,3 +467,22 @@ def test_column_mapping_nulls_in_not_null_columns_and_unsigned_integers_are_refu
     with pytest.raises(FileSchemaMismatchError, match=r"'u' is uint64: Delta has no unsigned"):
         ops.add_files(str(unsigned), [str(unsigned)])
     assert not (unsigned / "_delta_log").exists()
+
+
+def test_a_file_replaced_after_its_footer_was_read_is_refused(tmp_path):
+    """Replaced from the progress callback (between the footer reads and the commit): it was
+    committed with the old size and row count (Polars failed, counts differed by reader)."""
+    root = tmp_path / "t"
+    root.mkdir()
+    for name, v in (("a", 1), ("b", 2)):
+        pq.write_table(pa.table({"v": pa.array([v], pa.int64())}), root / f"{name}.parquet")
+
+    def replace_a(done, total):
+        if done == 1:
+            pq.write_table(pa.table({"v": pa.array(range(1000), pa.int64())}), root / "a.tmp")
+            os.replace(root / "a.tmp", root / "a.parquet")
+
+    with pytest.raises(AddFilesError, match=r"changed while being registered.*a\.parquet"):
+        ops.add_files(str(root), [str(root)], threads=1, progress=replace_a)
+    assert not (root / "_delta_log").exists()
+    assert ops.add_files(str(root), [str(root)]).rows_added == 1001
