@@ -26,6 +26,7 @@ Step 6. Commit the ``add`` actions in one commit (a missing table is created by 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -103,6 +104,9 @@ class _Candidate:
     uri: str  # where it is, as a URI (a path for local files)
     path: str  # relative to the table root, where it will be
     inside: bool
+    #: A data file of deltaflow's own writers (``part-b<N>-...``) found in a folder or glob of
+    #: the table: registered only if named as a file (see :func:`_refuse_own_orphans`).
+    own: bool = False
 
 
 def add_files(
@@ -231,6 +235,7 @@ def _register(
                 table_uri=table_uri,
             )
     have = _referenced(table)
+    _refuse_own_orphans(candidates, have, table_uri)
     todo: list[_Candidate] = []
     skipped: list[str] = []
     twice: list[str] = []
@@ -503,7 +508,10 @@ def _find(
                     table_uri=table_uri,
                     file=file_uri,
                 )
-            out.append(_Candidate(f, fs, file_uri, rel, inside))
+            own = (
+                inside and f.path != where.rstrip("/") and _OWN_FILE.match(rel.rsplit("/", 1)[-1]) is not None
+            )
+            out.append(_Candidate(f, fs, file_uri, rel, inside, own))
     if unmatched:
         raise AddFilesError(
             f"no Parquet file found at {_examples(unmatched)} (folders are searched for *.parquet; "
@@ -514,6 +522,28 @@ def _find(
     if not out:  # pragma: no cover - every path matched something
         raise AddFilesError(f"no Parquet files given for {table_uri!r}", table_uri=table_uri)
     return out
+
+
+#: deltaflow's sinks name their data files ``part-b<batch>-...`` (DESIGN.md, the commit path).
+_OWN_FILE = re.compile(r"part-b\d+-")
+
+
+def _refuse_own_orphans(candidates: Sequence[_Candidate], have: set[str], table_uri: str) -> None:
+    """deltaflow's own data files the log does not reference, found by searching the table's
+    folder, are a pipeline's orphans (a batch whose commit never landed) or files a compaction
+    or delete removed (not vacuumed yet): registering them would bring back rows the table
+    dropped or duplicate a batch's rows. Named as files, they are taken."""
+    orphans = [c.path for c in candidates if c.own and c.path not in have]
+    if orphans:
+        raise AddFilesError(
+            f"{len(orphans)} data file(s) written by deltaflow in {table_uri!r} are not in its log, "
+            f"e.g. {_examples(orphans)}: orphans of a batch that never committed or files the table "
+            "removed (compaction, delete), whose rows it must not get back; nothing was committed. "
+            "Name the files you mean instead of the folder (named files are taken), or remove those "
+            "files with `deltaflow vacuum --execute` (`--full` for orphans)",
+            table_uri=table_uri,
+            files=len(orphans),
+        )
 
 
 def _referenced(table: DeltaTable | None) -> set[str]:

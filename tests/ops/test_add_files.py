@@ -486,3 +486,20 @@ def test_a_file_replaced_after_its_footer_was_read_is_refused(tmp_path):
         ops.add_files(str(root), [str(root)], threads=1, progress=replace_a)
     assert not (root / "_delta_log").exists()
     assert ops.add_files(str(root), [str(root)]).rows_added == 1001
+
+
+def test_deltaflow_data_files_the_log_does_not_reference_are_taken_only_when_named(tmp_path):
+    """A folder search over the table must not resurrect a batch's orphans or files the table
+    removed; the same file named as a file is registered."""
+    root = tmp_path / "t"
+    root.mkdir()
+    pq.write_table(pa.table({"v": [1]}), root / "ext.parquet")
+    orphan = root / "part-b000007-p00000-a0-0-x.zstd.parquet"
+    pq.write_table(pa.table({"v": [2]}), orphan)
+    with pytest.raises(AddFilesError, match=r"written by deltaflow.*not in its log.*part-b000007"):
+        ops.add_files(str(root), [str(root)])
+    with pytest.raises(AddFilesError, match=r"part-b000007"):
+        ops.add_files(str(root), [f"{root}/*.parquet"])
+    assert not (root / "_delta_log").exists()
+    assert ops.add_files(str(root), [str(root / "ext.parquet"), str(orphan)]).files_added == 2
+    assert ops.add_files(str(root), [str(root)]).files_skipped == 2  # referenced now: fine
