@@ -185,7 +185,9 @@ def test_arroyo_newer_dotted_names():
     )
     (spec,) = file.pipelines
     sink = spec.sinks[0]
-    assert [(c.name, c.spark_format) for c in sink.time_partition_columns] == [("dt", "yyyy'-'MM'-'dd")]
+    assert [(c.name, c.parts) for c in sink.time_partition_columns] == [
+        ("dt", (("field", "year"), ("text", "-"), ("field", "month"), ("text", "-"), ("field", "day")))
+    ]
     assert sink.partition_columns == ("country", "page")
     assert sink.event_time_column == "event_time"
     assert (spec.trigger_interval, sink.target_file_size_mb) == (120.0, 64)
