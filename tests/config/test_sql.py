@@ -259,6 +259,7 @@ def test_every_arroyo_key_is_known():
             "time_partition_pattern = '%Y', write_mode = 'merge', key_columns = 'id', sequence_by = 'id'",
             "time_partition_pattern applies to append and overwrite sinks, not merge",
         ),
+        ("'storage.aws_secret_access_key' = 'ab\\'cd'", "a quote inside a string is written twice"),
     ],
 )
 def test_bad_arroyo_values_are_refused(options, problem):
