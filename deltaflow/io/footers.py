@@ -145,7 +145,8 @@ def find_files(fs: pafs.FileSystem, paths: Iterable[str]) -> tuple[list[FoundFil
 
     In folders and globs only ``*.parquet`` files count, and names starting with ``_`` or ``.``
     (``_SUCCESS``, ``_delta_log/``, ``.crc`` files) are skipped, as Spark skips them. A file
-    named directly is taken whatever its name.
+    named directly is taken whatever its name. A path that exists is taken literally even when it
+    holds glob characters (``events[2024]``).
     """
     found: dict[str, FoundFile] = {}
     unmatched = []
@@ -153,6 +154,8 @@ def find_files(fs: pafs.FileSystem, paths: Iterable[str]) -> tuple[list[FoundFil
         path = raw.rstrip("/")
         matched: list[FoundFile] = []
         glob = _GLOB_CHARS.search(path)
+        if glob and fs.get_file_info(path).type != pafs.FileType.NotFound:
+            glob = None  # a folder or file whose name holds `[` or `*`: taken literally first
         if glob:
             base = path[: glob.start()].rsplit("/", 1)[0]
             pattern = _glob_regex(path)

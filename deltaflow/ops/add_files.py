@@ -26,6 +26,7 @@ Step 6. Commit the ``add`` actions in one commit (a missing table is created by 
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -505,6 +506,14 @@ def _find(
                 raise AddFilesError(
                     f"{file_uri!r} is in {rel.split('/')[0]!r} of the table, a folder of the log or "
                     "of deltaflow, not of data; nothing was committed",
+                    table_uri=table_uri,
+                    file=file_uri,
+                )
+            if inside and isinstance(fs, pafs.LocalFileSystem) and os.path.islink(f.path):
+                raise AddFilesError(
+                    f"{file_uri!r} is a symbolic link: readers follow it, so the file it points at "
+                    "would be registered under a second name (its rows read twice if it is in the "
+                    "table too); nothing was committed. Register the file it points at",
                     table_uri=table_uri,
                     file=file_uri,
                 )

@@ -71,3 +71,11 @@ def test_nanosecond_stats_are_exact_bounds_in_integers(tmp_path):
     stats = json.loads(stats_json(metadata, metadata.schema.to_arrow_schema(), -1))
     assert stats["minValues"]["ts"] == "2023-11-14T22:13:19.999Z"
     assert stats["maxValues"]["ts"] == "2023-11-14T22:13:20.001Z"
+
+
+def test_a_path_that_exists_is_taken_literally_before_as_a_glob(tmp_path):
+    folder = tmp_path / "events[2024]"
+    folder.mkdir()
+    pq.write_table(pa.table({"x": [1]}), folder / "a.parquet")
+    found, unmatched = find_files(pafs.LocalFileSystem(), [str(folder)])
+    assert ([f.relative for f in found], unmatched) == (["a.parquet"], [])

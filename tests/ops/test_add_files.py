@@ -503,3 +503,14 @@ def test_deltaflow_data_files_the_log_does_not_reference_are_taken_only_when_nam
     assert not (root / "_delta_log").exists()
     assert ops.add_files(str(root), [str(root / "ext.parquet"), str(orphan)]).files_added == 2
     assert ops.add_files(str(root), [str(root)]).files_skipped == 2  # referenced now: fine
+
+
+def test_a_symbolic_link_inside_the_table_is_refused(tmp_path):
+    """A link to another file of the folder registered the same rows twice."""
+    root = tmp_path / "t"
+    root.mkdir()
+    pq.write_table(pa.table({"v": [1, 2]}), root / "real.parquet")
+    (root / "link.parquet").symlink_to(root / "real.parquet")
+    with pytest.raises(AddFilesError, match=r"link\.parquet' is a symbolic link"):
+        ops.add_files(str(root), [str(root)])
+    assert not (root / "_delta_log").exists()
