@@ -249,9 +249,13 @@ class LeaseHeldError(TransientError):
     """Another process (or thread) holds a table lease (e.g. compaction's); retry later."""
 
 
+#: Where a Rust backtrace starts in a delta-rs error ("\n   0: <unknown>\n   1: ..."): cut off.
+_BACKTRACE = re.compile(r"\n\s*(?:Stack backtrace:|0: )")
+
+
 def brief(error: BaseException) -> str:
     """The error's text on one line, bounded (delta-rs and pyarrow errors span lines)."""
-    text = " ".join(str(error).split()) or type(error).__name__
+    text = " ".join(_BACKTRACE.split(str(error), maxsplit=1)[0].split()) or type(error).__name__
     return text if len(text) <= ERROR_CHARS else text[: ERROR_CHARS - 3] + "..."
 
 

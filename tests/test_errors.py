@@ -22,3 +22,12 @@ def test_schema_mismatch_lists_every_difference():
         "nothing was written",
     ]
     assert pickle.loads(pickle.dumps(err)).differences == ["column 'a' is x", "column 'b' is y"]
+
+
+def test_brief_drops_a_rust_backtrace():
+    from deltaflow.errors import brief
+
+    raw = (
+        "Schema error: Invalid data type\n   0: <unknown>\n   1: cfunction_vectorcall\n             at x.c:4"
+    )
+    assert brief(RuntimeError(raw)) == "Schema error: Invalid data type"

@@ -368,6 +368,8 @@ def _footer_progress() -> tuple[Callable[[int, int], None], Callable[[], None]]:
 def _print_added(result: AddFilesResult, started: float) -> None:
     for path in result.skipped:
         click.echo(f"skipped (already in the table): {path}", err=True)
+    for path in result.named_twice:
+        click.echo(f"named twice (added once): {path}", err=True)
     if result.dry_run:
         for f in result.files:
             parts = ", ".join(f"{k}={v}" for k, v in f.partition_values.items())

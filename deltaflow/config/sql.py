@@ -446,6 +446,14 @@ def _parenthesised(text: str) -> tuple[str, str]:
             depth -= 1
             if depth == 0:
                 return text[1:i], text[i + 1 :]
+    if quote == "'":
+        raise PipelineConfigError(
+            "<sql>",
+            [
+                f"unterminated string in {text[:60]!r}: a quote inside a string is written twice "
+                "('it''s'); a backslash does not escape it"
+            ],
+        )
     raise PipelineConfigError("<sql>", [f"unbalanced parentheses in {text[:60]!r}"])
 
 

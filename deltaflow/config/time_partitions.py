@@ -13,27 +13,31 @@ columns in the log, so that readers prune on them; deltaflow turns the pattern i
   ``2026-03-08``), whatever Spark's session time zone.
 
 Nothing here imports Spark: :func:`parse_time_pattern` validates a pattern for ``validate``;
-the pipeline runner evaluates :attr:`TimePartitionColumn.spark_format` with Spark's
-``date_format``.
+the pipeline runner joins :attr:`TimePartitionColumn.parts`: each field extracted from the event
+time's UTC wall clock (a TIMESTAMP_NTZ: ``year()``, ``hour()``... read no time zone), zero-padded,
+and the pattern's literal text. Spark's ``date_format`` is not used: it formats through the
+session time zone even for a TIMESTAMP_NTZ, and gets hours in that zone's DST gap wrong (02:30
+UTC on 2026-03-08 came out as hour 03 under America/New_York).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 __all__ = ["DIRECTIVES", "TimePartitionColumn", "parse_time_pattern"]
 
-#: strftime directives a pattern may use: (column name, Spark datetime pattern).
-DIRECTIVES: dict[str, tuple[str, str]] = {
-    "Y": ("year", "yyyy"),
-    "m": ("month", "MM"),
-    "d": ("day", "dd"),
-    "H": ("hour", "HH"),
-    "M": ("minute", "mm"),
-    "S": ("second", "ss"),
-    "j": ("day_of_year", "DDD"),
-    "F": ("date", "yyyy-MM-dd"),
+#: strftime directives a pattern may use: the field each formats (also its column name).
+DIRECTIVES: dict[str, str] = {
+    "Y": "year",
+    "m": "month",
+    "d": "day",
+    "H": "hour",
+    "M": "minute",
+    "S": "second",
+    "j": "day_of_year",
+    "F": "date",  # %Y-%m-%d
 }
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -45,12 +49,13 @@ class TimePartitionColumn:
     Attributes:
         name: The column's name.
         strftime: Its segment of the pattern (``%H``).
-        spark_format: The same as a Spark datetime pattern (``HH``), literal text quoted.
+        parts: The segment as ``("field", <a DIRECTIVES value>)`` and ``("text", <literal>)``
+            parts, in order (``h=%H:%M`` -> field hour, text ``:``, field minute).
     """
 
     name: str
     strftime: str
-    spark_format: str
+    parts: tuple[tuple[Literal["field", "text"], str], ...]
 
 
 def parse_time_pattern(pattern: str) -> tuple[TimePartitionColumn, ...]:
@@ -68,7 +73,9 @@ def parse_time_pattern(pattern: str) -> tuple[TimePartitionColumn, ...]:
             name, body = "", segment
         if not body:
             raise ValueError(f"time_partition_pattern {pattern!r}: empty segment {segment!r}")
-        names, spark, literal, i = [], "", "", 0
+        names: list[str] = []
+        parts: list[tuple[Literal["field", "text"], str]] = []
+        literal, i = "", 0
         while i < len(body):
             if body[i] != "%":
                 literal += body[i]
@@ -78,17 +85,19 @@ def parse_time_pattern(pattern: str) -> tuple[TimePartitionColumn, ...]:
             if code == "%":
                 literal += "%"
             elif code in DIRECTIVES:
-                spark += _quote(literal)
+                if literal:
+                    parts.append(("text", literal))
                 literal = ""
-                names.append(DIRECTIVES[code][0])
-                spark += DIRECTIVES[code][1]
+                names.append(DIRECTIVES[code])
+                parts.append(("field", DIRECTIVES[code]))
             else:
                 raise ValueError(
                     f"time_partition_pattern {pattern!r}: %{code} is not supported; use {supported} "
                     "(and %% for a percent sign)"
                 )
             i += 2
-        spark += _quote(literal)
+        if literal:
+            parts.append(("text", literal))
         if not names:
             raise ValueError(
                 f"time_partition_pattern {pattern!r}: segment {segment!r} has no time directive ({supported})"
@@ -101,10 +110,5 @@ def parse_time_pattern(pattern: str) -> tuple[TimePartitionColumn, ...]:
                 f"time_partition_pattern {pattern!r}: two segments make the column {column!r}; "
                 "name them Hive style (name=%H)"
             )
-        columns.append(TimePartitionColumn(column, body, spark))
+        columns.append(TimePartitionColumn(column, body, tuple(parts)))
     return tuple(columns)
-
-
-def _quote(literal: str) -> str:
-    """Literal text inside a Spark datetime pattern."""
-    return "'" + literal.replace("'", "''") + "'" if literal else ""

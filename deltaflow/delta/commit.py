@@ -418,7 +418,9 @@ def commit(
                 raise
             last_error = exc
             if not _wait(waits, what, table_uri, exc, attempts):
-                raise _gave_up(what, table_uri, attempts, exc, first_base is not None) from exc
+                raise _gave_up(
+                    what, table_uri, attempts, exc, first_base is not None, log_read=False
+                ) from exc
             continue
         base = table.version() if table is not None else -1
 
@@ -522,7 +524,7 @@ def _last_look(
     try:
         table = _load(table_uri, storage_options)
     except DeltaflowError as exc:
-        raise _gave_up(what, table_uri, attempts, exc, True) from error
+        raise _gave_up(what, table_uri, attempts, exc, True, log_read=False) from error
     if table is not None:
         entry, _ = _find_token(table_uri, storage_options, token, first_base, table)
         if entry is not None:
@@ -535,13 +537,18 @@ def _last_look(
     raise _gave_up(what, table_uri, attempts, error, True) from error
 
 
-def _gave_up(what: str, table_uri: str, attempts: int, error: BaseException, tried: bool) -> CommitError:
-    tail = (
-        "the log does not hold it, but a request still in flight may yet land it, so everything "
-        "it references is kept (orphans for `vacuum --full` if it never lands)"
-        if tried
-        else "nothing was committed"
-    )
+def _gave_up(
+    what: str, table_uri: str, attempts: int, error: BaseException, tried: bool, *, log_read: bool = True
+) -> CommitError:
+    kept = "everything it references is kept (orphans for `vacuum --full` if it never lands)"
+    if not tried:
+        tail = "nothing was committed"
+    elif log_read:
+        tail = f"the log does not hold it, but a request still in flight may yet land it, so {kept}"
+    else:
+        # The log could not be read back (store down, or an entry no reader can parse): whether
+        # an attempt landed is unknown, and saying "not held" would be a guess.
+        tail = f"the log could not be read back, so whether it landed is unknown; {kept}"
     return CommitError(
         f"{what}: commit to {table_uri!r} failed after {attempts} attempt(s): {_brief(error)}; {tail}",
         table_uri=table_uri,

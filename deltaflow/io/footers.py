@@ -13,7 +13,7 @@ import re
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -63,6 +63,9 @@ class Footer:
 
     file: WrittenFile
     schema: pa.Schema
+    #: Nulls per top-level column from the row groups' statistics, all columns (not only the
+    #: indexed ones); ``None``: not known (a row group without a null count, a nested column).
+    null_counts: dict[str, int | None] = field(default_factory=dict)
 
 
 def _hidden(name: str) -> bool:
@@ -149,7 +152,8 @@ def find_files(fs: pafs.FileSystem, paths: Iterable[str]) -> tuple[list[FoundFil
 
     In folders and globs only ``*.parquet`` files count, and names starting with ``_`` or ``.``
     (``_SUCCESS``, ``_delta_log/``, ``.crc`` files) are skipped, as Spark skips them. A file
-    named directly is taken whatever its name.
+    named directly is taken whatever its name. A path that exists is taken literally even when it
+    holds glob characters (``events[2024]``).
     """
     found: dict[str, FoundFile] = {}
     unmatched = []
@@ -157,6 +161,8 @@ def find_files(fs: pafs.FileSystem, paths: Iterable[str]) -> tuple[list[FoundFil
         path = raw.rstrip("/")
         matched: list[FoundFile] = []
         glob = _GLOB_CHARS.search(path)
+        if glob and fs.get_file_info(path).type != pafs.FileType.NotFound:
+            glob = None  # a folder or file whose name holds `[` or `*`: taken literally first
         if glob:
             base = path[: glob.start()].rsplit("/", 1)[0]
             pattern = _glob_regex(path)
@@ -230,18 +236,34 @@ def read_footer(
 ) -> Footer:
     """Read one footer: the ``add`` for ``file`` at ``path`` (relative to the table root)."""
     with fs.open_input_file(file.path) as handle:
+        size = handle.size()  # of the file this footer is read from (the listing may be older)
         metadata = pq.read_metadata(handle)
     schema = _arrow_schema(metadata)
     stats = stats_json(metadata, stats_columns(schema), indexed_columns)
     added = WrittenFile(
         path=path,
-        size=file.size,
+        size=size,
         partition_values=partition_values,
         num_records=metadata.num_rows,
         stats=stats,
         modification_time=file.modification_time,
     )
-    return Footer(added, schema)
+    return Footer(added, schema, _null_counts(metadata, schema))
+
+
+def _null_counts(metadata: pq.FileMetaData, schema: pa.Schema) -> dict[str, int | None]:
+    groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
+    positions = {metadata.schema.column(i).path: i for i in range(len(metadata.schema))}
+    out: dict[str, int | None] = {}
+    for f in schema:
+        ci = positions.get(f.name)  # nested columns have dotted leaf paths only: unknown
+        if ci is None:
+            out[f.name] = None if groups and any(g.num_rows for g in groups) else 0
+            continue
+        stats = [g.column(ci).statistics for g in groups]
+        known = all(st is not None and st.has_null_count for st in stats)
+        out[f.name] = sum(st.null_count for st in stats if st is not None) if known else None
+    return out
 
 
 def read_footers(

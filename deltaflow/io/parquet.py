@@ -123,15 +123,18 @@ def _iso_ms(micros: int, round_up: bool) -> str:
     return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
 
 
-_TS_FACTOR = {"s": 1_000_000, "ms": 1000, "us": 1, "ns": 0.001}
+#: Microseconds per unit of a timestamp (``ns`` divides, exactly, in integers).
+_TS_FACTOR = {"s": 1_000_000, "ms": 1000, "us": 1}
 
 
 def _stat_value(t: pa.DataType, value: Any, raw: Any, is_max: bool) -> Any:
     """JSON value of one Parquet min/max statistic, or ``None`` to leave it out."""
     if pat.is_timestamp(t):
-        micros = raw * _TS_FACTOR[t.unit]
-        micros = math.ceil(micros) if is_max else math.floor(micros)
-        return _iso_ms(int(micros), round_up=is_max)
+        if t.unit == "ns":  # integer arithmetic: a float loses the last digits of 1.7e18
+            micros = -((-int(raw)) // 1000) if is_max else int(raw) // 1000
+        else:
+            micros = int(raw) * _TS_FACTOR[t.unit]
+        return _iso_ms(micros, round_up=is_max)
     if pat.is_date(t):
         return value.isoformat()
     if pat.is_integer(t):

@@ -29,6 +29,8 @@ Step 6. Write the record of the paths (``_deltaflow/registered/``), commit the `
 from __future__ import annotations
 
 import logging
+import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -87,12 +89,15 @@ class AddFilesResult:
     rows_added: int
     bytes_added: int
     files_copied: int
-    #: Files the table already referenced (or named twice): not added again.
+    #: Files the table already referenced: not added again.
     files_skipped: int
     files: tuple[AddedFile, ...]
     skipped: tuple[str, ...]
     #: The commit's response was lost and the log showed it had landed.
     recovered: bool = False
+    #: Table paths named more than once (the same file, or identical copies): added once, and
+    #: not counted in ``files_skipped``.
+    named_twice: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,9 @@ class _Candidate:
     uri: str  # where it is, as a URI (a path for local files)
     path: str  # relative to the table root, where it will be
     inside: bool
+    #: A data file of deltaflow's own writers (``part-b<N>-...``) found in a folder or glob of
+    #: the table: registered only if named as a file (see :func:`_without_own_orphans`).
+    own: bool = False
 
 
 def add_files(
@@ -218,14 +226,28 @@ def _register(
             "converted. Register further files with `deltaflow add-files`",
             table_uri=table_uri,
         )
+    if table is not None:
+        mode = table.metadata().configuration.get("delta.columnMapping.mode", "none")
+        if mode != "none":
+            # Its files name columns by physical names (col-<uuid>) or field ids the log maps;
+            # a file written outside it names them by logical names: every reader reads NULLs.
+            raise AddFilesError(
+                f"{table_uri!r} uses column mapping (delta.columnMapping.mode={mode}): its data "
+                "files name columns by physical names or ids, which files written elsewhere do not "
+                "carry (readers would read NULL); nothing was committed. Register the files in a "
+                "table without column mapping, or write them through a Delta writer",
+                table_uri=table_uri,
+            )
     have = _referenced(table)
     # Paths registered before stay registered once, even after compaction replaced them.
     earlier = registered.load(table_uri, storage_options)
     if table is not None and earlier.pending:
         earlier = registered.settle(table_uri, storage_options, earlier, have, table.version())
+    candidates = _without_own_orphans(candidates, have, table_uri)
     todo: list[_Candidate] = []
     skipped: list[str] = []
-    seen: set[str] = set()
+    twice: list[str] = []
+    seen: dict[str, _Candidate] = {}
     for c in candidates:
         if (
             c.path in have
@@ -240,19 +262,36 @@ def _register(
                 c.path,
                 table_uri,
             )
-        if c.path in have or c.path in earlier.committed or c.path in seen:
+        if c.path in have or c.path in earlier.committed:
             skipped.append(c.path)
             continue
-        seen.add(c.path)
+        other = seen.get(c.path)
+        if other is not None:
+            # Two sources for one table path (--copy of day1/data_0.parquet and day2/data_0.parquet):
+            # only copies of one file may share it, else one of them would be dropped.
+            if other.uri != c.uri and not same_file(other.fs, other.found.path, c.fs, c.found.path):
+                raise AddFilesError(
+                    f"{other.uri!r} and {c.uri!r} would both be {c.path!r} in {table_uri!r} but are "
+                    "different files; nothing was committed. Copy from their common parent folder "
+                    "(keeping the folders that tell them apart), or rename one",
+                    table_uri=table_uri,
+                    file=c.uri,
+                )
+            twice.append(c.path)
+            continue
+        seen[c.path] = c
         todo.append(c)
     for path in skipped:
         logger.info("%s is already in %s: skipped", path, table_uri)
+    for path in twice:
+        logger.info("%s was named twice: added once", path)
     logger.info(
-        "found %d Parquet file(s) for %s: %d to add, %d already in the table",
+        "found %d Parquet file(s) for %s: %d to add, %d already in the table, %d named twice",
         len(candidates),
         table_uri,
         len(todo),
         len(skipped),
+        len(twice),
     )
     if not todo:
         return AddFilesResult(
@@ -267,6 +306,7 @@ def _register(
             len(skipped),
             (),
             tuple(skipped),
+            named_twice=tuple(twice),
         )
 
     # Step 3 and 4. Footers, partitions, schemas.
@@ -281,6 +321,9 @@ def _register(
         partition_by = convert_partitions if convert_partitions is not None else [name for name, _ in first]
         data_schema = None  # the first file's
     values = [_partition_values(c, partition_by, table_uri) for c in todo]
+    if table is not None:
+        for c, v in zip(todo, values, strict=True):
+            _check_partition_types(c, v, table_fields, table_uri)
     indexed = delta_log.indexed_columns(table)
     order = data_schema.names if data_schema is not None else None
 
@@ -312,9 +355,10 @@ def _register(
 
     footers = read_footers(read, len(todo), threads=threads, progress=progress)
     if data_schema is None:
-        data_schema = pa.schema([f for f in footers[0].schema if f.name not in set(partition_by)])
+        data_schema = _as_stored(pa.schema([f for f in footers[0].schema if f.name not in set(partition_by)]))
     for c, footer in zip(todo, footers, strict=True):
         _check_schema(table_uri, c.uri, data_schema, footer.schema, partition_by)
+        _check_nulls(table_uri, c.uri, data_schema, footer)
 
     planned = tuple(
         AddedFile(c.path, c.uri, f.file.num_records, f.file.size, dict(f.file.partition_values))
@@ -336,18 +380,36 @@ def _register(
             len(skipped),
             planned,
             tuple(skipped),
+            named_twice=tuple(twice),
         )
 
     # Step 5. Copies.
     files = [f.file for f in footers]
     if copies:
         copied = _copy(copies, table_fs, root, table_uri)
+        _check_unchanged(
+            table_uri,
+            [
+                (c.uri, f.size, copied[c.path][0])
+                for c, f in zip(todo, files, strict=True)
+                if c.path in copied
+            ],
+        )
         files = [
             replace(f, size=copied[f.path][0], modification_time=copied[f.path][1]) if f.path in copied else f
             for f in files
         ]
 
-    # Step 6. One commit.
+    # Step 6. One commit, of files unchanged since their footers were read (an exporter
+    # rewriting `latest.parquet` meanwhile would leave a size and stats of another file).
+    _check_unchanged(
+        table_uri,
+        [
+            (c.uri, (f.size, c.found.modification_time), _size_and_time(c.fs, c.found.path))
+            for c, f in zip(todo, files, strict=True)
+            if c.inside
+        ],
+    )
     schema = pa.schema(
         [*data_schema, *(pa.field(p, pa.string()) for p in partition_by)]
         if table is None
@@ -412,6 +474,7 @@ def _register(
         added,
         tuple(skipped) + (tuple(f.path for f in planned) if not result.committed else ()),
         recovered=result.recovered,
+        named_twice=tuple(twice),
     )
 
 
@@ -468,7 +531,18 @@ def _find(
                     table_uri=table_uri,
                     file=file_uri,
                 )
-            out.append(_Candidate(f, fs, file_uri, rel, inside))
+            if inside and isinstance(fs, pafs.LocalFileSystem) and os.path.islink(f.path):
+                raise AddFilesError(
+                    f"{file_uri!r} is a symbolic link: readers follow it, so the file it points at "
+                    "would be registered under a second name (its rows read twice if it is in the "
+                    "table too); nothing was committed. Register the file it points at",
+                    table_uri=table_uri,
+                    file=file_uri,
+                )
+            own = (
+                inside and f.path != where.rstrip("/") and _OWN_FILE.match(rel.rsplit("/", 1)[-1]) is not None
+            )
+            out.append(_Candidate(f, fs, file_uri, rel, inside, own))
     if unmatched:
         raise AddFilesError(
             f"no Parquet file found at {_examples(unmatched)} (folders are searched for *.parquet; "
@@ -479,6 +553,31 @@ def _find(
     if not out:  # pragma: no cover - every path matched something
         raise AddFilesError(f"no Parquet files given for {table_uri!r}", table_uri=table_uri)
     return out
+
+
+#: deltaflow's sinks name their data files ``part-b<batch>-...`` (DESIGN.md, the commit path).
+_OWN_FILE = re.compile(r"part-b\d+-")
+
+
+def _without_own_orphans(
+    candidates: Sequence[_Candidate], have: set[str], table_uri: str
+) -> list[_Candidate]:
+    """The candidates without deltaflow's own data files the log does not reference, found by
+    searching the table's folder: a pipeline's orphans (a batch whose commit never landed) or
+    files a compaction or delete removed (not vacuumed yet). Registering them would bring back
+    rows the table dropped or duplicate a batch's rows, so they are left out (with a warning);
+    named as files, they are taken."""
+    orphans = [c.path for c in candidates if c.own and c.path not in have]
+    if orphans:
+        logger.warning(
+            "%d data file(s) written by deltaflow in %s are not in its log, e.g. %s: orphans of a "
+            "batch that never committed or files the table removed (compaction, delete); left out. "
+            "Name such a file to register it",
+            len(orphans),
+            table_uri,
+            _examples(orphans),
+        )
+    return [c for c in candidates if not (c.own and c.path not in have)]
 
 
 def _referenced(table: DeltaTable | None) -> set[str]:
@@ -502,6 +601,106 @@ def _partition_values(c: _Candidate, partition_by: Sequence[str], table_uri: str
     return dict(hive)
 
 
+def _size_and_time(fs: pafs.FileSystem, path: str) -> tuple[int, int] | None:
+    info = fs.get_file_info(path)
+    return (info.size, modification_time_ms(info)) if info.type == pafs.FileType.File else None
+
+
+def _check_unchanged(table_uri: str, checks: Sequence[tuple[str, object, object]]) -> None:
+    """Each (file, as read, as now) must match: else the file changed after its footer was read."""
+    changed = [uri for uri, then, now in checks if then != now]
+    if changed:
+        raise AddFilesError(
+            f"{len(changed)} file(s) changed while being registered (size or modification time "
+            f"differs from the footer read), e.g. {_examples(changed)}; nothing was committed. "
+            "Register them again once they are complete",
+            table_uri=table_uri,
+            files=len(changed),
+        )
+
+
+def _check_partition_types(
+    c: _Candidate, values: Mapping[str, str | None], fields: Mapping[str, pa.Field], table_uri: str
+) -> None:
+    """Every partition value must parse as its column's type: the log stores it as text and
+    every reader parses it when loading the log, so one bad value makes the whole table
+    unreadable (delta-rs: "Failed to parse value 'abc' as 'integer'")."""
+    for name, value in values.items():
+        field = fields.get(name)
+        if value is None or field is None or not _partition_value_ok(value, field.type):
+            if value is None and (field is None or field.nullable):
+                continue
+            raise AddFilesError(
+                f"{c.uri!r} sits in partition directory {name}={value if value is not None else 'null'}, "
+                f"but the table's partition column {name!r} is {field.type if field else 'unknown'}"
+                f"{' NOT NULL' if value is None else ''} and the value does not parse as one; "
+                "nothing was committed (readers would fail on the whole table)",
+                table_uri=table_uri,
+                file=c.uri,
+            )
+
+
+def _partition_value_ok(value: str, t: pa.DataType) -> bool:
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t):
+        return True
+    if pa.types.is_boolean(t):
+        return value in ("true", "false")
+    text = pa.array([value], pa.string())
+    # Timestamps as the log writes them (`2024-01-01 08:00:00[.ffffff]`, UTC), or with an offset.
+    casts = [pa.timestamp("us"), pa.timestamp("us", tz="UTC")] if pa.types.is_timestamp(t) else [t]
+    for to in casts:
+        try:
+            return bool(text.cast(to).null_count == 0)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            continue
+    return False
+
+
+def _has_unsigned(t: pa.DataType) -> bool:
+    if pa.types.is_unsigned_integer(t):
+        return True
+    return any(_has_unsigned(t.field(i).type) for i in range(t.num_fields))
+
+
+def _check_nulls(table_uri: str, file: str, table: pa.Schema, footer: Footer) -> None:
+    """A NOT NULL column of the table may hold no null in the file: its footer must say so
+    (the column required in the file's schema, or every row group's null count 0). Readers
+    trust the constraint (chdb reads such nulls as 0)."""
+    fields = {f.name: f for f in footer.schema}
+    problems = []
+    for column in table:
+        f = fields.get(column.name)
+        if column.nullable or f is None or not f.nullable:
+            continue  # a missing NOT NULL column is _check_schema's
+        nulls = footer.null_counts.get(column.name)
+        if nulls is None:
+            problems.append(
+                f"column {column.name!r} is NOT NULL in the table, and the file's footer does not "
+                "tell whether it holds nulls (no null count)"
+            )
+        elif nulls:
+            problems.append(
+                f"column {column.name!r} is NOT NULL in the table but holds {nulls} null(s) in the file"
+            )
+    if problems:
+        raise FileSchemaMismatchError(table_uri, file, problems)
+
+
+def _as_stored(schema: pa.Schema) -> pa.Schema:
+    """The Delta types a file's columns are registered as. Parquet timestamps are instants
+    (zoned: any zone is UTC on disk) or wall-clock times (zone-less) in s, ms, us or ns; Delta has
+    TIMESTAMP (us, UTC) and TIMESTAMP_NTZ (us) that every reader reads. delta-rs would type ns
+    columns ``timestamp_nanos`` (reader feature ``timestampNanos``: DuckDB, Polars, chdb and
+    delta-rs itself cannot read the table) and refuses zones other than UTC."""
+
+    def stored(t: pa.DataType) -> pa.DataType:
+        if pa.types.is_timestamp(t):
+            return pa.timestamp("us", tz="UTC" if t.tz is not None else None)
+        return t
+
+    return pa.schema([f.with_type(stored(f.type)) for f in schema], metadata=schema.metadata)
+
+
 def _check_schema(
     table_uri: str, file: str, table: pa.Schema, data: pa.Schema, partition_by: Sequence[str]
 ) -> None:
@@ -510,6 +709,24 @@ def _check_schema(
     from deltaflow.delta.schema import compare, delta_schema
 
     data = pa.schema([f for f in data if f.name not in set(partition_by)])
+    # Delta stores microseconds; delta-rs fails reading a file whose ns values have digits below
+    # the microsecond ("would lose data"), which the footer cannot rule out.
+    problems = [
+        f"column {f.name!r} is {f.type}: Delta stores timestamps in microseconds and delta-rs cannot "
+        "read nanoseconds; rewrite it with microsecond timestamps (pyarrow: coerce_timestamps='us')"
+        for f in data
+        if pa.types.is_timestamp(f.type) and f.type.unit == "ns"
+    ]
+    problems += [
+        f"column {f.name!r} is {f.type}: Delta has no unsigned integers and delta-rs registers it "
+        "as the signed type of the same width, which Polars cannot read and others misread above "
+        "the signed maximum; rewrite it as a signed type wide enough (uint32 -> int64)"
+        for f in data
+        if _has_unsigned(f.type)
+    ]
+    if problems:
+        raise FileSchemaMismatchError(table_uri, file, problems)
+    data = _as_stored(data)
     try:
         diff = compare(delta_schema(table), data)
     except Exception as exc:  # noqa: BLE001 - delta-rs refuses types it cannot store

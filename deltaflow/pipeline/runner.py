@@ -251,12 +251,44 @@ class _Sink:
 
         if self.time_columns and self.event_time:
             utc = _utc_wall_clock(df, self.event_time)
-            df = df.select(
-                "*", *(F.date_format(utc, c.spark_format).alias(c.name) for c in self.time_columns)
-            )
+            df = df.select("*", *(_time_value(utc, c).alias(c.name) for c in self.time_columns))
         if self.shuffle and self.options.partition_columns:
             df = df.repartition(*(F.col(f"`{c}`") for c in self.options.partition_columns))
         return df
+
+
+#: Each strftime field as (Spark function over a TIMESTAMP_NTZ, digits); ``date`` is %Y-%m-%d.
+_TIME_FIELDS = {
+    "year": ("year", 4),
+    "month": ("month", 2),
+    "day": ("dayofmonth", 2),
+    "hour": ("hour", 2),
+    "minute": ("minute", 2),
+    "second": ("second", 2),
+    "day_of_year": ("dayofyear", 3),
+}
+
+
+def _time_value(utc: Column, column: TimePartitionColumn) -> Column:
+    """A time partition column's value: its fields read from the UTC wall clock ``utc`` (a
+    TIMESTAMP_NTZ: no time zone is involved, unlike ``date_format``, which goes through the
+    session zone and shifts hours in its DST gap), zero-padded, joined with the literal text.
+    NULL for a NULL event time."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    def field(name: str) -> Column:
+        function, digits = _TIME_FIELDS[name]
+        return F.format_string(f"%0{digits}d", getattr(F, function)(utc))
+
+    parts: list[Column] = []
+    for kind, value in column.parts:
+        if kind == "text":
+            parts.append(F.lit(value))
+        elif value == "date":
+            parts += [field("year"), F.lit("-"), field("month"), F.lit("-"), field("day")]
+        else:
+            parts.append(field(value))
+    return F.when(utc.isNull(), F.lit(None).cast("string")).otherwise(F.concat(*parts))
 
 
 def _utc_wall_clock(df: DataFrame, column: str) -> Column:

@@ -185,7 +185,9 @@ def test_arroyo_newer_dotted_names():
     )
     (spec,) = file.pipelines
     sink = spec.sinks[0]
-    assert [(c.name, c.spark_format) for c in sink.time_partition_columns] == [("dt", "yyyy'-'MM'-'dd")]
+    assert [(c.name, c.parts) for c in sink.time_partition_columns] == [
+        ("dt", (("field", "year"), ("text", "-"), ("field", "month"), ("text", "-"), ("field", "day")))
+    ]
     assert sink.partition_columns == ("country", "page")
     assert sink.event_time_column == "event_time"
     assert (spec.trigger_interval, sink.target_file_size_mb) == (120.0, 64)
@@ -257,6 +259,7 @@ def test_every_arroyo_key_is_known():
             "time_partition_pattern = '%Y', write_mode = 'merge', key_columns = 'id', sequence_by = 'id'",
             "time_partition_pattern applies to append and overwrite sinks, not merge",
         ),
+        ("'storage.aws_secret_access_key' = 'ab\\'cd'", "a quote inside a string is written twice"),
     ],
 )
 def test_bad_arroyo_values_are_refused(options, problem):

@@ -1,4 +1,4 @@
-"""Arroyo's time_partition_pattern as partition columns: names and Spark formats."""
+"""Arroyo's time_partition_pattern as partition columns: names, fields and literal text."""
 
 from __future__ import annotations
 
@@ -10,18 +10,21 @@ from deltaflow.config.time_partitions import parse_time_pattern
 @pytest.mark.parametrize(
     ("pattern", "columns"),
     [
-        ("%Y/%m/%d/%H", [("year", "yyyy"), ("month", "MM"), ("day", "dd"), ("hour", "HH")]),
-        ("year=%Y/month=%m/day=%d", [("year", "yyyy"), ("month", "MM"), ("day", "dd")]),
-        ("%Y-%m-%d/%H", [("year_month_day", "yyyy'-'MM'-'dd"), ("hour", "HH")]),
-        ("%F", [("date", "yyyy-MM-dd")]),
-        ("/h=%H:%M/", [("h", "HH':'mm")]),
-        ("d=day_%j%%", [("d", "'day_'DDD'%'")]),
-        ("q=it's %Y", [("q", "'it''s 'yyyy")]),
+        ("%Y/%m/%d/%H", [("year", "{year}"), ("month", "{month}"), ("day", "{day}"), ("hour", "{hour}")]),
+        ("year=%Y/month=%m/day=%d", [("year", "{year}"), ("month", "{month}"), ("day", "{day}")]),
+        ("%Y-%m-%d/%H", [("year_month_day", "{year}-{month}-{day}"), ("hour", "{hour}")]),
+        ("%F", [("date", "{date}")]),
+        ("/h=%H:%M/", [("h", "{hour}:{minute}")]),
+        ("d=day_%j%%", [("d", "day_{day_of_year}%")]),
+        ("q=it's %Y", [("q", "it's {year}")]),
     ],
     ids=["arroyo-default", "hive", "compound", "F", "slashes", "literal", "quote"],
 )
 def test_segments_become_columns(pattern, columns):
-    assert [(c.name, c.spark_format) for c in parse_time_pattern(pattern)] == columns
+    def shown(parts):
+        return "".join("{" + v + "}" if kind == "field" else v for kind, v in parts)
+
+    assert [(c.name, shown(c.parts)) for c in parse_time_pattern(pattern)] == columns
 
 
 @pytest.mark.parametrize(

@@ -416,3 +416,28 @@ def test_indexed_columns_reads_the_table_property(tmp_path):
     )
     assert delta_log.indexed_columns(table) == 1
     assert delta_log.indexed_columns(None, {}) == 32
+
+
+def test_a_log_that_cannot_be_read_back_after_an_attempt_is_reported_as_unknown(tmp_path, monkeypatch):
+    """After a failed attempt the log could not be read: the outcome is unknown, not "not held"."""
+    from deltaflow.errors import StorageUnavailableError
+
+    uri = str(tmp_path / "t")
+    commit.create_table(uri, SCHEMA, partition_by=(), properties={}, storage_options={})
+    real_load = commit._load
+    loads = []
+
+    def load(table_uri, storage_options):
+        loads.append(1)
+        if len(loads) > 1:
+            raise StorageUnavailableError("reading the Delta log failed", table_uri=table_uri)
+        return real_load(table_uri, storage_options)
+
+    def attempt(table, props):
+        raise OSError("error sending request: connection reset")
+
+    monkeypatch.setattr(commit, "_load", load)
+    with pytest.raises(CommitError) as err:
+        commit.commit(uri, {}, attempt, what="batch 0", policy=commit.RetryPolicy(max_retries=0))
+    assert "the log could not be read back, so whether it landed is unknown" in str(err.value)
+    assert "the log does not hold it" not in str(err.value)

@@ -55,3 +55,27 @@ def test_files_folders_and_globs_are_found_once_skipping_hidden_names(tmp_path):
     assert len(deep) == 3
     inner, _ = find_files(fs, [f"{root}/d=1", f"{root}/d=2/*.parquet"])  # a partition folder itself
     assert [f.relative for f in inner] == ["d=1/a.parquet", "d=1/b.parquet", "d=2/c.parquet"]
+
+
+def test_nanosecond_stats_are_exact_bounds_in_integers(tmp_path):
+    """Min floors and max ceils to the millisecond in integer arithmetic (through a float,
+    1.7e18 ns lost its last digits and the min came out above the true value)."""
+    import json
+
+    from deltaflow.io.parquet import stats_json
+
+    values = [1_699_999_999_999_999_900, 1_700_000_000_000_000_001]  # .9999999 s and +1 ns
+    path = tmp_path / "ns.parquet"
+    pq.write_table(pa.table({"ts": pa.array(values, pa.timestamp("ns", tz="UTC"))}), path)
+    metadata = pq.read_metadata(path)
+    stats = json.loads(stats_json(metadata, metadata.schema.to_arrow_schema(), -1))
+    assert stats["minValues"]["ts"] == "2023-11-14T22:13:19.999Z"
+    assert stats["maxValues"]["ts"] == "2023-11-14T22:13:20.001Z"
+
+
+def test_a_path_that_exists_is_taken_literally_before_as_a_glob(tmp_path):
+    folder = tmp_path / "events[2024]"
+    folder.mkdir()
+    pq.write_table(pa.table({"x": [1]}), folder / "a.parquet")
+    found, unmatched = find_files(pafs.LocalFileSystem(), [str(folder)])
+    assert ([f.relative for f in found], unmatched) == (["a.parquet"], [])

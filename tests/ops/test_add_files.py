@@ -139,7 +139,8 @@ def test_files_already_in_the_table_are_skipped(tmp_path):
     result = ops.add_files(str(root), [str(root), str(new)])  # the new one named twice
 
     assert (result.files_added, result.version) == (1, 1)
-    assert result.files_skipped == len(CITIES) * FILES_PER_CITY + 1
+    assert result.files_skipped == len(CITIES) * FILES_PER_CITY
+    assert result.named_twice == ("city=New York/part-late.parquet",)
     assert result.files[0].path == "city=New York/part-late.parquet"
     again = ops.add_files(str(root), [f"{root}/**/*.parquet"])
     assert (again.files_added, again.version) == (0, 1)
@@ -366,3 +367,150 @@ def test_a_table_created_meanwhile_by_another_writer_is_checked_before_appending
     monkeypatch.undo()
     assert DeltaTable(str(root)).version() == 0
     assert len(DeltaTable(str(root)).to_pyarrow_table()) == 1
+
+
+def test_a_partition_value_not_of_the_columns_type_is_refused_and_nothing_is_committed(tmp_path):
+    root = tmp_path / "t"
+    write_deltalake(
+        str(root), pa.table({"year": pa.array([2024], pa.int32()), "v": [1]}), partition_by=["year"]
+    )
+    (root / "year=abc").mkdir()
+    pq.write_table(pa.table({"v": [2, 3]}), root / "year=abc" / "x.parquet")
+    (root / "year=2025").mkdir()
+    pq.write_table(pa.table({"v": [4]}), root / "year=2025" / "y.parquet")
+    with pytest.raises(AddFilesError, match=r"x\.parquet.*year=abc.*'year' is int32.*nothing was committed"):
+        ops.add_files(str(root), [str(root)])
+    table = DeltaTable(str(root))
+    assert table.version() == 0
+    assert table.to_pyarrow_table().num_rows == 1
+    ops.add_files(str(root), [str(root / "year=2025")])  # a value of the column's type is fine
+    assert sorted(DeltaTable(str(root)).to_pyarrow_table()["year"].to_pylist()) == [2024, 2025]
+
+
+def test_timestamps_of_any_unit_and_zone_are_registered_as_microseconds_and_ns_is_refused(tmp_path):
+    """s/ms columns and zones other than UTC become Delta's TIMESTAMP (us, UTC) / TIMESTAMP_NTZ,
+    which every reader reads; ns (delta-rs: timestampNanos, unreadable) is refused."""
+    root = tmp_path / "t"
+    root.mkdir()
+    instant = dt.datetime(2026, 1, 1, 12, 30, 1, 250000, tzinfo=dt.UTC)
+    pq.write_table(
+        pa.table(
+            {
+                "at": pa.array([instant], pa.timestamp("ms", tz="Europe/Paris")),
+                "local": pa.array([instant.replace(tzinfo=None)], pa.timestamp("s")),
+            }
+        ),
+        root / "a.parquet",
+    )
+    ops.add_files(str(root), [str(root)])
+    table = DeltaTable(str(root))
+    assert table.protocol().reader_features in (None, ["timestampNtz"])
+    assert table.schema().to_arrow().field("at").type == pa.timestamp("us", tz="UTC")
+    got = table.to_pyarrow_table().to_pylist()
+    assert got == [{"at": instant, "local": instant.replace(tzinfo=None, microsecond=0)}]
+    con = duckdb_delta()
+    assert con.execute(f"select epoch_ms(\"at\") from delta_scan('{root}')").fetchall() == [
+        (int(instant.timestamp() * 1000),)
+    ]
+    ns = tmp_path / "ns"
+    ns.mkdir()
+    pq.write_table(pa.table({"ts": pa.array([1], pa.timestamp("ns"))}), ns / "a.parquet")
+    with pytest.raises(FileSchemaMismatchError, match=r"'ts' is timestamp\[ns\].*microsecond"):
+        ops.add_files(str(ns), [str(ns)])
+    assert not (ns / "_delta_log").exists()
+
+
+def test_copies_of_two_different_files_to_one_table_path_are_refused(tmp_path):
+    src, root = tmp_path / "src", tmp_path / "t"
+    for day, values in (("day1", [1, 2, 3]), ("day2", [4, 5])):
+        (src / day).mkdir(parents=True)
+        pq.write_table(pa.table({"v": values}), src / day / "data_0.parquet")
+    with pytest.raises(AddFilesError, match=r"day1/data_0.parquet.*day2/data_0.parquet.*different files"):
+        ops.add_files(str(root), [str(src / "day1"), str(src / "day2")], copy=True)
+    assert not root.exists() or not (root / "_delta_log").exists()
+    result = ops.add_files(str(root), [str(src)], copy=True)  # from the common parent: both
+    assert (result.files_added, result.rows_added) == (2, 5)
+
+
+def test_column_mapping_nulls_in_not_null_columns_and_unsigned_integers_are_refused(tmp_path):
+    """Each made a table readers misread: column-mapped files read as NULL, chdb read the nulls
+    of a NOT NULL column as 0, uint64 above 2^63-1 failed DuckDB and delta-rs (Polars fails on
+    any unsigned column)."""
+    mapped = tmp_path / "mapped"
+    DeltaTable.create(
+        str(mapped),
+        schema=pa.schema([("id", pa.int64())]),
+        configuration={"delta.columnMapping.mode": "name"},
+    )
+    pq.write_table(pa.table({"id": [1]}), mapped / "x.parquet")
+    with pytest.raises(AddFilesError, match=r"column mapping \(delta.columnMapping.mode=name\)"):
+        ops.add_files(str(mapped), [str(mapped / "x.parquet")])
+
+    strict = tmp_path / "strict"
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.int64())])
+    write_deltalake(str(strict), pa.table({"id": [1], "v": [1]}, schema=schema))
+    pq.write_table(
+        pa.table({"id": pa.array([3, None, None], pa.int64()), "v": [3, 4, 5]}), strict / "nulls.parquet"
+    )
+    with pytest.raises(FileSchemaMismatchError, match=r"'id' is NOT NULL in the table but holds 2 null"):
+        ops.add_files(str(strict), [str(strict / "nulls.parquet")])
+    pq.write_table(
+        pa.table({"id": pa.array([4], pa.int64()), "v": pa.array([None], pa.int64())}),
+        strict / "fine.parquet",
+    )
+    ops.add_files(str(strict), [str(strict / "fine.parquet")])  # nullable in the file, no null
+    assert sorted(DeltaTable(str(strict)).to_pyarrow_table()["id"].to_pylist()) == [1, 4]
+
+    unsigned = tmp_path / "unsigned"
+    unsigned.mkdir()
+    pq.write_table(pa.table({"u": pa.array([1, 2**63 + 5], pa.uint64())}), unsigned / "u.parquet")
+    with pytest.raises(FileSchemaMismatchError, match=r"'u' is uint64: Delta has no unsigned"):
+        ops.add_files(str(unsigned), [str(unsigned)])
+    assert not (unsigned / "_delta_log").exists()
+
+
+def test_a_file_replaced_after_its_footer_was_read_is_refused(tmp_path):
+    """Replaced from the progress callback (between the footer reads and the commit): it was
+    committed with the old size and row count (Polars failed, counts differed by reader)."""
+    root = tmp_path / "t"
+    root.mkdir()
+    for name, v in (("a", 1), ("b", 2)):
+        pq.write_table(pa.table({"v": pa.array([v], pa.int64())}), root / f"{name}.parquet")
+
+    def replace_a(done, total):
+        if done == 1:
+            pq.write_table(pa.table({"v": pa.array(range(1000), pa.int64())}), root / "a.tmp")
+            os.replace(root / "a.tmp", root / "a.parquet")
+
+    with pytest.raises(AddFilesError, match=r"changed while being registered.*a\.parquet"):
+        ops.add_files(str(root), [str(root)], threads=1, progress=replace_a)
+    assert not (root / "_delta_log").exists()
+    assert ops.add_files(str(root), [str(root)]).rows_added == 1001
+
+
+def test_deltaflow_data_files_the_log_does_not_reference_are_taken_only_when_named(tmp_path, caplog):
+    """A folder search over the table must not resurrect a batch's orphans or files the table
+    removed (they are left out, with a warning); the same file named as a file is registered."""
+    root = tmp_path / "t"
+    root.mkdir()
+    pq.write_table(pa.table({"v": [1]}), root / "ext.parquet")
+    orphan = root / "part-b000007-p00000-a0-0-x.zstd.parquet"
+    pq.write_table(pa.table({"v": [2]}), orphan)
+    assert ops.add_files(str(root), [f"{root}/*.parquet"], dry_run=True).files_added == 1
+    assert "written by deltaflow" in caplog.text and "part-b000007" in caplog.text
+    first = ops.add_files(str(root), [str(root)])
+    assert [f.path for f in first.files] == ["ext.parquet"]
+    assert ops.add_files(str(root), [str(orphan)]).files_added == 1  # named: taken
+    assert ops.add_files(str(root), [str(root)]).files_skipped == 2  # referenced now: fine
+    assert sorted(DeltaTable(str(root)).to_pyarrow_table()["v"].to_pylist()) == [1, 2]
+
+
+def test_a_symbolic_link_inside_the_table_is_refused(tmp_path):
+    """A link to another file of the folder registered the same rows twice."""
+    root = tmp_path / "t"
+    root.mkdir()
+    pq.write_table(pa.table({"v": [1, 2]}), root / "real.parquet")
+    (root / "link.parquet").symlink_to(root / "real.parquet")
+    with pytest.raises(AddFilesError, match=r"link\.parquet' is a symbolic link"):
+        ops.add_files(str(root), [str(root)])
+    assert not (root / "_delta_log").exists()

@@ -113,6 +113,18 @@ def test_time_partitions_are_utc_and_the_event_time_must_be_clear(spark):
         assert column == "ts"
         rows = _Sink("t", SinkOptions(table_uri="/t"), None, sink.time_partition_columns, column).rows(df)
         assert rows.select("day", "hour").first() == ("2026-03-08", "06")  # not New York's 01
+        # 02:30 UTC on 2026-03-08 is in New York's DST gap as a wall clock (02:00-03:00 does not
+        # exist there): date_format made it hour 03. A NULL event time stays NULL.
+        gap = spark.sql(
+            "SELECT * FROM VALUES (TIMESTAMP'2026-03-08 02:30:00Z'), (TIMESTAMP'2026-11-01 01:30:00Z'),"
+            " (CAST(NULL AS TIMESTAMP)) AS t(ts)"
+        )
+        hours = _Sink("t", SinkOptions(table_uri="/t"), None, sink.time_partition_columns, "ts").rows(gap)
+        assert [tuple(r) for r in hours.select("day", "hour").collect()] == [
+            ("2026-03-08", "02"),
+            ("2026-11-01", "01"),
+            (None, None),
+        ]
         by_date = SinkSpec(table_uri="/t", time_partition_pattern="%F/%H", event_time_column="D")
         found = _event_time(spec, "t", by_date, df)
         first = _Sink("t", SinkOptions(table_uri="/t"), None, by_date.time_partition_columns, found).rows(df)
