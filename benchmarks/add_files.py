@@ -8,8 +8,14 @@ commit), commits in the log, and the same call again (every file skipped). The s
 that the table holds every file and every row once. With ``--s3`` the files live in a local
 moto S3 server (``deltaflow.testing.start_s3``) instead of on local disk.
 
+With ``--watch N`` the files are registered by the watching mode instead (the
+``deltaflow-landed-files`` Spark source and one add-files commit per micro-batch, ``availableNow``,
+at most N files per trigger; Spark ``local[2]``): seconds from the query's start to its end
+(the Spark session's start is printed apart), commits, and a second run on a new checkpoint that
+must register nothing.
+
     .venv/bin/python benchmarks/add_files.py [--files 10000] [--rows 100] [--partitions 10]
-        [--threads 16] [--s3]
+        [--threads 16] [--s3] [--watch 1000]
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=10)
     parser.add_argument("--threads", type=int, default=16)
     parser.add_argument("--s3", action="store_true", help="files and table in a local moto S3 server")
+    parser.add_argument("--watch", type=int, default=0, help="files per trigger of the watching mode")
     args = parser.parse_args()
 
     server = start_s3("bench") if args.s3 else None
@@ -67,6 +74,9 @@ def main() -> None:
         write_files(uri, options, args.files, args.rows, args.partitions)
         print(f"wrote {args.files:,} files in {time.perf_counter() - started:.1f} s (not timed below)")
 
+        if args.watch:
+            watch(uri, options, args, workdir)
+            return
         started = time.perf_counter()
         result = ops.add_files(uri, [uri], storage_options=options, threads=args.threads)
         seconds = time.perf_counter() - started
@@ -94,6 +104,49 @@ def main() -> None:
         shutil.rmtree(workdir, ignore_errors=True)
         if server:
             server.stop()
+
+
+def watch(uri: str, options: dict[str, str], args: argparse.Namespace, workdir: str) -> None:
+    import deltaflow
+    from deltaflow.pipeline.watch_files import start_watch
+
+    started = time.perf_counter()
+    spark = deltaflow.spark_session("local[2]", **{"spark.sql.shuffle.partitions": "2"})
+    print(f"Spark session started in {time.perf_counter() - started:.1f} s (not timed below)")
+
+    def run(checkpoint: str) -> float:
+        began = time.perf_counter()
+        query = start_watch(
+            spark,
+            table_uri=uri,
+            path=uri,
+            pipeline_id="bench-watch",
+            checkpoint_location=checkpoint,
+            storage_options=options,
+            available_now=True,
+            max_files_per_trigger=args.watch,
+        )
+        query.awaitTermination()
+        return time.perf_counter() - began
+
+    try:
+        seconds = run(f"{workdir}/checkpoint")
+        table = DeltaTable(uri, storage_options=options or None)
+        version = table.version()
+        again = run(f"{workdir}/checkpoint-lost")
+        assert DeltaTable(uri, storage_options=options or None).version() == version
+        assert len(table.file_uris()) == args.files
+        rows = table.to_pyarrow_table(columns=["id"])["id"]
+        assert len(rows) == args.files * args.rows and pc.count_distinct(rows).as_py() == len(rows)
+        commits = sum(1 for h in table.history() if h.get("deltaflow.operation") == "add files")
+        print(describe(f"{'moto S3' if args.s3 else 'local disk'}, watch, {args.watch} files per trigger"))
+        print(
+            f"watch: {args.files:,} files ({args.files * args.rows:,} rows) in {seconds:.2f} s = "
+            f"{args.files / seconds:,.0f} files/s; add-files commits: {commits}; table version {version}"
+        )
+        print(f"again on a new checkpoint (nothing to register): {again:.2f} s, commits: 0")
+    finally:
+        spark.stop()
 
 
 if __name__ == "__main__":
