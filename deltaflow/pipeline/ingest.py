@@ -34,9 +34,10 @@ from deltaflow.pipeline.evolution import (
     new_top_level_fields,
     sample_text,
 )
-from deltaflow.pipeline.transforms import apply_transforms, failure
+from deltaflow.pipeline.transforms import apply_transforms
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
     from pyspark.sql.streaming.readwriter import DataStreamWriter
@@ -165,7 +166,7 @@ def source_options(spark: SparkSession, config: IngestConfig) -> dict[str, str]:
     if config.decompress_gzip:
         options["value_compression"] = "gzip"
     transforms = config.parsed_transforms()
-    failing = config.dlq_table_location and any(failure(t) is not None for t in transforms)
+    failing = config.dlq_table_location and any(t.can_fail for t in transforms)
     if failing or config.schema_evolution:
         # A transform may still reject a message; evolution samples the new fields' values.
         options["keep_value"] = "true"
@@ -224,7 +225,14 @@ def build_ingest_frame(spark: SparkSession, config: IngestConfig, raw: DataFrame
     if raw is None:
         raw = kafka_source(spark, source_options(spark, config))
     kafka = F.struct(
-        "partition", "offset", "topic", "timestamp", F.col("key").cast("string").alias("key"), "headers"
+        "partition",
+        "offset",
+        "topic",
+        "timestamp",
+        # Kafka's ids (kafka-delta-ingest's kafka.timestamp_type), not librdkafka's 0/1/2.
+        (F.col("timestamp_type") - 1).alias("timestamp_type"),
+        F.col("key").cast("string").alias("key"),
+        "headers",
     ).alias("kafka")
     if config.value_format == "raw":
         meta = F.struct(
@@ -247,12 +255,29 @@ def build_ingest_frame(spark: SparkSession, config: IngestConfig, raw: DataFrame
             decoded = decoded.withColumn(
                 META, F.col(META).withField("unknown_fields", F.when(F.size(kept) > 0, kept))
             )
-    out = apply_transforms(decoded, transforms)
-    failures = [c for t in transforms if (c := failure(t)) is not None]
-    if failures:
-        error = F.coalesce(F.col(f"{META}.error"), *failures)
-        out = out.withColumn(META, F.col(META).withField("error", error))
-    return out
+    error = f"{META}_transform_error"
+    out = apply_transforms(
+        decoded.withColumn(error, F.lit(None).cast("string")),
+        transforms,
+        table_schema=_table_schema(config),
+        errors=error,
+    )
+    out = out.withColumn(
+        META, F.col(META).withField("error", F.coalesce(F.col(f"{META}.error"), F.col(error)))
+    )
+    return out.drop(error)
+
+
+def _table_schema(config: IngestConfig) -> pa.Schema | None:
+    """The main table's Arrow schema, if it exists (per-message transform results take its types)."""
+    import pyarrow as pa
+
+    from deltaflow.delta import log as delta_log
+
+    table = delta_log.load(
+        normalize_uri(config.table_uri), dict(config.table_options.get("storage_options") or {})
+    )
+    return None if table is None else pa.schema(table.schema().to_arrow())
 
 
 def main_rows(frame: DataFrame) -> DataFrame:

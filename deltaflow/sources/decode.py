@@ -9,8 +9,6 @@ table) and null data. Fields a message has but the schema lacks are reported per
 from __future__ import annotations
 
 import base64
-import datetime as dt
-import decimal
 import gzip
 import io
 import json
@@ -29,6 +27,7 @@ import pyarrow as pa
 import pyarrow.json as pj
 
 from deltaflow.errors import ConfigError, TransientError
+from deltaflow.io.coercions import coerce_fields, json_kind
 
 __all__ = [
     "AvroDecoder",
@@ -184,14 +183,14 @@ class JsonDecoder:
         unknown: list[list[str] | None],
         out: list[tuple[list[int], pa.Table]],
     ) -> None:
-        """Decode each message with ``json`` and coerce it as Spark's JSON reader would."""
+        """Decode each message with ``json`` and coerce it (:mod:`deltaflow.io.coercions`)."""
         rows: list[dict[str, Any]] = []
         good: list[int] = []
         for i, line in zip(idx, lines, strict=True):
             extra: list[str] = []
             try:
                 obj = _json_object(line)
-                rows.append(_coerce_fields(obj, self._type, "", extra))
+                rows.append(coerce_fields(obj, self._type, "", extra))
             except (ValueError, TypeError, OverflowError, ArithmeticError) as exc:
                 errors[i] = f"JSON: {exc}"
                 continue
@@ -223,7 +222,7 @@ def _json_object(line: bytes) -> dict[str, Any]:
     """``line`` as a JSON object; ValueError (the dead letter's reason) when it is not one."""
     obj = json.loads(line)
     if not isinstance(obj, dict):
-        raise ValueError(f"not a JSON object but {_json_kind(obj)}")
+        raise ValueError(f"not a JSON object but {json_kind(obj)}")
     return obj
 
 
@@ -264,72 +263,6 @@ def _fast_type(t: pa.DataType) -> bool:
         or pa.types.is_string(t)
         or pa.types.is_timestamp(t)
     )
-
-
-def _json_kind(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "a boolean"
-    if isinstance(v, (int, float)):
-        return "a number"
-    if isinstance(v, str):
-        return "a string"
-    return "an array" if isinstance(v, list) else "an object"
-
-
-def _coerce_fields(
-    obj: dict[str, Any], struct_type: pa.StructType, path: str, extra: list[str]
-) -> dict[str, Any]:
-    names = {f.name for f in struct_type}
-    extra += [f"{path}{k}" for k in obj if k not in names]
-    return {f.name: _coerce(obj.get(f.name), f.type, f"{path}{f.name}", extra) for f in struct_type}
-
-
-def _coerce(v: Any, t: pa.DataType, path: str, extra: list[str]) -> Any:
-    """A JSON value as a value of Arrow type ``t``, with the leniency of Spark's JSON reader:
-    strings take any value (numbers and objects as their JSON text), dates and timestamps
-    take ISO-8601 strings, timestamps also epoch seconds."""
-    if v is None:
-        return None
-    number = isinstance(v, (int, float)) and not isinstance(v, bool)
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        if isinstance(v, str):
-            return v
-        return json.dumps(v, separators=(",", ":"))
-    if pa.types.is_boolean(t) and isinstance(v, bool):
-        return v
-    if pa.types.is_integer(t) and number and float(v).is_integer():
-        value = int(v)
-        low, high = (
-            (-(1 << (t.bit_width - 1)), 1 << (t.bit_width - 1))
-            if pa.types.is_signed_integer(t)
-            else (0, 1 << t.bit_width)
-        )
-        if low <= value < high:
-            return value
-        raise ValueError(f"{path}: {value} does not fit {t}")
-    if pa.types.is_floating(t) and number:
-        return float(v)
-    if pa.types.is_decimal(t) and (number or isinstance(v, str)):
-        return decimal.Decimal(str(v))
-    if pa.types.is_timestamp(t):
-        if isinstance(v, str):
-            stamp = dt.datetime.fromisoformat(v)
-            return stamp if stamp.tzinfo else stamp.replace(tzinfo=dt.UTC)
-        if number:
-            return dt.datetime.fromtimestamp(v, dt.UTC)
-    if pa.types.is_date(t) and isinstance(v, str):
-        return dt.date.fromisoformat(v)
-    if (pa.types.is_binary(t) or pa.types.is_large_binary(t)) and isinstance(v, str):
-        return base64.b64decode(v, validate=True)
-    if pa.types.is_struct(t) and isinstance(v, dict):
-        return _coerce_fields(v, t, f"{path}.", extra)
-    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and isinstance(v, list):
-        return [_coerce(x, t.value_type, path, extra) for x in v]
-    if pa.types.is_map(t) and isinstance(v, dict):
-        return [(str(k), _coerce(x, t.item_type, path, extra)) for k, x in v.items()]
-    raise ValueError(f"{path}: expected {t}, got {_json_kind(v)}")
 
 
 def _select(table: pa.Table, schema: pa.Schema) -> pa.Table:

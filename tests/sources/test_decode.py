@@ -116,22 +116,26 @@ def test_json_unknown_field_with_changing_types_is_reported_not_an_error():
     assert out.unknown_fields == [["x"], ["x"]]
 
 
-def test_json_is_as_lenient_as_spark_where_pyarrow_is_strict():
-    # Strings take numbers, booleans and objects (as their JSON text); timestamps take epoch
-    # seconds; every message of a chunk falls back to the Python path without failing.
+def test_json_coerces_as_kafka_delta_ingest_where_pyarrow_is_strict():
+    # Strings take numbers, booleans and objects (as their compact JSON text, keys sorted,
+    # non-ASCII as is); timestamps take microseconds since the epoch and ISO strings with any
+    # offset; every message of a chunk falls back to the Python path without failing.
     values = [
-        json.dumps({"id": i, "user": i, "ts": 1_795_000_000 + i, "meta": {"a": i}}).encode()
+        json.dumps({"id": i, "user": i, "ts": 1_795_000_000_000_000 + i, "meta": {"a": i}}).encode()
         for i in range(300)
     ]
-    values[7] = b'{"id": 7, "user": {"name": "x"}, "ts": "2026-11-22T10:00:00+01:00"}'
+    values[7] = b'{"id": 7, "user": {"name": "x\xc3\xa9", "a": [1, 2.5]}, "ts": "2026-11-22T10:00:00+01:00"}'
     values[8] = b'{"id": 8, "user": true, "ts": "2026-11-22 10:00:00"}'
     values[9] = b'{"id": 9.5}'
+    values[10] = b'{"id": 10, "ts": "2026-11-22T10:00:00-00:00"}'
     out = JsonDecoder(SCHEMA).decode(values)
     rows = out.data.to_pylist()
     assert rows[0]["user"] == "0" and rows[0]["ts"] == dt.datetime.fromtimestamp(1_795_000_000, dt.UTC)
-    assert rows[7]["user"] == '{"name":"x"}'
+    assert rows[1]["ts"] == dt.datetime.fromtimestamp(1_795_000_000, dt.UTC) + dt.timedelta(microseconds=1)
+    assert rows[7]["user"] == '{"a":[1,2.5],"name":"xé"}'
     assert rows[7]["ts"] == dt.datetime(2026, 11, 22, 9, 0, tzinfo=dt.UTC)
     assert rows[8]["user"] == "true" and rows[8]["ts"] == dt.datetime(2026, 11, 22, 10, 0, tzinfo=dt.UTC)
+    assert rows[10]["ts"] == dt.datetime(2026, 11, 22, 10, 0, tzinfo=dt.UTC)
     assert [i for i, e in enumerate(out.errors) if e] == [9]
     assert out.errors[9] == "JSON: id: expected int64, got a number"
     assert [r["id"] for r in rows if r] == [i for i in range(300) if i != 9]
