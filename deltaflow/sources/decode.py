@@ -31,9 +31,11 @@ from deltaflow.io.coercions import coerce_fields, json_kind
 
 __all__ = [
     "AvroDecoder",
+    "ContainerAvroDecoder",
     "Decoded",
     "JsonDecoder",
     "SchemaRegistry",
+    "SingleObjectAvroDecoder",
     "avro_to_spark_ddl",
     "decompress",
 ]
@@ -42,6 +44,9 @@ logger = logging.getLogger(__name__)
 
 #: Confluent wire format: magic byte 0, then a 4-byte big-endian schema id.
 _CONFLUENT_HEADER = struct.Struct(">bI")
+#: Avro single-object encoding: marker ``C3 01``, then an 8-byte schema fingerprint.
+_SOE_MAGIC = b"\xc3\x01"
+_SOE_HEADER_SIZE = 10
 #: A failing block is halved down to this many messages; those are decoded one by one.
 SLOW_PATH_BLOCK = 64
 #: Timeout of one schema registry request.
@@ -78,16 +83,71 @@ def decompress(values: Sequence[bytes | None], codec: str) -> tuple[list[bytes |
 
 
 class JsonDecoder:
-    """JSON objects -> a struct array of ``schema`` (pyarrow's parser, explicit schema)."""
+    """JSON objects -> a struct array of ``schema`` (pyarrow's parser, explicit schema).
 
-    def __init__(self, schema: pa.Schema) -> None:
+    With ``registry``, values are in the Confluent wire format (kafka-delta-ingest's
+    ``--json <registry URL>``): magic byte 0, a 4-byte schema id the registry must know, then
+    the JSON; the frame is checked and removed with Arrow compute.
+    """
+
+    def __init__(self, schema: pa.Schema, registry: SchemaRegistry | None = None) -> None:
         self.schema = schema
+        self._registry = registry
+        self._known_ids: dict[int, str | None] = {}
         self._type = pa.struct(list(schema))
         # pyarrow's parser handles these types; any other (date, map, decimal, binary) sends
         # every message through the Python path.
         self._fast = all(_fast_type(f.type) for f in schema)
 
     def decode(self, values: Sequence[bytes | None]) -> Decoded:
+        if self._registry is None:
+            return self._decode(values)
+        payloads, frame_errors = self._unframe(values)
+        out = self._decode(payloads)
+        for i, e in enumerate(frame_errors):
+            if e is not None:
+                out.errors[i] = e
+        if any(e is not None for e in frame_errors):
+            mask = pa.array([e is not None for e in out.errors], pa.bool_())
+            data = out.data
+            children = [data.field(i) for i in range(data.type.num_fields)]
+            out.data = pa.StructArray.from_arrays(children, fields=list(data.type), mask=mask)
+        return out
+
+    def _unframe(self, values: Sequence[bytes | None]) -> tuple[list[bytes | None], list[str | None]]:
+        """The JSON payloads of Confluent-framed values, and why a frame is refused."""
+        import pyarrow.compute as pc
+
+        assert self._registry is not None
+        raw = pa.array(values, pa.binary())
+        long_enough = pc.fill_null(pc.greater_equal(pc.binary_length(raw), _CONFLUENT_HEADER.size), False)
+        framed = pc.and_(long_enough, pc.equal(pc.binary_slice(raw, 0, 1), b"\x00"))
+        ids = pc.if_else(framed, pc.binary_slice(raw, 1, _CONFLUENT_HEADER.size), None)
+        for schema_id in pc.unique(ids).to_pylist():  # a few per chunk: ask the registry once each
+            if schema_id is not None:
+                number = int.from_bytes(schema_id, "big")
+                if number not in self._known_ids:
+                    try:
+                        self._registry.schema_by_id(number)
+                        self._known_ids[number] = None
+                    except ConfigError as exc:  # unknown id: every message naming it is a dead letter
+                        self._known_ids[number] = f"JSON: {exc}"
+        payloads = pc.if_else(framed, pc.binary_slice(raw, _CONFLUENT_HEADER.size), None).to_pylist()
+        if framed.false_count == 0 and not any(self._known_ids.values()):
+            return payloads, [None] * len(values)
+        errors: list[str | None] = []
+        for ok, value, schema_id in zip(framed.to_pylist(), values, ids.to_pylist(), strict=True):
+            if ok:
+                errors.append(self._known_ids[int.from_bytes(schema_id, "big")])
+            elif not value:
+                errors.append(None)  # empty: the decoder's own error
+            elif len(value) < _CONFLUENT_HEADER.size:
+                errors.append("JSON: shorter than the Confluent header (magic byte + schema id)")
+            else:
+                errors.append(f"JSON: magic byte {value[0]}, expected 0 (Confluent wire format)")
+        return payloads, errors
+
+    def _decode(self, values: Sequence[bytes | None]) -> Decoded:
         n = len(values)
         errors: list[str | None] = [None] * n
         unknown: list[list[str] | None] = [None] * n
@@ -441,6 +501,78 @@ class AvroDecoder:
                 fixed.append(None)
                 errors[k] = f"Avro: does not fit the table: {exc}"
         return pa.array(fixed, self._type), errors
+
+
+class SingleObjectAvroDecoder(AvroDecoder):
+    """Avro single-object encoding (kafka-delta-ingest's ``--soe-avro``): ``0xC3 0x01``, the
+    writer schema's 8-byte little-endian CRC-64-AVRO fingerprint, then the datum.
+
+    The writer schemas are the ``.avsc`` files given; a message is read with the one whose
+    fingerprint it carries (as kafka-delta-ingest: no reader schema), its fields landing in the
+    table's columns of the same name; an unknown fingerprint makes it a dead letter.
+    """
+
+    def __init__(self, schemas: Sequence[str], arrow_type: pa.StructType) -> None:
+        import fastavro
+        from fastavro.schema import fingerprint, to_parsing_canonical_form
+
+        self._fastavro = fastavro
+        self._type = arrow_type
+        self._registry = None
+        self._reader_fields = {f.name for f in arrow_type}
+        self._by_fingerprint: dict[bytes, Any] = {}
+        self._extra_by_fingerprint: dict[bytes, list[str] | None] = {}
+        for text in schemas:
+            parsed = fastavro.parse_schema(json.loads(text))
+            key = bytes.fromhex(fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO"))
+            self._by_fingerprint[key] = parsed
+            extra = [n for n in _field_names(parsed) if n not in self._reader_fields]
+            self._extra_by_fingerprint[key] = extra or None
+
+    def _decode_one(self, value: bytes | None) -> tuple[dict[str, Any], list[str] | None]:
+        if not value:
+            raise ValueError("empty message")
+        if len(value) < _SOE_HEADER_SIZE or not value.startswith(_SOE_MAGIC):
+            raise ValueError("not Avro single-object encoded (no C3 01 header)")
+        key = value[2:_SOE_HEADER_SIZE]
+        writer = self._by_fingerprint.get(key)
+        if writer is None:
+            raise ValueError(f"unknown schema with fingerprint {key.hex()}")
+        buf = io.BytesIO(value)
+        buf.seek(_SOE_HEADER_SIZE)
+        record = self._fastavro.schemaless_reader(buf, writer, None)
+        if buf.tell() != len(value):
+            raise ValueError(f"{len(value) - buf.tell()} trailing byte(s) after the record")
+        if not isinstance(record, dict):
+            raise ValueError("the Avro schema is not a record")
+        return record, self._extra_by_fingerprint[key]
+
+
+class ContainerAvroDecoder(AvroDecoder):
+    """Each message an Avro object container file (kafka-delta-ingest's ``--avro ""``, or with a
+    schema file its reader schema): its first record, read with the schema it embeds (resolved
+    against ``reader_schema`` when given)."""
+
+    def __init__(self, reader_schema: str | None, arrow_type: pa.StructType) -> None:
+        import fastavro
+
+        self._fastavro = fastavro
+        self._type = arrow_type
+        self._registry = None
+        self._container_reader = fastavro.parse_schema(json.loads(reader_schema)) if reader_schema else None
+        self._reader_fields = {f.name for f in arrow_type}
+
+    def _decode_one(self, value: bytes | None) -> tuple[dict[str, Any], list[str] | None]:
+        if not value:
+            raise ValueError("empty message")
+        reader = self._fastavro.reader(io.BytesIO(value), self._container_reader)
+        record = next(iter(reader), None)
+        if record is None:
+            raise ValueError("the Avro container holds no record")
+        if not isinstance(record, dict):
+            raise ValueError("the Avro schema is not a record")
+        extra = [n for n in _field_names(reader.writer_schema) if n not in self._reader_fields]
+        return record, extra or None
 
 
 def _field_names(schema: Any) -> list[str]:
