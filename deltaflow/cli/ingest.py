@@ -91,10 +91,10 @@ STOP_POLL_S = 1
     type=LINES,
     envvar="TRANSFORMS",
     show_envvar=True,
-    help="'target.path: source' (repeatable; in the env var one per line): "
-    "kafka.<partition|offset|topic|timestamp|key|headers>, "
-    "a JSON field path, substr(path, `0`, `10`), epoch_seconds_to_iso8601(path), "
-    "epoch_millis_to_iso8601(path), or 'sql: <expr>'.",
+    help="'target.path: source' (repeatable; in the env var one per line): a JMESPath expression "
+    "(kafka-delta-ingest's language) with kafka.<partition|offset|topic|timestamp|timestamp_type|key|"
+    "headers>, substr(s, `skip`, `take`), epoch_seconds|millis|micros_to_iso8601(n), "
+    "epoch_millis_to_micro(n); or 'sql: <expr>' (Spark engine).",
 )
 @click.option(
     "-K",
@@ -129,9 +129,28 @@ STOP_POLL_S = 1
 @click.option(
     "--avro",
     default=None,
-    envvar="AVRO",
+    envvar=["AVRO_REGISTRY", "AVRO"],
     show_envvar=True,
-    help="Values are Avro: a schema registry URL (Confluent wire format) or an .avsc file (bare datums).",
+    help="Values are Avro: a schema registry URL (Confluent wire format), an .avsc file (bare datums), "
+    "or '' (each message an Avro container file; columns from the table or --schema).",
+)
+@click.option(
+    "--json-registry",
+    "--json_registry",
+    default=None,
+    envvar="JSON_REGISTRY",
+    show_envvar=True,
+    help="JSON values in the Confluent wire format (magic byte, schema id, JSON), ids known to this "
+    "schema registry URL (kafka-delta-ingest's --json <URL>).",
+)
+@click.option(
+    "--soe-avro",
+    "--soe_avro",
+    default=None,
+    envvar="SOE_AVRO",
+    show_envvar=True,
+    help="Values in Avro single-object encoding, read with the .avsc file (or the folder of them) "
+    "whose fingerprint they carry.",
 )
 @click.option(
     "--decompress-gzip",
@@ -282,6 +301,8 @@ def ingest(
     checkpoints: bool,
     value_format: str,
     avro: str | None,
+    json_registry: str | None,
+    soe_avro: str | None,
     decompress_gzip: bool,
     dlq_table_location: str | None,
     dlq_transforms: tuple[str, ...],
@@ -317,7 +338,7 @@ def ingest(
         raise click.BadParameter(
             f"not a JSON object of partition -> offset: {exc}", param_hint="--seek-offsets"
         ) from None
-    if avro:
+    if avro is not None or soe_avro:
         if value_format == "raw":
             raise click.BadParameter("--avro and --raw exclude each other", param_hint="--avro")
         value_format = "avro"
@@ -339,6 +360,8 @@ def ingest(
         kafka_settings=key_values(kafka_settings, "--kafka-setting"),
         consumer_group=consumer_group,
         avro=avro,
+        json_registry=json_registry,
+        soe_avro=soe_avro,
         decompress_gzip=decompress_gzip,
         dlq_table_location=dlq_table_location,
         dlq_transforms=dlq_transforms,

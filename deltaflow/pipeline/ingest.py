@@ -135,11 +135,17 @@ def _sample(config: IngestConfig, consumer: Any) -> list[str]:
                 values += [
                     text
                     for m in batch
-                    if m.error() is None and (text := sample_text(m.value(), config.decompress_gzip))
+                    if m.error() is None
+                    and (text := sample_text(_unframed(m.value(), config), config.decompress_gzip))
                 ]
         return values
     finally:
         consumer.close()
+
+
+def _unframed(value: bytes | None, config: IngestConfig) -> bytes | None:
+    """A sampled value without its Confluent frame (``--json-registry``)."""
+    return value[5:] if value and config.json_registry else value
 
 
 def source_options(spark: SparkSession, config: IngestConfig) -> dict[str, str]:
@@ -178,6 +184,25 @@ def source_options(spark: SparkSession, config: IngestConfig) -> dict[str, str]:
     if config.value_format == "json":
         options["value_format"] = "json"
         options["value_schema"] = _value_schema(spark, config).json()
+        if config.json_registry:
+            options["schema_registry_url"] = config.json_registry
+    elif config.value_format == "avro" and config.avro == "":
+        # Each message an Avro container file: the columns are the table's or --schema's.
+        options["value_format"] = "avro"
+        options["avro_encoding"] = "container"
+        if config.value_schema is None and delta_log_missing(config):
+            raise ConfigError(
+                "--avro '' (a container file per message) takes its columns from the table or "
+                "--schema: pass --schema 'id LONG, ...'",
+                topic=config.topic,
+            )
+        options["value_schema"] = _value_schema(spark, config).json()
+    elif config.value_format == "avro" and config.soe_avro:
+        options["value_format"] = "avro"
+        options["avro_encoding"] = "single_object"
+        schemas = _avsc_files(config.soe_avro)
+        options["avro_writer_schemas"] = json.dumps(schemas)
+        options["avro_schema"] = config.avro_schema or schemas[-1]
     elif config.value_format == "avro":
         options["value_format"] = "avro"
         if config.avro and config.avro.startswith(("http://", "https://")):
@@ -198,6 +223,27 @@ def source_options(spark: SparkSession, config: IngestConfig) -> dict[str, str]:
             except OSError as exc:
                 raise ConfigError(f"cannot read the Avro schema file {config.avro!r}: {exc}") from None
     return options
+
+
+def delta_log_missing(config: IngestConfig) -> bool:
+    """Whether the main table does not exist yet."""
+    from deltaflow.delta import log as delta_log
+
+    storage = dict(config.table_options.get("storage_options") or {})
+    return delta_log.load(normalize_uri(config.table_uri), storage) is None
+
+
+def _avsc_files(location: str) -> list[str]:
+    """The Avro schemas of ``location``: one ``.avsc`` file, or a folder's, in name order."""
+    path = Path(location)
+    try:
+        files = sorted(path.glob("*.avsc")) if path.is_dir() else [path]
+        texts = [f.read_text() for f in files]
+    except OSError as exc:
+        raise ConfigError(f"cannot read the Avro schema(s) at {location!r}: {exc}") from None
+    if not texts:
+        raise ConfigError(f"no .avsc file in {location!r}")
+    return texts
 
 
 def kafka_source(spark: SparkSession, options: Mapping[str, str]) -> DataFrame:

@@ -44,6 +44,8 @@ logger = logging.getLogger(__name__)
 
 #: Confluent wire format: magic byte 0, then a 4-byte big-endian schema id.
 _CONFLUENT_HEADER = struct.Struct(">bI")
+#: Longer than any Arrow binary value (an explicit end for ``binary_slice``).
+_MAX_BINARY = (1 << 31) - 1
 #: Avro single-object encoding: marker ``C3 01``, then an 8-byte schema fingerprint.
 _SOE_MAGIC = b"\xc3\x01"
 _SOE_HEADER_SIZE = 10
@@ -119,7 +121,7 @@ class JsonDecoder:
         import pyarrow.compute as pc
 
         assert self._registry is not None
-        raw = pa.array(values, pa.binary())
+        raw = pc.fill_null(pa.array(values, pa.binary()), b"")
         long_enough = pc.fill_null(pc.greater_equal(pc.binary_length(raw), _CONFLUENT_HEADER.size), False)
         framed = pc.and_(long_enough, pc.equal(pc.binary_slice(raw, 0, 1), b"\x00"))
         ids = pc.if_else(framed, pc.binary_slice(raw, 1, _CONFLUENT_HEADER.size), None)
@@ -132,7 +134,10 @@ class JsonDecoder:
                         self._known_ids[number] = None
                     except ConfigError as exc:  # unknown id: every message naming it is a dead letter
                         self._known_ids[number] = f"JSON: {exc}"
-        payloads = pc.if_else(framed, pc.binary_slice(raw, _CONFLUENT_HEADER.size), None).to_pylist()
+        # With an explicit stop: without one, binary_slice fails ("Negative buffer resize",
+        # pyarrow 26) when the values' lengths differ.
+        rest = pc.binary_slice(raw, _CONFLUENT_HEADER.size, _MAX_BINARY)
+        payloads = pc.if_else(framed, rest, None).to_pylist()
         if framed.false_count == 0 and not any(self._known_ids.values()):
             return payloads, [None] * len(values)
         errors: list[str | None] = []
