@@ -58,6 +58,8 @@ class IngestConfig(BaseModel):
             ``avro`` a registry URL it replaces the registry's latest schema as reader schema.
         json_registry: ``--json-registry``: JSON values in the Confluent wire format, their
             schema ids known to this registry.
+        schema_registry_username / schema_registry_password: Basic auth for the schema
+            registry (``--avro`` or ``--json-registry`` URL); the password is a secret (masked).
         soe_avro: ``--soe-avro``: an ``.avsc`` file or a folder of them: values in Avro
             single-object encoding, each read with the schema of its fingerprint (the columns
             come from the file, or the folder's last file in name order).
@@ -83,6 +85,8 @@ class IngestConfig(BaseModel):
     avro_schema: str | None = None
     json_registry: str | None = None
     soe_avro: str | None = None
+    schema_registry_username: str | None = None
+    schema_registry_password: SecretStr | None = None
     decompress_gzip: bool = False
     dlq_table_location: str | None = None
     dlq_transforms: tuple[str, ...] = ()
@@ -140,6 +144,14 @@ class IngestConfig(BaseModel):
             except ConfigError as exc:
                 raise ValueError(str(exc)) from None
         return self
+
+    @property
+    def registry_auth(self) -> str | None:
+        """``user:password`` for the schema registry's basic auth, if set (never print)."""
+        if self.schema_registry_username is None:
+            return None
+        password = self.schema_registry_password.get_secret_value() if self.schema_registry_password else ""
+        return f"{self.schema_registry_username}:{password}"
 
     @property
     def kafka_conf(self) -> dict[str, str]:

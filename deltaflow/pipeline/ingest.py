@@ -171,6 +171,8 @@ def source_options(spark: SparkSession, config: IngestConfig) -> dict[str, str]:
         options["kafka_settings"] = json.dumps(settings)
     if config.decompress_gzip:
         options["value_compression"] = "gzip"
+    if config.registry_auth is not None:
+        options["schema_registry_auth"] = config.registry_auth
     transforms = config.parsed_transforms()
     failing = config.dlq_table_location and any(t.can_fail for t in transforms)
     if failing or config.schema_evolution:
@@ -213,7 +215,8 @@ def source_options(spark: SparkSession, config: IngestConfig) -> dict[str, str]:
             if config.avro_schema:
                 options["avro_schema"] = config.avro_schema
             else:
-                _id, options["avro_schema"] = SchemaRegistry(config.avro).latest(f"{config.topic}-value")
+                registry = SchemaRegistry(config.avro, basic_auth=config.registry_auth)
+                _id, options["avro_schema"] = registry.latest(f"{config.topic}-value")
         elif config.avro_schema:
             options["avro_schema"] = config.avro_schema
         else:

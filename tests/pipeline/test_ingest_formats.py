@@ -4,6 +4,7 @@ Avro container file per message (``--avro ''``)."""
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import io
 import json
@@ -45,7 +46,12 @@ def test_other_value_formats_end_to_end(spark, kafka, schema_registry, tmp_path,
         frame = struct.pack(">bI", 0, schema_registry.register(f"{topic}-value", {"type": "object"}))
         values = [frame + json.dumps({"id": i, "url": f"/p/{i}"}).encode() for i in range(20)]
         bad = b'{"id": 99}'  # not framed
-        options = {"json_registry": schema_registry.url, "value_schema": "id LONG, url STRING"}
+        options = {
+            "json_registry": schema_registry.url,
+            "value_schema": "id LONG, url STRING",
+            "schema_registry_username": "ingest",
+            "schema_registry_password": "s3cret",
+        }
     elif kind == "soe_avro":
         (tmp_path / "schemas").mkdir()
         (tmp_path / "schemas" / "a_v1.avsc").write_text(json.dumps(AVRO_V1))
@@ -88,6 +94,9 @@ def test_other_value_formats_end_to_end(spark, kafka, schema_registry, tmp_path,
         "avro_container": "Avro:",
     }
     assert dead["error"].startswith(expected[kind]), dead["error"]
+    if kind == "json_registry":  # the tasks asked the registry with basic auth
+        assert set(schema_registry.authorizations) == {"Basic " + base64.b64encode(b"ingest:s3cret").decode()}
+        assert "s3cret" not in repr(config)
 
 
 def test_cli_flags_of_the_formats(monkeypatch):
