@@ -170,6 +170,11 @@ class Transform:
         """Whether a message can fail this transform (then it is a dead letter)."""
         return self.sql is None and (self.epoch is not None or self.per_message)
 
+    def root_fields(self) -> frozenset[str] | None:
+        """The message's top-level fields the expression can read, or ``None`` when it may read
+        the whole message (``@``): a per-message evaluation converts only these columns."""
+        return None if self.sql is not None else _root_fields(self.ast)
+
     def _call(self, name: str, arity: int) -> list[dict[str, Any]] | None:
         if self.sql is not None:
             return None
@@ -250,6 +255,28 @@ def _kafka_reads(node: dict[str, Any]) -> set[str]:
         if isinstance(child, dict):
             found |= _kafka_reads(child)
     return found
+
+
+def _root_fields(node: dict[str, Any]) -> frozenset[str] | None:
+    """Top-level names an expression evaluated on the message reads (``None``: all of them)."""
+    kind = node["type"]
+    if kind == "current":
+        return None
+    if kind == "field":
+        return frozenset({str(node["value"])})
+    if kind in ("subexpression", "projection", "filter_projection", "pipe", "index_expression", "flatten"):
+        # The right side (and a filter's condition) reads what the left side produced.
+        return _root_fields(node["children"][0])
+    if kind in ("expref", "literal", "raw_string"):
+        return frozenset()
+    found: set[str] = set()
+    for child in node.get("children", []):
+        if isinstance(child, dict):
+            names = _root_fields(child)
+            if names is None:
+                return None
+            found |= names
+    return frozenset(found)
 
 
 def parse_transform(text: str) -> Transform:

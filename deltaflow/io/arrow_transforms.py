@@ -170,7 +170,10 @@ def _compute(
     target = ".".join(t.target)
     if not vectorised(t, table.schema):
         kind = type_at(target_schema, t.target) or result_type(t)
-        values, failed = evaluate(t.expression, table, kind, target)
+        # Only the columns the expression reads are converted to Python objects.
+        names = t.root_fields()
+        rows = table if names is None else table.select([n for n in table.schema.names if n in names])
+        values, failed = evaluate(t.expression, rows, kind, target)
         return pa.chunked_array([values]), pa.chunked_array([failed])
     if (sub := t.substr) is not None:
         path, skip, take = sub

@@ -70,3 +70,20 @@ def test_transforms_compile_to_spark_columns(spark):
 def test_kafka_fields_a_transform_reads(text, fields):
     """The source builds only these metadata columns for good messages: none may be missed."""
     assert parse_transform(text).kafka_fields() == fields
+
+
+@pytest.mark.parametrize(
+    ("text", "fields"),
+    [
+        ("a: items[?x > `1`].y", {"items"}),
+        ("a: {n: name, k: kafka.key}", {"name", "kafka"}),
+        ("a: join('-', [user, to_string(id)])", {"user", "id"}),
+        ("a: sort_by(items, &x)[0] | y", {"items"}),
+        ("a: length(@)", None),
+        ("a: keys(@)", None),
+    ],
+)
+def test_root_fields_a_per_message_transform_converts(text, fields):
+    """Only these columns go through Python: a missed one would read as null."""
+    got = parse_transform(text).root_fields()
+    assert got == (None if fields is None else frozenset(fields))
