@@ -101,10 +101,10 @@ STOP_POLL_S = 1
     type=LINES,
     envvar="TRANSFORMS",
     show_envvar=True,
-    help="'target.path: source' (repeatable; in the env var one per line): "
-    "kafka.<partition|offset|topic|timestamp|key|headers>, "
-    "a JSON field path, substr(path, `0`, `10`), epoch_seconds_to_iso8601(path), "
-    "epoch_millis_to_iso8601(path), or 'sql: <expr>'.",
+    help="'target.path: source' (repeatable; in the env var one per line): a JMESPath expression "
+    "(kafka-delta-ingest's language) with kafka.<partition|offset|topic|timestamp|timestamp_type|key|"
+    "headers>, substr(s, `skip`, `take`), epoch_seconds|millis|micros_to_iso8601(n), "
+    "epoch_millis_to_micro(n); or 'sql: <expr>' (Spark engine).",
 )
 @click.option(
     "-K",
@@ -185,15 +185,44 @@ STOP_POLL_S = 1
     help="Write Delta log checkpoints (always done: every 10 commits, at delta-rs' interval).",
 )
 @click.option(
-    "--json", "value_format", flag_value="json", default=True, help="Values are JSON objects (default)."
+    "--json",
+    "json_option",
+    is_flag=False,
+    flag_value="",
+    default=None,
+    metavar="[URL]",
+    help="Values are JSON objects (the default). With a schema registry URL, as kafka-delta-ingest's "
+    "--json URL: the Confluent wire format (same as --json-registry). Put TOPIC and TABLE before a "
+    "bare --json.",
 )
-@click.option("--raw", "value_format", flag_value="raw", help="Store the value bytes as they are.")
+@click.option(
+    "--raw", "value_format", flag_value="raw", default="json", help="Store the value bytes as they are."
+)
 @click.option(
     "--avro",
     default=None,
-    envvar="AVRO",
+    envvar=["AVRO_REGISTRY", "AVRO"],
     show_envvar=True,
-    help="Values are Avro: a schema registry URL (Confluent wire format) or an .avsc file (bare datums).",
+    help="Values are Avro: a schema registry URL (Confluent wire format), an .avsc file (bare datums), "
+    "or '' (each message an Avro container file; columns from the table or --schema).",
+)
+@click.option(
+    "--json-registry",
+    "--json_registry",
+    default=None,
+    envvar="JSON_REGISTRY",
+    show_envvar=True,
+    help="JSON values in the Confluent wire format (magic byte, schema id, JSON), ids known to this "
+    "schema registry URL (kafka-delta-ingest's --json <URL>).",
+)
+@click.option(
+    "--soe-avro",
+    "--soe_avro",
+    default=None,
+    envvar="SOE_AVRO",
+    show_envvar=True,
+    help="Values in Avro single-object encoding, read with the .avsc file (or the folder of them) "
+    "whose fingerprint they carry.",
 )
 @click.option(
     "--schema-registry-username",
@@ -374,10 +403,13 @@ def ingest(
     log_level: str | None,
     ends_at_latest_offsets: bool,
     checkpoints: bool,
+    json_option: str | None,
     value_format: str,
     avro: str | None,
     schema_registry_username: str | None,
     schema_registry_password: str | None,
+    json_registry: str | None,
+    soe_avro: str | None,
     decompress_gzip: bool,
     dlq_table_location: str | None,
     dlq_transforms: tuple[str, ...],
@@ -421,7 +453,21 @@ def ingest(
         raise click.BadParameter(
             f"not a JSON object of partition -> offset: {exc}", param_hint="--seek-offsets"
         ) from None
-    if avro:
+    if json_option:
+        if "://" not in json_option:
+            raise click.BadParameter(
+                f"takes a schema registry URL or nothing, got {json_option!r}: put TOPIC and TABLE "
+                "before a bare --json",
+                param_hint="--json",
+            )
+        if json_registry and json_registry != json_option:
+            raise click.BadParameter(
+                "--json URL and --json-registry name different registries", param_hint="--json"
+            )
+        json_registry = json_option
+    if json_option is not None and value_format == "raw":
+        raise click.BadParameter("--json and --raw exclude each other", param_hint="--json")
+    if avro is not None or soe_avro:
         if value_format == "raw":
             raise click.BadParameter("--avro and --raw exclude each other", param_hint="--avro")
         value_format = "avro"
@@ -452,11 +498,10 @@ def ingest(
         },
         consumer_group=consumer_group,
         avro=avro,
-        schema_registry_auth=(
-            f"{schema_registry_username}:{schema_registry_password or ''}"
-            if schema_registry_username
-            else None
-        ),
+        schema_registry_username=schema_registry_username,
+        schema_registry_password=schema_registry_password,
+        json_registry=json_registry,
+        soe_avro=soe_avro,
         decompress_gzip=decompress_gzip,
         dlq_table_location=dlq_table_location,
         dlq_transforms=dlq_transforms,

@@ -55,10 +55,18 @@ class IngestConfig(BaseModel):
             engine whenever it can run the configuration (no ``sql:`` transforms, no schema
             evolution).
         kafka_settings: librdkafka settings (``-K key=value``); values are secrets (masked).
-        schema_registry_auth: ``user:password`` for the Avro schema registry's basic auth
-            (kafka-delta-ingest's ``SCHEMA_REGISTRY_USERNAME``/``_PASSWORD``; masked).
+        avro: ``--avro``: a schema registry URL (Confluent wire format), an ``.avsc`` file (bare
+            datums), or ``""``: each message an Avro object container file (kafka-delta-ingest's
+            meaning; the table or ``--schema`` gives the columns).
         avro_schema: The Avro reader schema as text (a YAML pipeline's ``avro_schema``); with
             ``avro`` a registry URL it replaces the registry's latest schema as reader schema.
+        json_registry: ``--json-registry``: JSON values in the Confluent wire format, their
+            schema ids known to this registry.
+        schema_registry_username / schema_registry_password: Basic auth for the schema
+            registry (``--avro`` or ``--json-registry`` URL); the password is a secret (masked).
+        soe_avro: ``--soe-avro``: an ``.avsc`` file or a folder of them: values in Avro
+            single-object encoding, each read with the schema of its fingerprint (the columns
+            come from the file, or the folder's last file in name order).
         dlq_format: The dead-letter rows' shape (``--dlq_format``): ``deltaflow`` or
             ``kafka-delta-ingest`` (see :mod:`deltaflow.pipeline.dead_letters`).
         table_options / dlq_table_options: Further sink options of the main / dead-letter
@@ -81,7 +89,10 @@ class IngestConfig(BaseModel):
     value_schema: str | None = Field(default=None, validation_alias=AliasChoices("value_schema", "schema"))
     avro: str | None = None
     avro_schema: str | None = None
-    schema_registry_auth: SecretStr | None = None
+    json_registry: str | None = None
+    soe_avro: str | None = None
+    schema_registry_username: str | None = None
+    schema_registry_password: SecretStr | None = None
     decompress_gzip: bool = False
     dlq_table_location: str | None = None
     dlq_transforms: tuple[str, ...] = ()
@@ -113,8 +124,12 @@ class IngestConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
-        if self.value_format == "avro" and not (self.avro or self.avro_schema):
-            raise ValueError("Avro values need --avro <schema registry URL or .avsc file>")
+        if self.value_format == "avro" and self.avro is None and not (self.avro_schema or self.soe_avro):
+            raise ValueError("Avro values need --avro <schema registry URL, .avsc file or ''> or --soe-avro")
+        if sum(x is not None for x in (self.avro, self.soe_avro, self.json_registry)) > 1:
+            raise ValueError("--avro, --soe-avro and --json-registry exclude each other")
+        if self.json_registry is not None and not self.json_registry.startswith(("http://", "https://")):
+            raise ValueError(f"--json-registry must be a schema registry URL, got {self.json_registry!r}")
         if self.decompress_gzip and self.value_format == "raw":
             raise ValueError("--decompress-gzip applies to decoded values (--json or --avro), not --raw")
         if self.dlq_table_location and normalize_uri(self.dlq_table_location) == normalize_uri(
@@ -136,6 +151,14 @@ class IngestConfig(BaseModel):
             except ConfigError as exc:
                 raise ValueError(str(exc)) from None
         return self
+
+    @property
+    def registry_auth(self) -> str | None:
+        """``user:password`` for the schema registry's basic auth, if set (never print)."""
+        if self.schema_registry_username is None:
+            return None
+        password = self.schema_registry_password.get_secret_value() if self.schema_registry_password else ""
+        return f"{self.schema_registry_username}:{password}"
 
     @property
     def kafka_conf(self) -> dict[str, str]:

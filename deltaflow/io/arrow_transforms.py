@@ -1,21 +1,21 @@
 """kafka-delta-ingest transforms (:mod:`deltaflow.config.transforms`) on Arrow, in the tasks.
 
-The Arrow ingest path runs them where the rows are decoded, with Arrow compute: no JVM and no
-Python per row. They give what :mod:`deltaflow.pipeline.transforms` gives on Spark (the tests
-compare both on the same messages):
+The Arrow ingest path runs them where the rows are decoded. The forms both engines compile to
+columns run with Arrow compute, no Python per row; :mod:`deltaflow.pipeline.transforms` gives
+the same on Spark (the tests compare both, and both with the per-message evaluator):
 
-* a field path ``a.b`` (case-insensitive, as Spark resolves names; a null parent gives null);
-* ``kafka.<field>`` from the ``kafka`` struct (``key`` as UTF-8 text);
-* ``substr(path, start, end)``: code points ``[start, end)`` of a string (integers, booleans,
-  dates and timestamps as Spark's cast to string writes them);
-* ``epoch_seconds_to_iso8601`` / ``epoch_millis_to_iso8601``: a number, or a string holding
-  one, as ``2021-01-01T00:00:00Z`` / ``2021-01-01T00:00:00.123Z`` (UTC, floored as Spark
-  does); anything else makes the row fail with ``transform '<target>': <path> is not a number:
-  <value>``.
+* a field path ``a.b`` (``"quoted names"`` too; case-insensitive, as Spark resolves names; a
+  null parent gives null), ``kafka.<field>`` from the ``kafka`` struct;
+* ``substr(path, `skip`, `take`)`` over strings, integers, booleans, dates and timestamps
+  (the last three as Spark's cast to string writes them);
+* ``epoch_seconds_to_iso8601`` / ``epoch_millis_to_iso8601`` / ``epoch_micros_to_iso8601`` /
+  ``epoch_millis_to_micro`` over a number, or a string holding one; anything else makes the row
+  fail with ``transform '<target>': <function>: not a number: <value>``.
 
-``sql:`` transforms need Spark: :func:`unsupported` names them, and such runs take the Spark
-engine; so do the other cases :func:`apply` refuses on the messages' schema (checked on an
-empty table before the query starts: :func:`check`).
+Every other JMESPath expression (and these forms over other column types) is evaluated per
+message (:func:`deltaflow.io.jmespath_eval.evaluate`), its result coerced into the target
+column's type (the table's, else :func:`result_type`). ``sql:`` transforms need Spark:
+:func:`unsupported` names them, and such runs take the Spark engine.
 """
 
 from __future__ import annotations
@@ -27,14 +27,36 @@ import pyarrow.compute as pc
 
 from deltaflow.config.transforms import Transform
 from deltaflow.errors import ConfigError
+from deltaflow.io.jmespath_eval import NUMBER, as_text, evaluate
 
-__all__ = ["KAFKA_COLUMN", "apply", "check", "unsupported"]
+__all__ = [
+    "KAFKA_COLUMN",
+    "apply",
+    "check",
+    "field_type",
+    "result_type",
+    "type_at",
+    "unsupported",
+    "vectorised",
+]
 
 #: The struct column holding the message's coordinates (partition, offset, topic, ...).
 KAFKA_COLUMN = "kafka"
-#: A number as Spark's cast from string to double reads it (surrounding spaces allowed).
-_NUMBER = r"^\s*[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?\s*$"
 _MICROS = 1_000_000
+_UNIT_MICROS = {"seconds": _MICROS, "millis": 1000, "micros": 1, "millis_to_micro": 1000}
+#: Result types of JMESPath functions, for a per-message transform's new column.
+_STRING_FUNCTIONS = {
+    "substr",
+    "epoch_seconds_to_iso8601",
+    "epoch_millis_to_iso8601",
+    "epoch_micros_to_iso8601",
+    "join",
+    "to_string",
+    "type",
+}
+_INTEGER_FUNCTIONS = {"length", "epoch_millis_to_micro"}
+_NUMBER_FUNCTIONS = {"to_number", "abs", "avg", "ceil", "floor", "sum"}
+_BOOLEAN_FUNCTIONS = {"contains", "starts_with", "ends_with"}
 
 
 def unsupported(transforms: Sequence[Transform]) -> list[str]:
@@ -42,15 +64,86 @@ def unsupported(transforms: Sequence[Transform]) -> list[str]:
     return [f"{'.'.join(t.target)}: {t.source}" for t in transforms if t.sql is not None]
 
 
-def check(schema: pa.Schema, transforms: Sequence[Transform]) -> pa.Schema:
+def check(
+    schema: pa.Schema, transforms: Sequence[Transform], target_schema: pa.Schema | None = None
+) -> pa.Schema:
     """The schema ``transforms`` produce from ``schema``, or :class:`ConfigError` when the Arrow
     engine cannot run them on it (run on the driver, on no rows)."""
-    out, _ = apply(schema.empty_table(), transforms)
+    out, _ = apply(schema.empty_table(), transforms, target_schema=target_schema)
     return out.schema
 
 
-def apply(table: pa.Table, transforms: Sequence[Transform]) -> tuple[pa.Table, pa.Array | None]:
+def type_at(schema: pa.Schema | None, path: Sequence[str]) -> pa.DataType | None:
+    """The type of the (nested) field at ``path`` of ``schema``, if it has one."""
+    if schema is None:
+        return None
+    fields: Sequence[pa.Field] = list(schema)
+    kind: pa.DataType | None = None
+    for name in path:
+        found = next((f for f in fields if f.name == name), None)
+        if found is None:
+            return None
+        kind = found.type
+        fields = list(kind) if pa.types.is_struct(kind) else []
+    return kind
+
+
+def result_type(t: Transform) -> pa.DataType:
+    """The column type of a per-message transform's result when the table has none: by the
+    expression's outer function (``length`` a long, ``to_number`` a double, ``contains`` a
+    boolean, ...), a comparison or ``!`` a boolean; anything else a string (objects, arrays
+    and numbers as their JSON text, kafka-delta-ingest's coercion into a string column)."""
+    node = t.ast
+    kind = node["type"]
+    if kind == "function_expression":
+        name = node["value"]
+        if name in _STRING_FUNCTIONS:
+            return pa.string()
+        if name in _INTEGER_FUNCTIONS:
+            return pa.int64()
+        if name in _NUMBER_FUNCTIONS:
+            return pa.float64()
+        if name in _BOOLEAN_FUNCTIONS:
+            return pa.bool_()
+    if kind in ("comparator", "not_expression"):
+        return pa.bool_()
+    return pa.string()
+
+
+def vectorised(t: Transform, schema: pa.Schema) -> bool:
+    """Whether ``t`` runs as columns over rows of ``schema`` (both engines decide with this)."""
+    if t.sql is not None:
+        return True
+    if t.field is not None:
+        return True
+    try:
+        if (sub := t.substr) is not None:
+            kind = field_type(schema, sub[0])
+            return bool(
+                pa.types.is_string(kind)
+                or pa.types.is_integer(kind)
+                or pa.types.is_boolean(kind)
+                or pa.types.is_date(kind)
+                or pa.types.is_timestamp(kind)
+            )
+        if (epoch := t.epoch) is not None:
+            kind = field_type(schema, epoch[1])
+            return bool(pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_string(kind))
+    except ConfigError:
+        return False  # a field the messages lack: JMESPath gives null, per message
+    return False
+
+
+def apply(
+    table: pa.Table, transforms: Sequence[Transform], *, target_schema: pa.Schema | None = None
+) -> tuple[pa.Table, pa.Array | None]:
     """Set each transform's target (in order) on ``table``; return it and why rows failed.
+
+    Args:
+        table: The decoded rows with the ``kafka`` struct.
+        transforms: Applied in order, each seeing the earlier ones' targets.
+        target_schema: The rows' schema in the table: a per-message result is coerced into
+            its type at the target (else :func:`result_type`).
 
     Returns:
         The table with every target column set (nested structs created as needed), and per
@@ -58,35 +151,49 @@ def apply(table: pa.Table, transforms: Sequence[Transform]) -> tuple[pa.Table, p
         transform can fail.
 
     Raises:
-        ConfigError: a ``sql:`` transform, or a field the messages do not have.
+        ConfigError: a ``sql:`` transform, or a field path the messages do not have.
     """
     errors: pa.Array | None = None
     for t in transforms:
-        value, failed = _compute(table, t)
+        value, failed = _compute(table, t, target_schema)
         table = _set(table, t.target, value)
         if failed is not None:
             errors = failed if errors is None else pc.coalesce(errors, failed)
     return table, errors
 
 
-def _compute(table: pa.Table, t: Transform) -> tuple[pa.ChunkedArray, pa.ChunkedArray | None]:
+def _compute(
+    table: pa.Table, t: Transform, target_schema: pa.Schema | None
+) -> tuple[pa.ChunkedArray, pa.ChunkedArray | None]:
     if t.sql is not None:
         raise ConfigError(f"transform {'.'.join(t.target)!r} is Spark SQL: it needs the Spark engine")
+    target = ".".join(t.target)
+    if not vectorised(t, table.schema):
+        kind = type_at(target_schema, t.target) or result_type(t)
+        # Only the columns the expression reads are converted to Python objects.
+        names = t.root_fields()
+        rows = table if names is None else table.select([n for n in table.schema.names if n in names])
+        values, failed = evaluate(t.expression, rows, kind, target)
+        return pa.chunked_array([values]), pa.chunked_array([failed])
     if (sub := t.substr) is not None:
-        path, start, end = sub
+        path, skip, take = sub
         text = _as_text(_get(table, path))
-        return pc.utf8_slice_codeunits(text, start, max(start, end)), None
+        return pc.utf8_slice_codeunits(text, skip, skip + take), None
     if (epoch := t.epoch) is not None:
         unit, path = epoch
-        return _iso8601(table, _get(table, path), unit, ".".join(t.target), path)
-    if (field := t.field) is not None:
-        return _get(table, field), None
-    raise t.not_understood()
+        return _epoch(_get(table, path), unit, target, t.ast["value"])
+    assert t.field is not None
+    return _get(table, t.field), None
 
 
-def _get(table: pa.Table, path: str) -> pa.ChunkedArray:
-    """The column at the dotted ``path`` (names matched case-insensitively, like Spark's)."""
-    parts = path.split(".")
+def field_type(schema: pa.Schema, path: Sequence[str]) -> pa.DataType:
+    """The type of the field at ``path`` (matched as :func:`apply` matches it)."""
+    return _get(schema.empty_table(), path).type
+
+
+def _get(table: pa.Table, parts: Sequence[str]) -> pa.ChunkedArray:
+    """The column at ``parts`` (names matched case-insensitively, like Spark's)."""
+    path = ".".join(parts)
     column = table.column(_name(table.schema.names, parts[0], path))
     for part in parts[1:]:
         if not pa.types.is_struct(column.type):
@@ -109,68 +216,52 @@ def _name(names: Sequence[str], wanted: str, path: str) -> str:
 
 def _as_text(column: pa.ChunkedArray) -> pa.ChunkedArray:
     """A column as Spark's cast to string writes it (strings, integers, booleans, dates and
-    timestamps; timestamps as ``2026-01-02 03:04:05.12`` in UTC, the session's time zone)."""
+    timestamps; timestamps in UTC, the session's time zone)."""
     kind = column.type
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         return column
-    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
-        return pc.cast(column, pa.string())
-    if pa.types.is_integer(kind) or pa.types.is_boolean(kind):
-        return pc.cast(column, pa.string())
-    if pa.types.is_date(kind):
-        return pc.strftime(pc.cast(column, pa.timestamp("s")), format="%Y-%m-%d")
-    if pa.types.is_timestamp(kind):
-        micros = pc.cast(pc.cast(column, pa.timestamp("us", tz=kind.tz)), pa.int64())
-        seconds = pc.multiply(
-            pc.floor(pc.divide(pc.cast(micros, pa.float64()), float(_MICROS))), float(_MICROS)
-        )
-        whole = pc.cast(seconds, pa.int64())
-        base = pc.strftime(
-            pc.cast(pc.cast(whole, pa.timestamp("us", tz="UTC")), pa.timestamp("s", tz="UTC")),
-            format="%Y-%m-%d %H:%M:%S",
-        )
-        fraction = pc.subtract(micros, whole)
-        digits = pc.utf8_rtrim(pc.utf8_lpad(pc.cast(fraction, pa.string()), 6, "0"), "0")
-        return pc.if_else(pc.equal(fraction, 0), base, pc.binary_join_element_wise(base, digits, "."))
-    raise ConfigError(
-        f"substr on a {kind} field needs the Spark engine (the Arrow engine takes strings, integers, "
-        "booleans, dates and timestamps)"
-    )
+    if pa.types.is_date(kind) or pa.types.is_timestamp(kind):
+        text = as_text(column)
+        assert isinstance(text, pa.ChunkedArray)
+        return text
+    return pc.cast(column, pa.string())
 
 
-def _iso8601(
-    table: pa.Table, column: pa.ChunkedArray, unit: str, target: str, path: str
+def _epoch(
+    column: pa.ChunkedArray, unit: str, target: str, function: str
 ) -> tuple[pa.ChunkedArray, pa.ChunkedArray]:
-    if pa.types.is_integer(column.type) or pa.types.is_floating(column.type):
-        number = pc.cast(column, pa.float64())
-    elif pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-        ok = pc.match_substring_regex(column, _NUMBER)
-        number = pc.cast(pc.utf8_trim_whitespace(pc.if_else(ok, column, None)), pa.float64())
+    """An ``epoch_*`` function: the number truncated to whole units (as kafka-delta-ingest's
+    ``as i64``), as ISO-8601 with fractional digits only when not zero (chrono's format)."""
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        ok = pc.match_substring_regex(column, NUMBER)
+        number = pc.cast(pc.utf8_trim(pc.if_else(ok, column, None), " "), pa.float64())
+        failed_rows = pc.and_(pc.is_valid(column), pc.invert(ok))
+        message = pc.binary_join_element_wise(f"transform {target!r}: {function}: not a number: ", column, "")
+        failed = pc.if_else(failed_rows, message, pa.scalar(None, pa.string()))
     else:
-        number = pa.chunked_array([pa.nulls(len(column), pa.float64())])
-    seconds = number if unit == "seconds" else pc.divide(number, 1000.0)
-    # timestamp_seconds(x) keeps (x * 10^6) as a long: truncated toward zero, then formatted
-    # with the instant floored to the pattern's precision.
-    micros = pc.cast(pc.trunc(pc.multiply(seconds, float(_MICROS))), pa.int64(), safe=False)
-    step = _MICROS if unit == "seconds" else 1000
-    floored = pc.multiply(pc.floor(pc.divide(pc.cast(micros, pa.float64()), float(step))), float(step))
-    instant = pc.cast(pc.cast(floored, pa.int64()), pa.timestamp("us", tz="UTC"))
-    precision = pa.timestamp("s", tz="UTC") if unit == "seconds" else pa.timestamp("ms", tz="UTC")
-    text = pc.strftime(pc.cast(instant, precision), format="%Y-%m-%dT%H:%M:%S")
-    value = pc.binary_join_element_wise(text, "Z", "")
-    failed_rows = pc.and_(pc.is_valid(column), pc.is_null(number))
-    raw = _display(column)
-    message = pc.binary_join_element_wise(f"transform {target!r}: {path} is not a number: ", raw, "")
-    failed = pc.if_else(failed_rows, message, pa.scalar(None, pa.string()))
-    return value, failed
-
-
-def _display(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    """A value as text for an error message (Spark prints its cast to string)."""
-    try:
-        return pc.cast(column, pa.string())
-    except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
-        return pa.chunked_array([pa.array([None if v is None else str(v) for v in column.to_pylist()])])
+        number = pc.cast(column, pa.float64())
+        failed = pa.chunked_array([pa.nulls(len(column), pa.string())])
+    # Infinity and NaN (or a string overflowing to one) give null, on every engine.
+    number = pc.if_else(pc.is_finite(number), number, pa.scalar(None, pa.float64()))
+    units = pc.cast(pc.trunc(number), pa.int64(), safe=False)
+    micros = pc.multiply(units, _UNIT_MICROS[unit])
+    if unit == "millis_to_micro":
+        return micros, failed
+    seconds = pc.cast(pc.floor(pc.divide(pc.cast(micros, pa.float64()), float(_MICROS))), pa.int64())
+    fraction = pc.subtract(micros, pc.multiply(seconds, _MICROS))
+    text = pc.strftime(pc.cast(seconds, pa.timestamp("s", tz="UTC")), format="%Y-%m-%dT%H:%M:%S")
+    millis = pc.utf8_lpad(pc.cast(pc.divide(fraction, 1000), pa.string()), 3, "0")
+    micro_digits = pc.utf8_lpad(pc.cast(fraction, pa.string()), 6, "0")
+    digits = pc.case_when(
+        pc.make_struct(
+            pc.equal(fraction, 0),
+            pc.equal(pc.subtract(fraction, pc.multiply(pc.divide(fraction, 1000), 1000)), 0),
+        ),
+        "",
+        pc.binary_join_element_wise(".", millis, ""),
+        pc.binary_join_element_wise(".", micro_digits, ""),
+    )
+    return pc.binary_join_element_wise(text, digits, "Z", ""), failed
 
 
 def _set(table: pa.Table, target: tuple[str, ...], value: pa.ChunkedArray) -> pa.Table:

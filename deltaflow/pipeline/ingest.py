@@ -35,9 +35,10 @@ from deltaflow.pipeline.evolution import (
     restart_if_table_gained,
     sample_text,
 )
-from deltaflow.pipeline.transforms import apply_transforms, failure
+from deltaflow.pipeline.transforms import apply_transforms
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
     from pyspark.sql.streaming.readwriter import DataStreamWriter
@@ -290,11 +291,17 @@ def _sample(config: IngestConfig, consumer: Any) -> list[str]:
                 values += [
                     text
                     for m in batch
-                    if m.error() is None and (text := sample_text(m.value(), config.decompress_gzip))
+                    if m.error() is None
+                    and (text := sample_text(_unframed(m.value(), config), config.decompress_gzip))
                 ]
         return values
     finally:
         consumer.close()
+
+
+def _unframed(value: bytes | None, config: IngestConfig) -> bytes | None:
+    """A sampled value without its Confluent frame (``--json-registry``)."""
+    return value[5:] if value and config.json_registry else value
 
 
 def source_options(spark: SparkSession, config: IngestConfig) -> dict[str, str]:
@@ -321,8 +328,10 @@ def source_options(spark: SparkSession, config: IngestConfig) -> dict[str, str]:
         options["kafka_settings"] = json.dumps(settings)
     if config.decompress_gzip:
         options["value_compression"] = "gzip"
+    if config.registry_auth is not None:
+        options["schema_registry_auth"] = config.registry_auth
     transforms = config.parsed_transforms()
-    failing = config.dlq_table_location and any(failure(t) is not None for t in transforms)
+    failing = config.dlq_table_location and any(t.can_fail for t in transforms)
     if failing or config.schema_evolution:
         # A transform may still reject a message; evolution samples the new fields' values.
         options["keep_value"] = "true"
@@ -334,22 +343,37 @@ def source_options(spark: SparkSession, config: IngestConfig) -> dict[str, str]:
     if config.value_format == "json":
         options["value_format"] = "json"
         options["value_schema"] = _value_schema(spark, config).json()
+        if config.json_registry:
+            options["schema_registry_url"] = config.json_registry
+    elif config.value_format == "avro" and config.avro == "":
+        # Each message an Avro container file: the columns are the table's or --schema's.
+        options["value_format"] = "avro"
+        options["avro_encoding"] = "container"
+        if config.value_schema is None and delta_log_missing(config):
+            raise ConfigError(
+                "--avro '' (a container file per message) takes its columns from the table or "
+                "--schema: pass --schema 'id LONG, ...'",
+                topic=config.topic,
+            )
+        options["value_schema"] = _value_schema(spark, config).json()
+    elif config.value_format == "avro" and config.soe_avro:
+        options["value_format"] = "avro"
+        options["avro_encoding"] = "single_object"
+        schemas = _avsc_files(config.soe_avro)
+        options["avro_writer_schemas"] = json.dumps(schemas)
+        options["avro_schema"] = config.avro_schema or schemas[-1]
     elif config.value_format == "avro":
         options["value_format"] = "avro"
         if config.avro and config.avro.startswith(("http://", "https://")):
             from deltaflow.sources.decode import SchemaRegistry
 
             options["schema_registry_url"] = config.avro
-            auth = config.schema_registry_auth.get_secret_value() if config.schema_registry_auth else None
-            if auth:
-                options["schema_registry_auth"] = auth
             # The reader schema, fixed once for the query (the source and its tasks share it).
             if config.avro_schema:
                 options["avro_schema"] = config.avro_schema
             else:
-                _id, options["avro_schema"] = SchemaRegistry(config.avro, basic_auth=auth).latest(
-                    f"{config.topic}-value"
-                )
+                registry = SchemaRegistry(config.avro, basic_auth=config.registry_auth)
+                _id, options["avro_schema"] = registry.latest(f"{config.topic}-value")
         elif config.avro_schema:
             options["avro_schema"] = config.avro_schema
         else:
@@ -359,6 +383,27 @@ def source_options(spark: SparkSession, config: IngestConfig) -> dict[str, str]:
             except OSError as exc:
                 raise ConfigError(f"cannot read the Avro schema file {config.avro!r}: {exc}") from None
     return options
+
+
+def delta_log_missing(config: IngestConfig) -> bool:
+    """Whether the main table does not exist yet."""
+    from deltaflow.delta import log as delta_log
+
+    storage = dict(config.table_options.get("storage_options") or {})
+    return delta_log.load(normalize_uri(config.table_uri), storage) is None
+
+
+def _avsc_files(location: str) -> list[str]:
+    """The Avro schemas of ``location``: one ``.avsc`` file, or a folder's, in name order."""
+    path = Path(location)
+    try:
+        files = sorted(path.glob("*.avsc")) if path.is_dir() else [path]
+        texts = [f.read_text() for f in files]
+    except OSError as exc:
+        raise ConfigError(f"cannot read the Avro schema(s) at {location!r}: {exc}") from None
+    if not texts:
+        raise ConfigError(f"no .avsc file in {location!r}")
+    return texts
 
 
 def kafka_source(spark: SparkSession, options: Mapping[str, str]) -> DataFrame:
@@ -386,7 +431,14 @@ def build_ingest_frame(spark: SparkSession, config: IngestConfig, raw: DataFrame
     if raw is None:
         raw = kafka_source(spark, source_options(spark, config))
     kafka = F.struct(
-        "partition", "offset", "topic", "timestamp", F.col("key").cast("string").alias("key"), "headers"
+        "partition",
+        "offset",
+        "topic",
+        "timestamp",
+        # Kafka's ids (kafka-delta-ingest's kafka.timestamp_type), not librdkafka's 0/1/2.
+        (F.col("timestamp_type") - 1).alias("timestamp_type"),
+        F.col("key").cast("string").alias("key"),
+        "headers",
     ).alias("kafka")
     if config.value_format == "raw":
         meta = F.struct(
@@ -409,12 +461,29 @@ def build_ingest_frame(spark: SparkSession, config: IngestConfig, raw: DataFrame
             decoded = decoded.withColumn(
                 META, F.col(META).withField("unknown_fields", F.when(F.size(kept) > 0, kept))
             )
-    out = apply_transforms(decoded, transforms)
-    failures = [c for t in transforms if (c := failure(t)) is not None]
-    if failures:
-        error = F.coalesce(F.col(f"{META}.error"), *failures)
-        out = out.withColumn(META, F.col(META).withField("error", error))
-    return out
+    error = f"{META}_transform_error"
+    out = apply_transforms(
+        decoded.withColumn(error, F.lit(None).cast("string")),
+        transforms,
+        table_schema=_table_schema(config),
+        errors=error,
+    )
+    out = out.withColumn(
+        META, F.col(META).withField("error", F.coalesce(F.col(f"{META}.error"), F.col(error)))
+    )
+    return out.drop(error)
+
+
+def _table_schema(config: IngestConfig) -> pa.Schema | None:
+    """The main table's Arrow schema, if it exists (per-message transform results take its types)."""
+    import pyarrow as pa
+
+    from deltaflow.delta import log as delta_log
+
+    table = delta_log.load(
+        normalize_uri(config.table_uri), dict(config.table_options.get("storage_options") or {})
+    )
+    return None if table is None else pa.schema(table.schema().to_arrow())
 
 
 def main_rows(frame: DataFrame) -> DataFrame:

@@ -9,8 +9,6 @@ table) and null data. Fields a message has but the schema lacks are reported per
 from __future__ import annotations
 
 import base64
-import datetime as dt
-import decimal
 import gzip
 import io
 import json
@@ -29,12 +27,15 @@ import pyarrow as pa
 import pyarrow.json as pj
 
 from deltaflow.errors import ConfigError, TransientError
+from deltaflow.io.coercions import coerce_fields, json_kind
 
 __all__ = [
     "AvroDecoder",
+    "ContainerAvroDecoder",
     "Decoded",
     "JsonDecoder",
     "SchemaRegistry",
+    "SingleObjectAvroDecoder",
     "avro_to_spark_ddl",
     "decompress",
 ]
@@ -43,6 +44,11 @@ logger = logging.getLogger(__name__)
 
 #: Confluent wire format: magic byte 0, then a 4-byte big-endian schema id.
 _CONFLUENT_HEADER = struct.Struct(">bI")
+#: Longer than any Arrow binary value (an explicit end for ``binary_slice``).
+_MAX_BINARY = (1 << 31) - 1
+#: Avro single-object encoding: marker ``C3 01``, then an 8-byte schema fingerprint.
+_SOE_MAGIC = b"\xc3\x01"
+_SOE_HEADER_SIZE = 10
 #: A failing block is halved down to this many messages; those are decoded one by one.
 SLOW_PATH_BLOCK = 64
 #: Timeout of one schema registry request.
@@ -79,16 +85,74 @@ def decompress(values: Sequence[bytes | None], codec: str) -> tuple[list[bytes |
 
 
 class JsonDecoder:
-    """JSON objects -> a struct array of ``schema`` (pyarrow's parser, explicit schema)."""
+    """JSON objects -> a struct array of ``schema`` (pyarrow's parser, explicit schema).
 
-    def __init__(self, schema: pa.Schema) -> None:
+    With ``registry``, values are in the Confluent wire format (kafka-delta-ingest's
+    ``--json <registry URL>``): magic byte 0, a 4-byte schema id the registry must know, then
+    the JSON; the frame is checked and removed with Arrow compute.
+    """
+
+    def __init__(self, schema: pa.Schema, registry: SchemaRegistry | None = None) -> None:
         self.schema = schema
+        self._registry = registry
+        self._known_ids: dict[int, str | None] = {}
         self._type = pa.struct(list(schema))
         # pyarrow's parser handles these types; any other (date, map, decimal, binary) sends
         # every message through the Python path.
         self._fast = all(_fast_type(f.type) for f in schema)
 
     def decode(self, values: Sequence[bytes | None]) -> Decoded:
+        if self._registry is None:
+            return self._decode(values)
+        payloads, frame_errors = self._unframe(values)
+        out = self._decode(payloads)
+        for i, e in enumerate(frame_errors):
+            if e is not None:
+                out.errors[i] = e
+        if any(e is not None for e in frame_errors):
+            mask = pa.array([e is not None for e in out.errors], pa.bool_())
+            data = out.data
+            children = [data.field(i) for i in range(data.type.num_fields)]
+            out.data = pa.StructArray.from_arrays(children, fields=list(data.type), mask=mask)
+        return out
+
+    def _unframe(self, values: Sequence[bytes | None]) -> tuple[list[bytes | None], list[str | None]]:
+        """The JSON payloads of Confluent-framed values, and why a frame is refused."""
+        import pyarrow.compute as pc
+
+        assert self._registry is not None
+        raw = pc.fill_null(pa.array(values, pa.binary()), b"")
+        long_enough = pc.fill_null(pc.greater_equal(pc.binary_length(raw), _CONFLUENT_HEADER.size), False)
+        framed = pc.and_(long_enough, pc.equal(pc.binary_slice(raw, 0, 1), b"\x00"))
+        ids = pc.if_else(framed, pc.binary_slice(raw, 1, _CONFLUENT_HEADER.size), None)
+        for schema_id in pc.unique(ids).to_pylist():  # a few per chunk: ask the registry once each
+            if schema_id is not None:
+                number = int.from_bytes(schema_id, "big")
+                if number not in self._known_ids:
+                    try:
+                        self._registry.schema_by_id(number)
+                        self._known_ids[number] = None
+                    except ConfigError as exc:  # unknown id: every message naming it is a dead letter
+                        self._known_ids[number] = f"JSON: {exc}"
+        # With an explicit stop: without one, binary_slice fails ("Negative buffer resize",
+        # pyarrow 26) when the values' lengths differ.
+        rest = pc.binary_slice(raw, _CONFLUENT_HEADER.size, _MAX_BINARY)
+        payloads = pc.if_else(framed, rest, None).to_pylist()
+        if framed.false_count == 0 and not any(self._known_ids.values()):
+            return payloads, [None] * len(values)
+        errors: list[str | None] = []
+        for ok, value, schema_id in zip(framed.to_pylist(), values, ids.to_pylist(), strict=True):
+            if ok:
+                errors.append(self._known_ids[int.from_bytes(schema_id, "big")])
+            elif not value:
+                errors.append(None)  # empty: the decoder's own error
+            elif len(value) < _CONFLUENT_HEADER.size:
+                errors.append("JSON: shorter than the Confluent header (magic byte + schema id)")
+            else:
+                errors.append(f"JSON: magic byte {value[0]}, expected 0 (Confluent wire format)")
+        return payloads, errors
+
+    def _decode(self, values: Sequence[bytes | None]) -> Decoded:
         n = len(values)
         errors: list[str | None] = [None] * n
         unknown: list[list[str] | None] = [None] * n
@@ -184,14 +248,14 @@ class JsonDecoder:
         unknown: list[list[str] | None],
         out: list[tuple[list[int], pa.Table]],
     ) -> None:
-        """Decode each message with ``json`` and coerce it as Spark's JSON reader would."""
+        """Decode each message with ``json`` and coerce it (:mod:`deltaflow.io.coercions`)."""
         rows: list[dict[str, Any]] = []
         good: list[int] = []
         for i, line in zip(idx, lines, strict=True):
             extra: list[str] = []
             try:
                 obj = _json_object(line)
-                rows.append(_coerce_fields(obj, self._type, "", extra))
+                rows.append(coerce_fields(obj, self._type, "", extra))
             except (ValueError, TypeError, OverflowError, ArithmeticError) as exc:
                 errors[i] = f"JSON: {exc}"
                 continue
@@ -223,7 +287,7 @@ def _json_object(line: bytes) -> dict[str, Any]:
     """``line`` as a JSON object; ValueError (the dead letter's reason) when it is not one."""
     obj = json.loads(line)
     if not isinstance(obj, dict):
-        raise ValueError(f"not a JSON object but {_json_kind(obj)}")
+        raise ValueError(f"not a JSON object but {json_kind(obj)}")
     return obj
 
 
@@ -264,72 +328,6 @@ def _fast_type(t: pa.DataType) -> bool:
         or pa.types.is_string(t)
         or pa.types.is_timestamp(t)
     )
-
-
-def _json_kind(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "a boolean"
-    if isinstance(v, (int, float)):
-        return "a number"
-    if isinstance(v, str):
-        return "a string"
-    return "an array" if isinstance(v, list) else "an object"
-
-
-def _coerce_fields(
-    obj: dict[str, Any], struct_type: pa.StructType, path: str, extra: list[str]
-) -> dict[str, Any]:
-    names = {f.name for f in struct_type}
-    extra += [f"{path}{k}" for k in obj if k not in names]
-    return {f.name: _coerce(obj.get(f.name), f.type, f"{path}{f.name}", extra) for f in struct_type}
-
-
-def _coerce(v: Any, t: pa.DataType, path: str, extra: list[str]) -> Any:
-    """A JSON value as a value of Arrow type ``t``, with the leniency of Spark's JSON reader:
-    strings take any value (numbers and objects as their JSON text), dates and timestamps
-    take ISO-8601 strings, timestamps also epoch seconds."""
-    if v is None:
-        return None
-    number = isinstance(v, (int, float)) and not isinstance(v, bool)
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        if isinstance(v, str):
-            return v
-        return json.dumps(v, separators=(",", ":"))
-    if pa.types.is_boolean(t) and isinstance(v, bool):
-        return v
-    if pa.types.is_integer(t) and number and float(v).is_integer():
-        value = int(v)
-        low, high = (
-            (-(1 << (t.bit_width - 1)), 1 << (t.bit_width - 1))
-            if pa.types.is_signed_integer(t)
-            else (0, 1 << t.bit_width)
-        )
-        if low <= value < high:
-            return value
-        raise ValueError(f"{path}: {value} does not fit {t}")
-    if pa.types.is_floating(t) and number:
-        return float(v)
-    if pa.types.is_decimal(t) and (number or isinstance(v, str)):
-        return decimal.Decimal(str(v))
-    if pa.types.is_timestamp(t):
-        if isinstance(v, str):
-            stamp = dt.datetime.fromisoformat(v)
-            return stamp if stamp.tzinfo else stamp.replace(tzinfo=dt.UTC)
-        if number:
-            return dt.datetime.fromtimestamp(v, dt.UTC)
-    if pa.types.is_date(t) and isinstance(v, str):
-        return dt.date.fromisoformat(v)
-    if (pa.types.is_binary(t) or pa.types.is_large_binary(t)) and isinstance(v, str):
-        return base64.b64decode(v, validate=True)
-    if pa.types.is_struct(t) and isinstance(v, dict):
-        return _coerce_fields(v, t, f"{path}.", extra)
-    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and isinstance(v, list):
-        return [_coerce(x, t.value_type, path, extra) for x in v]
-    if pa.types.is_map(t) and isinstance(v, dict):
-        return [(str(k), _coerce(x, t.item_type, path, extra)) for k, x in v.items()]
-    raise ValueError(f"{path}: expected {t}, got {_json_kind(v)}")
 
 
 def _select(table: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -508,6 +506,78 @@ class AvroDecoder:
                 fixed.append(None)
                 errors[k] = f"Avro: does not fit the table: {exc}"
         return pa.array(fixed, self._type), errors
+
+
+class SingleObjectAvroDecoder(AvroDecoder):
+    """Avro single-object encoding (kafka-delta-ingest's ``--soe-avro``): ``0xC3 0x01``, the
+    writer schema's 8-byte little-endian CRC-64-AVRO fingerprint, then the datum.
+
+    The writer schemas are the ``.avsc`` files given; a message is read with the one whose
+    fingerprint it carries (as kafka-delta-ingest: no reader schema), its fields landing in the
+    table's columns of the same name; an unknown fingerprint makes it a dead letter.
+    """
+
+    def __init__(self, schemas: Sequence[str], arrow_type: pa.StructType) -> None:
+        import fastavro
+        from fastavro.schema import fingerprint, to_parsing_canonical_form
+
+        self._fastavro = fastavro
+        self._type = arrow_type
+        self._registry = None
+        self._reader_fields = {f.name for f in arrow_type}
+        self._by_fingerprint: dict[bytes, Any] = {}
+        self._extra_by_fingerprint: dict[bytes, list[str] | None] = {}
+        for text in schemas:
+            parsed = fastavro.parse_schema(json.loads(text))
+            key = bytes.fromhex(fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO"))
+            self._by_fingerprint[key] = parsed
+            extra = [n for n in _field_names(parsed) if n not in self._reader_fields]
+            self._extra_by_fingerprint[key] = extra or None
+
+    def _decode_one(self, value: bytes | None) -> tuple[dict[str, Any], list[str] | None]:
+        if not value:
+            raise ValueError("empty message")
+        if len(value) < _SOE_HEADER_SIZE or not value.startswith(_SOE_MAGIC):
+            raise ValueError("not Avro single-object encoded (no C3 01 header)")
+        key = value[2:_SOE_HEADER_SIZE]
+        writer = self._by_fingerprint.get(key)
+        if writer is None:
+            raise ValueError(f"unknown schema with fingerprint {key.hex()}")
+        buf = io.BytesIO(value)
+        buf.seek(_SOE_HEADER_SIZE)
+        record = self._fastavro.schemaless_reader(buf, writer, None)
+        if buf.tell() != len(value):
+            raise ValueError(f"{len(value) - buf.tell()} trailing byte(s) after the record")
+        if not isinstance(record, dict):
+            raise ValueError("the Avro schema is not a record")
+        return record, self._extra_by_fingerprint[key]
+
+
+class ContainerAvroDecoder(AvroDecoder):
+    """Each message an Avro object container file (kafka-delta-ingest's ``--avro ""``, or with a
+    schema file its reader schema): its first record, read with the schema it embeds (resolved
+    against ``reader_schema`` when given)."""
+
+    def __init__(self, reader_schema: str | None, arrow_type: pa.StructType) -> None:
+        import fastavro
+
+        self._fastavro = fastavro
+        self._type = arrow_type
+        self._registry = None
+        self._container_reader = fastavro.parse_schema(json.loads(reader_schema)) if reader_schema else None
+        self._reader_fields = {f.name for f in arrow_type}
+
+    def _decode_one(self, value: bytes | None) -> tuple[dict[str, Any], list[str] | None]:
+        if not value:
+            raise ValueError("empty message")
+        reader = self._fastavro.reader(io.BytesIO(value), self._container_reader)
+        record = next(iter(reader), None)
+        if record is None:
+            raise ValueError("the Avro container holds no record")
+        if not isinstance(record, dict):
+            raise ValueError("the Avro schema is not a record")
+        extra = [n for n in _field_names(reader.writer_schema) if n not in self._reader_fields]
+        return record, extra or None
 
 
 def _field_names(schema: Any) -> list[str]:

@@ -131,11 +131,17 @@ class KafkaSourceOptions(BaseModel):
             decodes values into a ``data`` struct, with ``error`` and ``unknown_fields`` columns;
             a message that fails to decode is a row with its error, never a failed batch.
         value_schema: The decoded value's columns as Spark DDL (``id BIGINT, ts TIMESTAMP``);
-            required for ``json``.
+            required for ``json`` and for Avro ``container``.
         avro_schema: Avro record schema (JSON text) of bare Avro values, or the reader schema
-            with a registry (default: the subject's latest version).
+            with a registry (default: the subject's latest version), of container files, or
+            giving the columns of single-object encoded values.
+        avro_encoding: ``datum`` (bare, or Confluent-framed with a registry), ``container``
+            (each value an Avro object container file: its first record) or ``single_object``
+            (Avro single-object encoding, read with ``avro_writer_schemas`` by fingerprint).
+        avro_writer_schemas: The writer schemas (JSON texts) of ``single_object`` values.
         schema_registry_url: A Confluent schema registry: values are in the Confluent wire
-            format (magic byte, schema id, Avro), writer schemas fetched by id.
+            format (magic byte, schema id, then Avro or, with ``json``, JSON text); Avro writer
+            schemas are fetched by id, JSON schema ids must be known to it.
         schema_registry_subject: Subject whose latest schema is the reader schema (default
             ``<topic>-value``).
         schema_registry_auth: ``user:password`` for the registry's basic auth (masked).
@@ -165,12 +171,19 @@ class KafkaSourceOptions(BaseModel):
     value_format: Literal["binary", "json", "avro"] = "binary"
     value_schema: str | None = None
     avro_schema: str | None = None
+    avro_encoding: Literal["datum", "container", "single_object"] = "datum"
+    avro_writer_schemas: tuple[str, ...] = ()
     schema_registry_url: str | None = None
     schema_registry_subject: str | None = None
     schema_registry_auth: SecretStr | None = None
     value_compression: Literal["none", "gzip"] = "none"
     keep_value: bool = False
     metadata: tuple[Literal["key", "timestamp", "headers"], ...] = METADATA_COLUMNS
+
+    @field_validator("avro_writer_schemas", mode="before")
+    @classmethod
+    def _schema_list(cls, value: Any) -> Any:
+        return json.loads(value) if isinstance(value, str) else value
 
     @field_validator("topic", "metadata", mode="before")
     @classmethod
@@ -256,9 +269,14 @@ class KafkaSourceOptions(BaseModel):
             raise ConfigError("value_compression applies when the source decodes (value_format json or avro)")
         if opts.value_format == "json" and not opts.value_schema:
             raise ConfigError("value_format 'json' needs value_schema (Spark DDL of the value's fields)")
-        if opts.value_format == "avro" and not (opts.avro_schema or opts.schema_registry_url):
+        container = opts.avro_encoding == "container"
+        if opts.value_format == "avro" and not (opts.avro_schema or opts.schema_registry_url or container):
             raise ConfigError("value_format 'avro' needs avro_schema or schema_registry_url")
-        if opts.value_format == "avro" and opts.value_schema:
+        if container and not opts.value_schema:
+            raise ConfigError("avro_encoding 'container' needs value_schema (the columns)")
+        if opts.avro_encoding == "single_object" and not (opts.avro_writer_schemas and opts.avro_schema):
+            raise ConfigError("avro_encoding 'single_object' needs avro_writer_schemas and avro_schema")
+        if opts.value_format == "avro" and opts.value_schema and not container:
             raise ConfigError("value_schema is for JSON; Avro columns come from the Avro schema")
         latest_of = opts.value_format == "avro" and opts.schema_registry_url and not opts.avro_schema
         if latest_of and len(opts.topic) != 1 and not opts.schema_registry_subject:
@@ -286,7 +304,7 @@ class KafkaSourceOptions(BaseModel):
         Built as text: Spark parses DDL in the JVM, and ``schema()`` runs in a Python worker
         without a session. A Spark JSON schema (``StructType.json()``) is accepted too.
         """
-        if self.value_format == "avro":
+        if self.value_format == "avro" and self.avro_encoding != "container":
             return avro_to_spark_ddl(self.reader_avro_schema())
         assert self.value_schema is not None
         text = self.value_schema.strip()
@@ -335,6 +353,8 @@ class Decoding:
     keep_value: bool = False
     metadata: frozenset[str] = frozenset(METADATA_COLUMNS)
     avro_schema: str | None = None
+    avro_encoding: str = "datum"
+    avro_writer_schemas: tuple[str, ...] = ()
     registry_url: str | None = None
     registry_auth: str | None = field(default=None, repr=False)
 
@@ -383,7 +403,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             compression=options.value_compression,
             keep_value=options.keep_value,
             metadata=frozenset(options.metadata),
-            avro_schema=options.reader_avro_schema() if options.value_format == "avro" else None,
+            avro_schema=(
+                options.reader_avro_schema()
+                if options.value_format == "avro" and options.avro_encoding != "container"
+                else options.avro_schema
+            ),
+            avro_encoding=options.avro_encoding,
+            avro_writer_schemas=options.avro_writer_schemas,
             registry_url=options.schema_registry_url,
             registry_auth=(
                 options.schema_registry_auth.get_secret_value() if options.schema_registry_auth else None
@@ -766,15 +792,19 @@ def _decoder(decoding: Decoding) -> Any:
     if decoding.value_format == "binary":
         return None
     data_type = decoding.arrow_schema.field("data").type
-    if decoding.value_format == "json":
-        return JsonDecoder(pa_schema(data_type))
-    from deltaflow.sources.decode import AvroDecoder
-
     registry = (
         SchemaRegistry(decoding.registry_url, basic_auth=decoding.registry_auth)
         if decoding.registry_url
         else None
     )
+    if decoding.value_format == "json":
+        return JsonDecoder(pa_schema(data_type), registry)
+    from deltaflow.sources.decode import AvroDecoder, ContainerAvroDecoder, SingleObjectAvroDecoder
+
+    if decoding.avro_encoding == "container":
+        return ContainerAvroDecoder(decoding.avro_schema, data_type)
+    if decoding.avro_encoding == "single_object":
+        return SingleObjectAvroDecoder(decoding.avro_writer_schemas, data_type)
     assert decoding.avro_schema is not None
     return AvroDecoder(decoding.avro_schema, data_type, registry)
 

@@ -84,7 +84,7 @@ _RESULT = pa.schema(
 #: Bytes of message values a task samples for schema evolution at most.
 SAMPLE_BYTES = 1024 * 1024
 #: The message's coordinates the transforms and dead letters read (``kafka.<field>``).
-_KAFKA_FIELDS = ("partition", "offset", "topic", "timestamp", "key", "headers")
+_KAFKA_FIELDS = ("partition", "offset", "topic", "timestamp", "timestamp_type", "key", "headers")
 
 
 @dataclass(frozen=True)
@@ -265,11 +265,13 @@ def check_plan(plan: IngestPlan) -> None:
     the Arrow engine cannot take raises :class:`~deltaflow.errors.ConfigError` on the driver."""
     empty = plan.source_schema.empty_table()
     rows, _, _ = _decoded(empty)
-    arrow_transforms.check(rows.schema, [parse_transform(t) for t in plan.transforms])
+    arrow_transforms.check(rows.schema, [parse_transform(t) for t in plan.transforms], plan.main.schema)
     if plan.dead_letters is not None:
         no_errors = pa.chunked_array([pa.array([], pa.string())])
         letters = _dead_letters(empty, no_errors, rows.column(arrow_transforms.KAFKA_COLUMN), plan.dlq_format)
-        arrow_transforms.check(letters.schema, [parse_transform(t) for t in plan.dlq_transforms])
+        arrow_transforms.check(
+            letters.schema, [parse_transform(t) for t in plan.dlq_transforms], plan.dead_letters.schema
+        )
 
 
 def write_range(task: IngestRange) -> pa.RecordBatch:
@@ -297,7 +299,7 @@ def write_range(task: IngestRange) -> pa.RecordBatch:
             rows, decode_error, unknown = _decoded(table)
             kafka = rows.column(arrow_transforms.KAFKA_COLUMN)
             # Step 0.2. Transforms; failed messages are dead letters.
-            rows, failed = arrow_transforms.apply(rows, transforms)
+            rows, failed = arrow_transforms.apply(rows, transforms, target_schema=main_schema)
             error = decode_error if failed is None else pc.coalesce(decode_error, failed)
             ok = pc.is_null(error)
             _count_unknown(result, unknown, ok, produced)
@@ -319,7 +321,9 @@ def write_range(task: IngestRange) -> pa.RecordBatch:
                     letters = _dead_letters(
                         table.filter(new), error.filter(new), kafka.filter(new), plan.dlq_format
                     )
-                    letters, _ = arrow_transforms.apply(letters, dlq_transforms)
+                    letters, _ = arrow_transforms.apply(
+                        letters, dlq_transforms, target_schema=plan.dead_letters.schema
+                    )
                     letters = _finish_dead_letters(letters)
                     if letters.num_rows:
                         for part in _conform(letters, plan.dead_letters.schema).to_batches():
@@ -348,6 +352,8 @@ def _decoded(table: pa.Table) -> tuple[pa.Table, pa.ChunkedArray, pa.ChunkedArra
             table.column("offset").combine_chunks(),
             table.column("topic").combine_chunks(),
             table.column("timestamp").combine_chunks(),
+            # Kafka's ids (kafka-delta-ingest's kafka.timestamp_type), not librdkafka's 0/1/2.
+            pc.subtract(table.column("timestamp_type").combine_chunks(), pa.scalar(1, pa.int32())),
             pc.cast(key, options=pc.CastOptions(pa.string(), allow_invalid_utf8=True)).combine_chunks(),
             table.column("headers").combine_chunks(),
         ],

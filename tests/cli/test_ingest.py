@@ -88,7 +88,7 @@ def test_kafka_delta_ingest_environment_of_a_container_manifest(monkeypatch):
         "sasl.username": "alice",
         "sasl.password": "s3cret",
     }
-    assert seen["schema_registry_auth"] == "reg:regpw"
+    assert (seen["schema_registry_username"], seen["schema_registry_password"]) == ("reg", "regpw")
 
 
 def test_short_flags_and_old_names_still_work(monkeypatch):

@@ -3,7 +3,7 @@ from pyspark.sql import functions as F  # noqa: N812
 
 from deltaflow.config.transforms import KAFKA_FIELDS, parse_transform
 from deltaflow.errors import ConfigError
-from deltaflow.pipeline.transforms import apply_transforms, column
+from deltaflow.pipeline.transforms import apply_transforms
 
 
 @pytest.mark.parametrize("text", ["no colon", ": kafka.offset", "a.b:", "bad target!: kafka.offset"])
@@ -12,9 +12,12 @@ def test_malformed_transforms_are_rejected(text):
         parse_transform(text)
 
 
-def test_unknown_source_names_the_accepted_forms(spark):
-    with pytest.raises(ConfigError, match=r"use kafka.<partition\|offset"):
-        column(parse_transform("x: lower(name)"))
+def test_unknown_source_names_the_accepted_forms():
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown function\(s\) lower\); use a JMESPath expression \(kafka.<partition\|offset",
+    ):
+        parse_transform("x: lower(name)").check()
 
 
 def test_transforms_compile_to_spark_columns(spark):
@@ -55,6 +58,10 @@ def test_transforms_compile_to_spark_columns(spark):
         ("s: sql: kafka.headers[0].key", {"headers"}),
         ("s: sql: `kafka`.`timestamp`", {"timestamp"}),
         ("a: kafka", set(KAFKA_FIELDS)),
+        ("t: kafka.timestamp_type", {"timestamp_type", "timestamp"}),
+        ("j: join(':', [kafka.topic, to_string(kafka.offset)])", {"topic", "offset"}),
+        ("j: items[?kafka.offset > `1`]", set()),
+        ("w: @", set(KAFKA_FIELDS)),
         ("s: sql: to_json(kafka)", set(KAFKA_FIELDS)),
         ("s: sql: upper(user) || kafkaesque", set()),
         ("x: meta.kafka.key", set()),
@@ -63,3 +70,20 @@ def test_transforms_compile_to_spark_columns(spark):
 def test_kafka_fields_a_transform_reads(text, fields):
     """The source builds only these metadata columns for good messages: none may be missed."""
     assert parse_transform(text).kafka_fields() == fields
+
+
+@pytest.mark.parametrize(
+    ("text", "fields"),
+    [
+        ("a: items[?x > `1`].y", {"items"}),
+        ("a: {n: name, k: kafka.key}", {"name", "kafka"}),
+        ("a: join('-', [user, to_string(id)])", {"user", "id"}),
+        ("a: sort_by(items, &x)[0] | y", {"items"}),
+        ("a: length(@)", None),
+        ("a: keys(@)", None),
+    ],
+)
+def test_root_fields_a_per_message_transform_converts(text, fields):
+    """Only these columns go through Python: a missed one would read as null."""
+    got = parse_transform(text).root_fields()
+    assert got == (None if fields is None else frozenset(fields))

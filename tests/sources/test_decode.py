@@ -6,16 +6,20 @@ import datetime as dt
 import gzip
 import io
 import json
+import struct
 
 import fastavro
+import fastavro.schema
 import pyarrow as pa
 import pytest
 
 from deltaflow.errors import ConfigError
 from deltaflow.sources.decode import (
     AvroDecoder,
+    ContainerAvroDecoder,
     JsonDecoder,
     SchemaRegistry,
+    SingleObjectAvroDecoder,
     avro_to_spark_ddl,
     decompress,
 )
@@ -116,22 +120,26 @@ def test_json_unknown_field_with_changing_types_is_reported_not_an_error():
     assert out.unknown_fields == [["x"], ["x"]]
 
 
-def test_json_is_as_lenient_as_spark_where_pyarrow_is_strict():
-    # Strings take numbers, booleans and objects (as their JSON text); timestamps take epoch
-    # seconds; every message of a chunk falls back to the Python path without failing.
+def test_json_coerces_as_kafka_delta_ingest_where_pyarrow_is_strict():
+    # Strings take numbers, booleans and objects (as their compact JSON text, keys sorted,
+    # non-ASCII as is); timestamps take microseconds since the epoch and ISO strings with any
+    # offset; every message of a chunk falls back to the Python path without failing.
     values = [
-        json.dumps({"id": i, "user": i, "ts": 1_795_000_000 + i, "meta": {"a": i}}).encode()
+        json.dumps({"id": i, "user": i, "ts": 1_795_000_000_000_000 + i, "meta": {"a": i}}).encode()
         for i in range(300)
     ]
-    values[7] = b'{"id": 7, "user": {"name": "x"}, "ts": "2026-11-22T10:00:00+01:00"}'
+    values[7] = b'{"id": 7, "user": {"name": "x\xc3\xa9", "a": [1, 2.5]}, "ts": "2026-11-22T10:00:00+01:00"}'
     values[8] = b'{"id": 8, "user": true, "ts": "2026-11-22 10:00:00"}'
     values[9] = b'{"id": 9.5}'
+    values[10] = b'{"id": 10, "ts": "2026-11-22T10:00:00-00:00"}'
     out = JsonDecoder(SCHEMA).decode(values)
     rows = out.data.to_pylist()
     assert rows[0]["user"] == "0" and rows[0]["ts"] == dt.datetime.fromtimestamp(1_795_000_000, dt.UTC)
-    assert rows[7]["user"] == '{"name":"x"}'
+    assert rows[1]["ts"] == dt.datetime.fromtimestamp(1_795_000_000, dt.UTC) + dt.timedelta(microseconds=1)
+    assert rows[7]["user"] == '{"a":[1,2.5],"name":"xé"}'
     assert rows[7]["ts"] == dt.datetime(2026, 11, 22, 9, 0, tzinfo=dt.UTC)
     assert rows[8]["user"] == "true" and rows[8]["ts"] == dt.datetime(2026, 11, 22, 10, 0, tzinfo=dt.UTC)
+    assert rows[10]["ts"] == dt.datetime(2026, 11, 22, 10, 0, tzinfo=dt.UTC)
     assert [i for i, e in enumerate(out.errors) if e] == [9]
     assert out.errors[9] == "JSON: id: expected int64, got a number"
     assert [r["id"] for r in rows if r] == [i for i in range(300) if i != 9]
@@ -242,3 +250,93 @@ def test_avro_schema_to_spark_ddl():
     )
     with pytest.raises(ConfigError, match="unions other than"):
         avro_to_spark_ddl(json.dumps({**schema, "fields": [{"name": "u", "type": ["int", "string"]}]}))
+
+
+def test_json_in_the_confluent_wire_format_with_a_registry(schema_registry):
+    """kafka-delta-ingest's ``--json <registry>``: magic 0 + schema id + JSON text."""
+    schema_id = schema_registry.register("events-value", {"type": "object"})
+    frame = struct.pack(">bI", 0, schema_id)
+    decoder = JsonDecoder(SCHEMA, SchemaRegistry(schema_registry.url))
+    out = decoder.decode(
+        [
+            frame + b'{"id": 1, "user": "a"}',
+            b'{"id": 2}',  # not framed: magic byte 123
+            struct.pack(">bI", 0, 99) + b'{"id": 3}',  # an id the registry does not know
+            frame + b'{"id": "x"}',
+            b"\x00\x00",
+        ]
+    )
+    assert out.data.to_pylist()[0] == {"id": 1, "user": "a", "ts": None, "meta": None}
+    assert out.data.to_pylist()[1:] == [None, None, None, None]
+    assert out.errors[1] == "JSON: magic byte 123, expected 0 (Confluent wire format)"
+    assert "HTTP 404" in out.errors[2]
+    assert out.errors[3] is not None and out.errors[3].startswith("JSON: id")
+    assert out.errors[4] == "JSON: shorter than the Confluent header (magic byte + schema id)"
+    # Lengths that made pyarrow's binary_slice without an end fail (30 and 12 bytes).
+    good = decoder.decode([frame + b'{"id": 5, "user": "abcd"}', frame + b'{"i":6}'])
+    assert good.errors == [None] * 2 and [r["id"] for r in good.data.to_pylist()] == [5, None]
+    assert schema_registry.requests.count(f"/schemas/ids/{schema_id}") == 1  # cached
+
+
+def _soe(schema: dict, record: dict) -> bytes:
+    """Avro single-object encoding, written out by hand from the Avro specification."""
+    parsed = fastavro.parse_schema(schema)
+    canonical = fastavro.schema.to_parsing_canonical_form(parsed)
+    # The CRC-64-AVRO fingerprint, computed here bit by bit (not with the code under test).
+    empty = 0xC15D213AA4D7A795
+    fp = empty
+    for byte in canonical.encode():
+        fp ^= byte
+        for _ in range(8):
+            fp = (fp >> 1) ^ (empty & -(fp & 1))
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, parsed, record)
+    return b"\xc3\x01" + fp.to_bytes(8, "little") + buf.getvalue()
+
+
+def test_avro_single_object_encoding_by_fingerprint():
+    at = dt.datetime(2026, 11, 22, tzinfo=dt.UTC)
+    decoder = SingleObjectAvroDecoder([json.dumps(AVRO_V1), json.dumps(AVRO_V2)], _arrow_type(AVRO_V2))
+    other = {"type": "record", "name": "Other", "fields": [{"name": "id", "type": "long"}]}
+    out = decoder.decode(
+        [
+            _soe(AVRO_V1, {"id": 1, "url": "/a", "at": at}),
+            _soe(AVRO_V2, {"id": 2, "url": "/b", "at": at, "ref": "x"}),
+            _soe(other, {"id": 3}),
+            b"\x00\x00\x00\x00\x01abc",
+        ]
+    )
+    rows = out.data.to_pylist()
+    assert rows[0] == {"id": 1, "url": "/a", "at": at, "ref": None}
+    assert rows[1] == {"id": 2, "url": "/b", "at": at, "ref": "x"}
+    assert out.errors[2] is not None and "unknown schema with fingerprint" in out.errors[2]
+    assert out.errors[3] == "Avro: ValueError: not Avro single-object encoded (no C3 01 header)"
+    # The spec's test vector: "int" has the fingerprint 0x7275d51a3f395c8f (little-endian on the wire).
+    assert _soe("int", 5)[2:10] == bytes.fromhex("8f5c393f1ad57572")
+
+
+def test_avro_object_container_per_message():
+    """kafka-delta-ingest's ``--avro ""``: each message an Avro container file, its first record."""
+    at = dt.datetime(2026, 11, 22, tzinfo=dt.UTC)
+
+    def container(schema: dict, records: list[dict]) -> bytes:
+        buf = io.BytesIO()
+        fastavro.writer(buf, fastavro.parse_schema(schema), records)
+        return buf.getvalue()
+
+    out = ContainerAvroDecoder(None, _arrow_type(AVRO_V1)).decode(
+        [
+            container(AVRO_V1, [{"id": 1, "url": "/a", "at": at}, {"id": 9, "url": "/z", "at": at}]),
+            container(AVRO_V2, [{"id": 2, "url": "/b", "at": at, "ref": "r"}]),
+            container(AVRO_V1, []),
+            b"not avro",
+        ]
+    )
+    assert out.data.to_pylist()[:2] == [{"id": 1, "url": "/a", "at": at}, {"id": 2, "url": "/b", "at": at}]
+    assert out.unknown_fields[:2] == [None, ["ref"]]
+    assert out.errors[2] == "Avro: ValueError: the Avro container holds no record"
+    assert out.errors[3] is not None and out.errors[3].startswith("Avro:")
+    with_reader = ContainerAvroDecoder(json.dumps(AVRO_V2), _arrow_type(AVRO_V2))
+    assert with_reader.decode([container(AVRO_V1, [{"id": 1, "url": "/a", "at": at}])]).data.to_pylist() == [
+        {"id": 1, "url": "/a", "at": at, "ref": None}
+    ]

@@ -40,7 +40,13 @@ def test_both_engines_write_the_same_tables(spark, kafka, tmp_path):
             brokers=kafka.bootstrap,
             pipeline_id=f"both-{engine}",
             value_schema=SCHEMA,
-            transforms=(*TRANSFORMS, "day: substr(at, `0`, `4`)"),
+            transforms=(
+                *TRANSFORMS,
+                "day: substr(at, `0`, `4`)",
+                # Per message (the jmespath library) on both engines.
+                "label: join('-', [user, to_string(kafka.partition)])",
+                "kind: kafka.timestamp_type",
+            ),
             partition_by=("day",),
             dlq_table_location=str(tmp_path / f"{engine}-dlq"),
             dlq_transforms=DLQ_TRANSFORMS,
@@ -56,6 +62,8 @@ def test_both_engines_write_the_same_tables(spark, kafka, tmp_path):
     )
     _assert_split(tmp_path / "arrow", tmp_path / "arrow-dlq", 300, 3, extra_dlq_columns=("source_topic",))
     assert {r["source_topic"] for r in _rows(tmp_path / "arrow-dlq")} == {topic}
+    for r in _rows(tmp_path / "arrow"):
+        assert (r["label"], r["kind"]) == (f"{r['user']}-{r['id'] % 3}", 0)  # create time
     arrow = DeltaTable(str(tmp_path / "arrow"))
     assert arrow.metadata().partition_columns == ["day"]
     ops = [h["operation"] for h in arrow.history()]
