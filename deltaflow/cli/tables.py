@@ -532,10 +532,9 @@ def add_files(
         return
     if available_now:
         raise click.UsageError("--available-now goes with --watch")
-    started = time.monotonic()
-    progress, done = _footer_progress()
-    try:
-        result = ops.add_files(
+    _register(
+        as_json,
+        lambda progress: ops.add_files(
             table_uri,
             paths,
             copy=copy,
@@ -543,10 +542,8 @@ def add_files(
             storage_options=storage_options,
             threads=threads,
             progress=progress,
-        )
-    finally:
-        done()
-    emit(as_json, result, lambda: _print_added(result, started))
+        ),
+    )
 
 
 @click.command()
@@ -577,17 +574,25 @@ def convert(
     references every *.parquet file below it; no data is read or rewritten."""
     from deltaflow import ops
 
-    started = time.monotonic()
-    progress, done = _footer_progress()
-    try:
-        result = ops.convert(
+    _register(
+        as_json,
+        lambda progress: ops.convert(
             path,
             partition_by=partition_by,
             dry_run=dry_run,
             storage_options=storage_options,
             threads=threads,
             progress=progress,
-        )
+        ),
+    )
+
+
+def _register(as_json: bool, call: Callable[[Callable[[int, int], None]], AddFilesResult]) -> None:
+    """Run ``add_files``/``convert`` with footer progress on stderr, then print the result."""
+    started = time.monotonic()
+    progress, done = _footer_progress()
+    try:
+        result = call(progress)
     finally:
         done()
     emit(as_json, result, lambda: _print_added(result, started))
