@@ -8,15 +8,25 @@ masked when it is a secret (:func:`problem`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, Self
+from typing import Annotated, Any, ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
 from deltaflow.config.secrets import masked
 from deltaflow.errors import ConfigError
 
-__all__ = ["FrozenModel", "SparkOptions", "problem", "problems"]
+__all__ = ["FrozenModel", "JsonObject", "SparkOptions", "problem", "problems"]
+
+
+def _json_text(value: Any) -> Any:
+    return json.loads(value or "{}") if isinstance(value, str) else value
+
+
+#: A mapping option of a Spark data source (``storage_options``): Spark passes every option as
+#: a string, so it arrives as JSON text (empty: ``{}``); a mapping given directly is taken as is.
+JsonObject = Annotated[dict[str, str], BeforeValidator(_json_text)]
 
 
 class FrozenModel(BaseModel):

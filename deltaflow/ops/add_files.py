@@ -238,7 +238,7 @@ def _register(
                 "table without column mapping, or write them through a Delta writer",
                 table_uri=table_uri,
             )
-    have = _referenced(table)
+    have = delta_log.active_paths(table)
     # Paths registered before stay registered once, even after compaction replaced them.
     earlier = registered.load(table_uri, storage_options)
     if table is not None and earlier.pending:
@@ -425,7 +425,7 @@ def _register(
             # Another writer created the table after step 2: append only if the files fit it.
             _check_created(current, table_uri, schema, partition_by, todo[0].uri)
         # Another run (or a concurrent one) registered every one of them meanwhile.
-        return paths_added <= _referenced(current)
+        return paths_added <= delta_log.active_paths(current)
 
     operation = "convert" if convert_partitions is not None else "add files"
     # The record first: a crash before the commit can only make vacuum keep files it may delete.
@@ -578,12 +578,6 @@ def _without_own_orphans(
             _examples(orphans),
         )
     return [c for c in candidates if not (c.own and c.path not in have)]
-
-
-def _referenced(table: DeltaTable | None) -> set[str]:
-    from deltaflow.delta.log import active_paths
-
-    return active_paths(table)
 
 
 def _partition_values(c: _Candidate, partition_by: Sequence[str], table_uri: str) -> dict[str, str | None]:

@@ -54,7 +54,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from deltaflow.config.locations import normalize_uri
-from deltaflow.config.models import SparkOptions
+from deltaflow.config.models import JsonObject, SparkOptions
 from deltaflow.errors import ConfigError, DeltaSourceError, TableNotFoundError
 from deltaflow.io.storage import filesystem
 
@@ -90,17 +90,12 @@ class _TableOptions(SparkOptions):
 
     table_uri: str = Field(min_length=1)
     read_change_feed: bool = False
-    storage_options: dict[str, str] = Field(default_factory=dict)
+    storage_options: JsonObject = Field(default_factory=dict)
 
     @field_validator("table_uri")
     @classmethod
     def _normalized(cls, value: str) -> str:
         return normalize_uri(value)
-
-    @field_validator("storage_options", mode="before")
-    @classmethod
-    def _json(cls, value: Any) -> Any:
-        return json.loads(value or "{}") if isinstance(value, str) else value
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> Self:
