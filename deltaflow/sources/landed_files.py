@@ -26,8 +26,8 @@ lease; a compaction that committed in between has its file in the log (add-files
 
 from __future__ import annotations
 
-import json
 import logging
+import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +41,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from deltaflow.config.locations import normalize_uri
-from deltaflow.config.models import SparkOptions
+from deltaflow.config.models import JsonObject, SparkOptions
 from deltaflow.io.footers import find_files, named_relative
 from deltaflow.io.storage import filesystem
 
@@ -65,6 +65,10 @@ FORMAT_NAME = "deltaflow-landed-files"
 LANDED_FILES_SCHEMA = "path STRING"
 
 Offset = dict[str, Any]
+#: How long a trigger that found no new file waits before it answers. On Spark's default
+#: trigger the next call comes at once, and each call lists the whole folder and loads the
+#: table: without the wait an idle watch would do that about 100 times a second.
+IDLE_POLL_S = 1.0
 
 
 class LandedFilesOptions(SparkOptions):
@@ -74,18 +78,13 @@ class LandedFilesOptions(SparkOptions):
 
     path: str = Field(min_length=1)
     table_uri: str = Field(min_length=1)
-    storage_options: dict[str, str] = Field(default_factory=dict)
+    storage_options: JsonObject = Field(default_factory=dict)
     max_files_per_trigger: int | None = Field(default=None, ge=1)
 
     @field_validator("path", "table_uri")
     @classmethod
     def _normalized(cls, value: str) -> str:
         return normalize_uri(value)
-
-    @field_validator("storage_options", mode="before")
-    @classmethod
-    def _json(cls, value: Any) -> Any:
-        return json.loads(value or "{}") if isinstance(value, str) else value
 
 
 class LogPaths:
@@ -157,8 +156,6 @@ def _overlaps(folder: str, table_uri: str) -> bool:
 
 def compaction_running(table_uri: str, storage_options: dict[str, str]) -> bool:
     """Whether a deltaflow compaction holds the table's lease now (no lease table: none ever ran)."""
-    import time
-
     from deltaflow.delta import log as delta_log
     from deltaflow.delta.layout import lock_dir
     from deltaflow.delta.leases import lease_state
@@ -211,6 +208,8 @@ class LandedFilesStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         if isinstance(limit, ReadMaxFiles):
             files = files[: max(1, limit.max_files)]
         if not files:
+            if self._target is None:  # availableNow ends at once instead
+                time.sleep(IDLE_POLL_S)
             return start
         return {"batch": int(start.get("batch", 0)) + 1, "files": files}
 
