@@ -285,8 +285,9 @@ STOP_POLL_S = 1
     default=None,
     envvar="MIN_BYTES_PER_FILE",
     show_envvar=True,
-    help="Target size of the Parquet files written [default: 128 MiB]; commits still happen every "
-    "--allowed-latency.",
+    help="Flush by size: a batch starts before --allowed-latency once the messages waiting would "
+    "make this many bytes of Parquet (estimated from the table's newest files); also the target "
+    "size of the Parquet files [default: 128 MiB, no flush by size].",
 )
 @click.option(
     "--commit-to-group",

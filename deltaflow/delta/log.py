@@ -22,6 +22,7 @@ from deltaflow.errors import storage_error
 
 __all__ = [
     "active_paths",
+    "bytes_per_row",
     "is_delta_rs_error",
     "indexed_columns",
     "load",
@@ -73,3 +74,27 @@ def active_paths(table: DeltaTable | None) -> set[str]:
 
     paths = pa.table(table.get_add_actions(flatten=False))["path"].to_pylist()
     return {unquote(p) for p in paths}
+
+
+def bytes_per_row(table: DeltaTable | None, files: int = 50) -> float | None:
+    """Parquet bytes per row in the table's ``files`` newest data files (their sizes over the
+    rows their statistics count), or ``None`` when no file counts rows.
+
+    An estimate of what rows of this stream will take once written: the newest files show the
+    current data, footers and compression included.
+    """
+    if table is None:
+        return None
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if "num_records" not in actions.column_names or actions.num_rows == 0:
+        return None
+    actions = actions.filter(pc.greater(actions["num_records"], 0))
+    if actions.num_rows == 0:
+        return None
+    newest = actions.sort_by([("modification_time", "descending")]).slice(0, files)
+    rows: int = pc.sum(newest["num_records"]).as_py()
+    size: int = pc.sum(newest["size_bytes"]).as_py()
+    return size / rows

@@ -314,6 +314,7 @@ def source_options(spark: SparkSession, config: IngestConfig) -> dict[str, str]:
         "starting_offsets": _starting_offsets(config),
         "max_messages_per_batch": str(config.max_messages_per_batch),
         "batch_interval": str(config.allowed_latency or 0),
+        "min_batch_bytes": str(config.min_bytes_per_file or 0),
         "delta_table_uri": normalize_uri(config.table_uri),
         "pipeline_id": config.pipeline_id,
         "kafka_delta_ingest_txns": "true",  # a table kafka-delta-ingest wrote resumes

@@ -114,6 +114,11 @@ class KafkaSourceOptions(BaseModel):
             messages behind (kafka-delta-ingest's ``allowed_latency``: a full buffer is written
             without waiting, so a backlog drains at full speed). While it holds data back, the
             source reports no new data (``processAllAvailable()`` may return before it is due).
+        min_batch_bytes: Pacing by size (0 = none; kafka-delta-ingest's ``min_bytes_per_file``):
+            a batch held back by ``batch_interval`` starts at once when the messages waiting
+            would make at least this many bytes of Parquet, estimated from the Parquet bytes
+            per row of the newest files in ``delta_table_uri`` (read again after every batch).
+            Until the table holds a file that counts its rows, only the interval paces.
         kafka_settings: librdkafka settings passed through (``security.protocol``,
             ``sasl.mechanism``, ...). Values of secret settings are masked when printed.
         sasl_password: SASL password, kept out of logs (``sasl.password`` for librdkafka).
@@ -162,6 +167,7 @@ class KafkaSourceOptions(BaseModel):
     starting_offsets: Literal["earliest", "latest"] | dict[str, dict[str, int]] = "earliest"
     max_messages_per_batch: int = Field(default=0, ge=0)
     batch_interval: float = Field(default=0.0, ge=0)
+    min_batch_bytes: int = Field(default=0, ge=0)
     kafka_settings: dict[str, SecretStr] = Field(default_factory=dict)
     sasl_password: SecretStr | None = None
     delta_table_uri: str | None = None
@@ -264,6 +270,11 @@ class KafkaSourceOptions(BaseModel):
         if bool(opts.delta_table_uri) != bool(opts.pipeline_id):
             raise ConfigError(
                 "set both 'delta_table_uri' and 'pipeline_id' (or neither) for the Kafka source"
+            )
+        if opts.min_batch_bytes and not opts.delta_table_uri:
+            raise ConfigError(
+                "min_batch_bytes needs delta_table_uri and pipeline_id: the bytes a message "
+                "takes are estimated from the table's files"
             )
         if opts.value_compression != "none" and opts.value_format == "binary":
             raise ConfigError("value_compression applies when the source decodes (value_format json or avro)")
@@ -422,6 +433,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # capped by admission control (messages left behind: the next starts at once).
         self._due = 0.0
         self._left_behind = False
+        # Pacing by size (min_batch_bytes): Parquet bytes per row, read from the table once
+        # per batch (stale: not read since the last batch).
+        self._row_bytes: float | None = None
+        self._row_bytes_stale = True
         self._initial: Offsets | None = None
 
     # -- driver: planning --------------------------------------------------------------------
@@ -535,13 +550,45 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             time.sleep(IDLE_POLL_S)  # nothing new: answer after a while, not 100 times a second
             return end
         interval = self._options.batch_interval
-        full = isinstance(limit, ReadMaxRows) and _count(begins, end) >= limit.max_rows
-        if interval and now < self._due and not (full or self._left_behind):
+        waiting = _count(begins, end)
+        full = isinstance(limit, ReadMaxRows) and waiting >= limit.max_rows
+        if interval and now < self._due and not (full or self._left_behind or self._sized(waiting)):
             time.sleep(min(IDLE_POLL_S, self._due - now))
             return _known(start, end)  # held back: "no new data" until due
         self._due = now + interval
         self._left_behind = end != available
+        self._row_bytes_stale = True
         return end
+
+    def _sized(self, waiting: int) -> bool:
+        """Whether ``waiting`` messages would make ``min_batch_bytes`` of Parquet (estimated)."""
+        wanted = self._options.min_batch_bytes
+        if not wanted:
+            return False
+        if self._row_bytes_stale:
+            from deltaflow.config.locations import normalize_uri
+            from deltaflow.delta import log as delta_log
+
+            assert self._options.delta_table_uri is not None
+            table = delta_log.load(
+                normalize_uri(self._options.delta_table_uri), self._options.delta_storage_options
+            )
+            self._row_bytes = delta_log.bytes_per_row(table)
+            self._row_bytes_stale = False
+        if self._row_bytes is None:
+            return False
+        estimate = waiting * self._row_bytes
+        if estimate < wanted:
+            return False
+        logger.info(
+            "a batch starts before its interval: %d messages waiting, ~%d bytes of Parquet "
+            "(%.1f per row in the table's newest files) >= min_batch_bytes %d",
+            waiting,
+            estimate,
+            self._row_bytes,
+            wanted,
+        )
+        return True
 
     def reportLatestOffset(self) -> Offsets | None:  # noqa: N802
         # Spark puts it in the progress report as ``latestOffset``: lag = latest - end.

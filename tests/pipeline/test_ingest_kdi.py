@@ -126,6 +126,74 @@ def test_a_kafka_delta_ingest_table_keeps_its_partitioning_and_its_progress(spar
     assert dt_.transaction_version(f"kdi-{topic}-0") == 29
 
 
+class _Running:
+    """An ingest query as a ``_poll`` liveness check (its failure ends the wait)."""
+
+    def __init__(self, query):
+        self.query, self.returncode = query, None
+
+    def poll(self):
+        if not self.query.isActive:
+            self.returncode = repr(self.query.exception())
+            return self.returncode
+        return None
+
+
+def test_flush_by_size_by_latency_and_never_an_empty_commit(spark, kafka, tmp_path):
+    """kafka-delta-ingest's buffer flush scenarios: with an hour's latency a batch is written
+    once its Parquet would reach --min_bytes_per_file; under that size it waits for the
+    latency; an idle interval commits nothing. (The first batch after a start runs at once.)"""
+    topic = kafka.create_topic(partitions=1)
+    table = tmp_path / "t"
+    base = {
+        "topic": topic,
+        "table_uri": str(table),
+        "brokers": kafka.bootstrap,
+        "pipeline_id": "flush",
+        "value_schema": "id LONG, date STRING",
+        "max_messages_per_batch": 5000,  # never the reason for a batch here
+    }
+
+    def produce(first):
+        messages = [json.dumps({"id": i, "date": "2022-06-03"}).encode() for i in range(first, first + 10)]
+        kafka.produce(topic, messages, partitions=1)
+
+    def landed(count, timeout_s, query):
+        _poll(lambda: _rows(table) == count, timeout_s, f"{count} rows", _Running(query))
+
+    # By size: 20 bytes of Parquet are reached long before the hour.
+    query = ingest(spark, IngestConfig(**base, allowed_latency=3600, min_bytes_per_file=20))
+    try:
+        produce(0)
+        landed(10, 120, query)
+        produce(10)
+        landed(20, 120, query)
+    finally:
+        query.stop()
+    # Under the size and the latency: held back.
+    query = ingest(spark, IngestConfig(**base, allowed_latency=3600, min_bytes_per_file=1_000_000))
+    try:
+        produce(20)
+        landed(30, 120, query)  # the first batch of a start
+        produce(30)
+        time.sleep(5)
+        assert _rows(table) == 30 and query.isActive
+    finally:
+        query.stop()
+    # By latency, and no empty commit when nothing came.
+    query = ingest(spark, IngestConfig(**base, allowed_latency=2, min_bytes_per_file=1_000_000))
+    try:
+        landed(40, 120, query)  # the held messages: the first batch of a start
+        produce(40)
+        landed(50, 120, query)
+        version = DeltaTable(str(table)).version()
+        time.sleep(5)  # two and a half intervals with nothing new
+        assert DeltaTable(str(table)).version() == version and query.isActive
+    finally:
+        query.stop()
+    assert sorted(_ids(table)) == list(range(50))
+
+
 @pytest.mark.parametrize("engine", ["spark", "arrow"])
 def test_kafka_delta_ingest_dead_letter_rows(spark, kafka, tmp_path, engine):
     topic = kafka.create_topic(partitions=1)

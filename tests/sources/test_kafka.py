@@ -230,3 +230,51 @@ def test_missing_topic_is_a_clear_error(spark, kafka, tmp_path):
 
     with pytest.raises(PySparkException, match="does not exist"):
         _stream(spark, kafka, "no-such-topic", tmp_path)
+
+
+def test_pacing_by_size_starts_a_batch_once_its_parquet_would_reach_min_batch_bytes(kafka, tmp_path):
+    # min_batch_bytes (ingest's --min_bytes_per_file): a batch held back by the interval starts
+    # at once when the messages waiting would make that much Parquet, by the bytes per row of
+    # the table's newest files.
+    from deltalake import write_deltalake
+    from pyspark.sql.types import _parse_datatype_string
+
+    from deltaflow.delta import log as delta_log
+
+    table = str(tmp_path / "t")
+    write_deltalake(table, _payload_rows(100))
+    per_row = delta_log.bytes_per_row(DeltaTable(table))
+    assert per_row is not None and per_row > 1
+    topic = kafka.create_topic(partitions=2)
+    kafka.produce(topic, [b"m"] * 4, partitions=2)
+    options = KafkaSourceOptions(
+        bootstrap_servers=kafka.bootstrap,
+        topic=(topic,),
+        batch_interval=600,
+        min_batch_bytes=int(per_row * 8),  # 8 messages' worth
+        delta_table_uri=table,
+        pipeline_id="sized",
+    )
+    reader = KafkaStreamReader(options, _parse_datatype_string(options.source_schema()))
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())  # the first batch: at once
+    assert sum(end[topic].values()) - sum(start[topic].values()) == 4
+    start = end
+
+    kafka.produce(topic, [b"n"] * 7, partitions=2)  # 7 messages: too small, held back
+    assert reader.latestOffset(start, reader.getDefaultReadLimit()) == start
+    kafka.produce(topic, [b"o"] * 1, partitions=2)  # 8: big enough, long before 600 s
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())
+    assert sum(end[topic].values()) - sum(start[topic].values()) == 8
+    reader.stop()
+
+    with pytest.raises(ConfigError, match="min_batch_bytes needs delta_table_uri"):
+        KafkaSourceOptions.from_spark_options(
+            {"bootstrap_servers": "b:1", "topic": "a", "min_batch_bytes": "9"}
+        )
+
+
+def _payload_rows(count):
+    import pyarrow as pa
+
+    return pa.table({"id": list(range(count)), "payload": [f"row {i}" for i in range(count)]})
