@@ -232,7 +232,7 @@ def test_missing_topic_is_a_clear_error(spark, kafka, tmp_path):
         _stream(spark, kafka, "no-such-topic", tmp_path)
 
 
-def test_pacing_by_size_starts_a_batch_once_its_parquet_would_reach_min_batch_bytes(kafka, tmp_path):
+def test_pacing_by_size_starts_a_batch_once_its_parquet_would_reach_min_batch_bytes(spark, kafka, tmp_path):
     # min_batch_bytes (ingest's --min_bytes_per_file): a batch held back by the interval starts
     # at once when the messages waiting would make that much Parquet, by the bytes per row of
     # the table's newest files.
@@ -278,3 +278,31 @@ def _payload_rows(count):
     import pyarrow as pa
 
     return pa.table({"id": list(range(count)), "payload": [f"row {i}" for i in range(count)]})
+
+
+def test_pacing_by_size_without_a_reachable_table_falls_back_to_the_interval(spark, caplog):
+    # The estimate only decides when a batch starts: a store that does not answer is logged,
+    # and the interval paces that batch (no failure, no read of the table again until then).
+    from pyspark.sql.types import _parse_datatype_string
+
+    options = KafkaSourceOptions(
+        bootstrap_servers="127.0.0.1:9",
+        topic=("t",),
+        batch_interval=600,
+        min_batch_bytes=1,
+        delta_table_uri="s3://nowhere/t",
+        pipeline_id="sized",
+        delta_storage_options={
+            "AWS_ENDPOINT_URL": "http://127.0.0.1:9",  # nothing listens
+            "AWS_ALLOW_HTTP": "true",
+            "AWS_ACCESS_KEY_ID": "x",
+            "AWS_SECRET_ACCESS_KEY": "y",
+            "AWS_REGION": "us-east-1",
+        },
+    )
+    reader = KafkaStreamReader(options, _parse_datatype_string(options.source_schema()))
+    with caplog.at_level("WARNING", logger="deltaflow.sources.kafka"):
+        assert reader._sized(1_000_000) is False
+    assert "no size estimate for this batch" in caplog.text
+    assert reader._sized(1_000_000) is False  # not asked again before the next batch
+    assert caplog.text.count("no size estimate") == 1
