@@ -79,11 +79,11 @@ def test_storage_keys_reach_s3(tables):
 def test_a_reader_of_one_hour_reads_only_its_files(tables):
     table = tables["shuffled"]
     every = table.file_uris()
-    hour = table.file_uris(partition_filters=HOUR_02)
+    hour = table.file_uris(file_pruning_predicate=HOUR_02)
     assert len(hour) == 8 and len(every) == 32  # 8 countries in hour 02; 4 hours x 8 countries in all
     assert all("/hour=02/" in uri for uri in hour)
     # delta-rs opens exactly those files for a read with the same filter.
-    read = table.to_pyarrow_table(partitions=HOUR_02, columns=["id", "hour"])
+    read = table.to_pyarrow_dataset(file_pruning_predicate=HOUR_02).to_table(columns=["id", "hour"])
     assert set(read.column("hour").to_pylist()) == {"02"}
     ids = read.column("id").to_pylist()
     assert sorted(ids) == [i for i in range(ROWS) if i % 4 == 2]
