@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -13,26 +12,15 @@ from deltalake import DeltaTable
 from deltaflow.cli import cli
 from deltaflow.config.ingest import IngestConfig
 from deltaflow.pipeline.ingest import ingest
+from tests.fixtures.ingest_messages import EVENTS_SCHEMA as SCHEMA
+from tests.fixtures.ingest_messages import events, poll, table_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _events(start, count):
-    return [
-        json.dumps(
-            {
-                "id": i,
-                "user": f"u{i % 7}",
-                "meta": {"producer": {"timestamp": f"2026-11-{20 + i % 3}T10:00:00Z"}},
-            }
-        ).encode()
-        for i in range(start, start + count)
-    ]
-
-
 def test_ingest_decodes_transforms_and_resumes(spark, kafka, tmp_path):
     topic = kafka.create_topic(partitions=2)
-    kafka.produce(topic, _events(0, 400), partitions=2)
+    kafka.produce(topic, events(0, 400), partitions=2)
     config = IngestConfig(
         topic=topic,
         table_uri=str(tmp_path / "t"),
@@ -51,7 +39,7 @@ def test_ingest_decodes_transforms_and_resumes(spark, kafka, tmp_path):
         partition_by=["date"],
     )
     assert ingest(spark, config).awaitTermination(300)
-    kafka.produce(topic, _events(400, 100), partitions=2)
+    kafka.produce(topic, events(400, 100), partitions=2)
     assert ingest(spark, config).awaitTermination(300)  # the table's schema decodes the rest
 
     table = DeltaTable(str(tmp_path / "t"))
@@ -110,7 +98,7 @@ def test_bad_transform_is_refused_before_spark_starts(tmp_path):
 
 def test_cli_ends_at_latest_offsets(kafka, tmp_path):
     topic = kafka.create_topic(partitions=3)
-    kafka.produce(topic, _events(0, 300), partitions=3)
+    kafka.produce(topic, events(0, 300), partitions=3)
     out = subprocess.run(
         [
             sys.executable,
@@ -140,22 +128,12 @@ def test_cli_ends_at_latest_offsets(kafka, tmp_path):
     assert DeltaTable(str(tmp_path / "t")).to_pyarrow_table().num_rows == 300
 
 
-SCHEMA = "id LONG, user STRING, meta STRUCT<producer: STRUCT<timestamp: STRING>>"
-
-
-def _rows(table: Path) -> int:
-    try:
-        return DeltaTable(str(table)).to_pyarrow_table(columns=["id"]).num_rows
-    except Exception:  # noqa: BLE001 - not created yet
-        return -1
-
-
 def test_sigterm_stops_cleanly_and_the_next_start_resumes_exactly(kafka, tmp_path):
     import signal
     import time
 
     topic = kafka.create_topic(partitions=2)
-    kafka.produce(topic, _events(0, 200), partitions=2)
+    kafka.produce(topic, events(0, 200), partitions=2)
     table = str(tmp_path / "t")
     base = [
         sys.executable,
@@ -172,10 +150,10 @@ def test_sigterm_stops_cleanly_and_the_next_start_resumes_exactly(kafka, tmp_pat
         [*base, "--allowed_latency", "1"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     deadline = time.monotonic() + 240
-    while _rows(tmp_path / "t") < 200 and daemon.poll() is None and time.monotonic() < deadline:
+    while table_rows(tmp_path / "t") < 200 and daemon.poll() is None and time.monotonic() < deadline:
         time.sleep(0.5)  # condition poll: the daemon commits in the background
-    assert _rows(tmp_path / "t") == 200
-    kafka.produce(topic, _events(200, 100), partitions=2)
+    assert table_rows(tmp_path / "t") == 200
+    kafka.produce(topic, events(200, 100), partitions=2)
     daemon.send_signal(signal.SIGTERM)
     _out, err = daemon.communicate(timeout=180)
     assert daemon.returncode == 0, err[-3000:]
@@ -194,19 +172,6 @@ def test_sigterm_stops_cleanly_and_the_next_start_resumes_exactly(kafka, tmp_pat
     assert ids == list(range(300))
 
 
-def _poll(condition, timeout_s, what, daemon=None):
-    """Wait until ``condition()`` holds (short poll intervals); fail naming ``what``."""
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert daemon is None or daemon.poll() is None, (
-            f"the daemon exited ({daemon.returncode}) before {what}"
-        )
-        assert time.monotonic() < deadline, f"no {what} within {timeout_s} s"
-        time.sleep(0.2)
-
-
 def test_daemon_rides_out_a_broker_outage(tmp_path):
     import signal
     from concurrent.futures import ThreadPoolExecutor
@@ -217,7 +182,7 @@ def test_daemon_rides_out_a_broker_outage(tmp_path):
     broker, proxy = start_broker_behind_proxy()
     try:
         topic = broker.create_topic(partitions=2)
-        broker.produce(topic, _events(0, 100), partitions=2)
+        broker.produce(topic, events(0, 100), partitions=2)
         table, log = tmp_path / "t", tmp_path / "stderr.txt"
         command = [
             sys.executable,
@@ -233,16 +198,16 @@ def test_daemon_rides_out_a_broker_outage(tmp_path):
         with log.open("w") as stderr:
             daemon = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True)
         try:
-            _poll(lambda: _rows(table) == 100, 240, "first 100 rows", daemon)
+            poll(lambda: table_rows(table) == 100, 240, "first 100 rows", daemon)
             proxy.cut()
             with ThreadPoolExecutor(1) as pool:
                 # Produced during the outage: they wait in the producer's queue until the restore.
-                produced = pool.submit(broker.produce, topic, _events(100, 100), partitions=2)
+                produced = pool.submit(broker.produce, topic, events(100, 100), partitions=2)
                 # The source's metadata calls time out (15 s): the query fails, the daemon retries.
-                _poll(lambda: "restarting in" in log.read_text(), 90, "retry", daemon)
+                poll(lambda: "restarting in" in log.read_text(), 90, "retry", daemon)
                 proxy.restore()
                 produced.result(timeout=60)
-            _poll(lambda: _rows(table) == 200, 120, "200 rows after the restore", daemon)
+            poll(lambda: table_rows(table) == 200, 120, "200 rows after the restore", daemon)
             daemon.send_signal(signal.SIGTERM)
             out, _ = daemon.communicate(timeout=120)
         finally:
@@ -266,7 +231,7 @@ def test_commit_to_group_mirrors_the_committed_offsets(spark, kafka, tmp_path):
     from confluent_kafka import Consumer, TopicPartition
 
     topic = kafka.create_topic(partitions=2)
-    kafka.produce(topic, _events(0, 40), partitions=2)
+    kafka.produce(topic, events(0, 40), partitions=2)
     config = IngestConfig(
         topic=topic,
         table_uri=str(tmp_path / "t"),

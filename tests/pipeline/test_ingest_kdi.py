@@ -23,23 +23,13 @@ from deltaflow.config.ingest import IngestConfig
 from deltaflow.errors import ConfigError
 from deltaflow.io.faults import lose_commit_responses
 from deltaflow.pipeline.ingest import ingest
+from tests.fixtures.ingest_messages import EVENTS_SCHEMA as SCHEMA
 from tests.fixtures.ingest_messages import SCHEMA as DLQ_SCHEMA
-from tests.fixtures.ingest_messages import TRANSFORMS, _good, _message
-
-SCHEMA = "id LONG, user STRING, meta STRUCT<producer: STRUCT<timestamp: STRING>>"
+from tests.fixtures.ingest_messages import TRANSFORMS, _good, _message, events, poll, table_rows
 
 
 def _events(start, count):
-    return [
-        json.dumps(
-            {
-                "id": i,
-                "user": f"u{i % 3}",
-                "meta": {"producer": {"timestamp": f"2026-11-{20 + i % 2}T10:00:00Z"}},
-            }
-        ).encode()
-        for i in range(start, start + count)
-    ]
+    return events(start, count, users=3, days=2)
 
 
 def _ids(table):
@@ -127,7 +117,7 @@ def test_a_kafka_delta_ingest_table_keeps_its_partitioning_and_its_progress(spar
 
 
 class _Running:
-    """An ingest query as a ``_poll`` liveness check (its failure ends the wait)."""
+    """An ingest query as a ``poll`` liveness check (its failure ends the wait)."""
 
     def __init__(self, query):
         self.query, self.returncode = query, None
@@ -159,7 +149,7 @@ def test_flush_by_size_by_latency_and_never_an_empty_commit(spark, kafka, tmp_pa
         kafka.produce(topic, messages, partitions=1)
 
     def landed(count, timeout_s, query):
-        _poll(lambda: _rows(table) == count, timeout_s, f"{count} rows", _Running(query))
+        poll(lambda: table_rows(table) == count, timeout_s, f"{count} rows", _Running(query))
 
     # By size: 20 bytes of Parquet are reached long before the hour.
     query = ingest(spark, IngestConfig(**base, allowed_latency=3600, min_bytes_per_file=20))
@@ -177,7 +167,7 @@ def test_flush_by_size_by_latency_and_never_an_empty_commit(spark, kafka, tmp_pa
         landed(30, 120, query)  # the first batch of a start
         produce(30)
         time.sleep(5)
-        assert _rows(table) == 30 and query.isActive
+        assert table_rows(table) == 30 and query.isActive
     finally:
         query.stop()
     # By latency, and no empty commit when nothing came.
@@ -195,7 +185,7 @@ def test_flush_by_size_by_latency_and_never_an_empty_commit(spark, kafka, tmp_pa
 
 
 @pytest.mark.parametrize("engine", ["spark", "arrow"])
-def test_kafka_delta_ingest_dead_letter_rows(spark, kafka, tmp_path, engine):
+def test_kafka_delta_ingest_dead_lettertable_rows(spark, kafka, tmp_path, engine):
     topic = kafka.create_topic(partitions=1)
     kafka.produce(topic, [_message(i) for i in range(30)], partitions=1)
     config = IngestConfig(
@@ -334,22 +324,6 @@ def test_readme_walkthrough_from_a_container_manifest(kafka, tmp_path):
     assert dt_.transaction_version(f"web_requests-{topic}-0") == 99
 
 
-def _rows(table):
-    try:
-        return DeltaTable(str(table)).to_pyarrow_table(columns=["id"]).num_rows
-    except Exception:  # noqa: BLE001 - not created yet
-        return -1
-
-
-def _poll(condition, timeout_s, what, *alive):
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        for p in alive:
-            assert p.poll() is None, f"a worker exited ({p.returncode}) before {what}"
-        assert time.monotonic() < deadline, f"no {what} within {timeout_s} s"
-        time.sleep(0.2)
-
-
 def test_two_workers_and_a_column_added_by_another_writer(kafka, tmp_path):
     """kafka-delta-ingest runs several workers on one topic (its consumer group splits the
     partitions). deltaflow runs one writer per --app_id (Spark's tasks read the partitions in
@@ -369,24 +343,24 @@ def test_two_workers_and_a_column_added_by_another_writer(kafka, tmp_path):
                 )
             )
         kafka.produce(topic, [json.dumps({"id": i, "user": "a"}).encode() for i in range(100)], partitions=2)
-        _poll(lambda: _rows(table) == 100, 240, "100 rows from worker 1", *workers)
+        poll(lambda: table_rows(table) == 100, 240, "100 rows from worker 1", *workers)
         with logs[1].open("w") as err:
             workers.append(
                 subprocess.Popen(
                     command, cwd=ROOT, env=_cli_env(), stdout=subprocess.PIPE, stderr=err, text=True
                 )
             )
-        _poll(lambda: "as epoch 2" in logs[1].read_text(), 240, "worker 2's claim", workers[1])
+        poll(lambda: "as epoch 2" in logs[1].read_text(), 240, "worker 2's claim", workers[1])
         kafka.produce(
             topic, [json.dumps({"id": i, "user": "b"}).encode() for i in range(100, 200)], partitions=2
         )
-        _poll(lambda: workers[0].poll() is not None, 120, "worker 1 to stop")
-        _poll(lambda: _rows(table) == 200, 120, "200 rows", workers[1])
+        poll(lambda: workers[0].poll() is not None, 120, "worker 1 to stop")
+        poll(lambda: table_rows(table) == 200, 120, "200 rows", workers[1])
 
         DeltaTable(str(table)).alter.add_columns([Field("color", "string", nullable=True)])  # another writer
         new = [json.dumps({"id": i, "user": "c", "color": f"c{i}"}).encode() for i in range(200, 220)]
         kafka.produce(topic, new, partitions=2)
-        _poll(lambda: _rows(table) == 220, 120, "220 rows", workers[1])
+        poll(lambda: table_rows(table) == 220, 120, "220 rows", workers[1])
         workers[1].send_signal(signal.SIGTERM)
         workers[1].communicate(timeout=120)
     finally:
