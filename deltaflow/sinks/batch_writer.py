@@ -32,7 +32,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -43,7 +42,8 @@ from deltaflow.delta.layout import staging_dir
 from deltaflow.delta.progress import is_committed
 from deltaflow.delta.schema import file_schema
 from deltaflow.io.faults import maybe_crash
-from deltaflow.io.parquet import HIVE_NULL, WrittenFile, stats_json
+from deltaflow.io.footers import hive_partitions
+from deltaflow.io.parquet import WrittenFile, stats_json
 from deltaflow.metrics import metrics
 from deltaflow.sinks.datasource import DeltaCommitMessage, _DeltaSink
 
@@ -168,10 +168,7 @@ class SparkBatchWriter:
         files: list[WrittenFile] = []
         for path in sorted(staging.rglob("*.parquet")):
             rel_dir = path.parent.relative_to(staging)
-            values: dict[str, str | None] = {}
-            for part in rel_dir.parts:
-                key, _, raw = part.partition("=")
-                values[unquote(key)] = None if raw == HIVE_NULL else unquote(raw)
+            values = dict(hive_partitions(path.relative_to(staging).as_posix()))
             metadata = pq.read_metadata(path)
             size = path.stat().st_size
             name = f"part-b{batch_id:06d}-{path.name.removeprefix('part-')}"
