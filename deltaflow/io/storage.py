@@ -8,13 +8,34 @@ from urllib.parse import ParseResult, urlparse
 
 import pyarrow.fs as pafs
 
-__all__ = ["S3_MAX_ATTEMPTS", "filesystem"]
+__all__ = ["S3_MAX_ATTEMPTS", "filesystem", "listed_uri", "table_relative"]
 
 #: The development account of Microsoft's Azure Storage emulator (azurite): public, documented.
 AZURITE_ACCOUNT = "devstoreaccount1"
 AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 #: Attempts per S3 request of the executors' pyarrow filesystem before an error surfaces.
 S3_MAX_ATTEMPTS = 10
+
+
+def listed_uri(uri: str, path: str) -> str:
+    """The URI of ``path``, listed from the filesystem :func:`filesystem` gave for ``uri`` (a
+    path of the same store: ``bucket/key``, ``container/blob`` or a local path)."""
+    parsed = urlparse(uri)
+    if not parsed.scheme:
+        return path
+    scheme = parsed.scheme.lower()
+    container, at, _ = parsed.netloc.partition("@")
+    if scheme in ("abfs", "abfss") and at:  # abfss://container@account.dfs.core.windows.net/blob
+        inside = path == container or path.startswith(container + "/")
+        return f"{parsed.scheme}://{parsed.netloc}{path[len(container) :] if inside else '/' + path}"
+    return f"{parsed.scheme}://{path}"
+
+
+def table_relative(file_uri: str, table_uri: str) -> str | None:
+    """``file_uri``'s path below the table's root (as the log names it, unescaped), or ``None``
+    for a file outside the table."""
+    root = table_uri.rstrip("/") + "/"
+    return file_uri[len(root) :] if file_uri.startswith(root) else None
 
 
 def filesystem(uri: str, storage_options: Mapping[str, str]) -> tuple[pafs.FileSystem, str]:

@@ -51,7 +51,7 @@ from deltaflow.io.footers import (
     read_footers,
     same_file,
 )
-from deltaflow.io.storage import filesystem
+from deltaflow.io.storage import filesystem, listed_uri, table_relative
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -517,13 +517,13 @@ def _find(
     for raw in paths:
         uri = normalize_uri(raw)
         fs, where = filesystem(uri, storage_options)
-        prefix = uri[: len(uri) - len(where)] if uri.endswith(where) else ""
         found, missing = find_files(fs, [where])
         unmatched += [raw for _ in missing]
         for f in found:
-            file_uri = prefix + f.path
-            inside = file_uri.startswith(table_uri + "/")
-            rel = file_uri[len(table_uri) + 1 :] if inside else f.relative
+            file_uri = listed_uri(uri, f.path)
+            in_table = table_relative(file_uri, table_uri)
+            inside = in_table is not None
+            rel = in_table if in_table is not None else f.relative
             if inside and rel.split("/")[0].startswith("_"):
                 raise AddFilesError(
                     f"{file_uri!r} is in {rel.split('/')[0]!r} of the table, a folder of the log or "

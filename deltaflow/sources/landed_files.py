@@ -43,7 +43,7 @@ from pyspark.sql.streaming.datasource import (
 from deltaflow.config.locations import normalize_uri
 from deltaflow.config.models import JsonObject, SparkOptions
 from deltaflow.io.footers import find_files, named_relative
-from deltaflow.io.storage import filesystem
+from deltaflow.io.storage import filesystem, listed_uri, table_relative
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -119,7 +119,6 @@ def new_files(
     fs, where = filesystem(options.path, options.storage_options)
     if fs.get_file_info(where).type != pafs.FileType.Directory:
         return []  # not there yet (an empty prefix)
-    prefix = options.path[: len(options.path) - len(where)] if options.path.endswith(where) else ""
     found, _ = find_files(fs, [where])
     table_uri = options.table_uri
     table = load(table_uri, options.storage_options)
@@ -137,13 +136,12 @@ def new_files(
     skip = set(exclude)
     out = []
     for f in found:
-        uri = prefix + f.path
+        uri = listed_uri(options.path, f.path)
         if uri in skip:
             continue
         # The path add-files gives the file in the table (a watch names each file directly).
-        inside = uri.startswith(table_uri + "/")
-        rel = uri[len(table_uri) + 1 :] if inside else named_relative(f.path)
-        if rel not in taken:
+        rel = table_relative(uri, table_uri)
+        if (rel if rel is not None else named_relative(f.path)) not in taken:
             out.append(uri)
     return out
 

@@ -377,3 +377,32 @@ def test_arrow_ingest_writes_azure_blob_storage(kafka, azurite, tmp_path):
         assert on_store == referenced  # every file the tasks wrote is committed
         write_deltalake(str(local[name]), table.to_pyarrow_table())
     _assert_split(local["t"], local["dlq"], 200, partitions=2)
+
+
+@pytest.mark.parametrize("form", ["az", "abfss"])
+def test_add_files_registers_files_in_azure_under_either_uri_form(azurite, form):
+    """Files landed in the blob store are registered where they are, whether the table is named
+    ``az://container/path`` or ``abfss://container@account.dfs.core.windows.net/path``."""
+    import pyarrow.parquet as pq
+
+    name = azurite.uri("landed").removeprefix(f"az://{azurite.container}/")
+    uri = {
+        "az": f"az://{azurite.container}/{name}",
+        "abfss": f"abfss://{azurite.container}@devstoreaccount1.dfs.core.windows.net/{name}",
+    }[form]
+    options = azurite.storage_options
+    fs, root = filesystem(uri, options)
+    for day in ("2026-11-01", "2026-11-02"):
+        fs.create_dir(f"{root}/day={day}")
+        with fs.open_output_stream(f"{root}/day={day}/landed.parquet") as out:
+            pq.write_table(pa.table({"id": [1, 2, 3]}), out)
+
+    result = ops.add_files(uri, [uri], storage_options=options)
+    assert result.files_added == 2
+    table = DeltaTable(uri, storage_options=options)
+    paths = sorted(pa.table(table.get_add_actions(flatten=True))["path"].to_pylist())
+    assert paths == ["day=2026-11-01/landed.parquet", "day=2026-11-02/landed.parquet"]
+    assert table.metadata().partition_columns == ["day"]
+    assert table.to_pyarrow_table().num_rows == 6
+    again = ops.add_files(uri, [uri], storage_options=options)
+    assert (again.files_added, again.files_skipped) == (0, 2)  # registered once
