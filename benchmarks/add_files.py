@@ -14,6 +14,10 @@ at most N files per trigger; Spark ``local[2]``): seconds from the query's start
 (the Spark session's start is printed apart), commits, and a second run on a new checkpoint that
 must register nothing.
 
+Then DuckDB (its delta extension, from the wheel) counts the rows of one file's id range: the
+files it scans out of all, as its ``EXPLAIN ANALYZE`` reports them (the add actions' footer
+statistics let it skip the others), and the seconds of that query and of a full count.
+
     .venv/bin/python benchmarks/add_files.py [--files 10000] [--rows 100] [--partitions 10]
         [--threads 16] [--s3] [--watch 1000]
 """
@@ -21,10 +25,13 @@ must register nothing.
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -35,6 +42,8 @@ from machine import describe
 from deltaflow import ops
 from deltaflow.io.storage import filesystem
 from deltaflow.testing import start_s3
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.fixtures.readers
 
 
 def write_files(uri: str, options: dict[str, str], files: int, rows: int, partitions: int) -> None:
@@ -51,6 +60,38 @@ def write_files(uri: str, options: dict[str, str], files: int, rows: int, partit
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(one, range(files)))
+
+
+def duckdb_skipping(uri: str, endpoint: str | None, args: argparse.Namespace) -> None:
+    """DuckDB over the registered table: a filter one file's statistics match, then all rows."""
+    from tests.fixtures.readers import duckdb_delta
+
+    con = duckdb_delta(endpoint)
+    try:
+        first = (args.files // 2) * args.rows  # the ids of file files/2
+        where = f"id >= {first} AND id < {first + args.rows}"
+        started = time.perf_counter()
+        plan = "\n".join(
+            row[1]
+            for row in con.execute(
+                f"EXPLAIN ANALYZE SELECT count(*) FROM delta_scan('{uri}') WHERE {where}"
+            ).fetchall()
+        )
+        filtered = time.perf_counter() - started
+        match = re.search(r"Scanning Files:[\s\u2502]*(\d+)/(\d+)", plan)  # across the plan's box lines
+        assert match, plan
+        count = con.execute(f"SELECT count(*) FROM delta_scan('{uri}') WHERE {where}").fetchone()
+        assert count == (args.rows,), count
+        started = time.perf_counter()
+        total = con.execute(f"SELECT count(*) FROM delta_scan('{uri}')").fetchone()
+        full = time.perf_counter() - started
+        assert total == (args.files * args.rows,), total
+        print(
+            f"duckdb {where}: scanned {match.group(1)}/{match.group(2)} files in {filtered:.2f} s "
+            f"(EXPLAIN ANALYZE); count(*) of all rows {full:.2f} s"
+        )
+    finally:
+        con.close()
 
 
 def main() -> None:
@@ -100,6 +141,7 @@ def main() -> None:
             f"table version {table.version()}"
         )
         print(f"again (every file skipped): {again_seconds:.2f} s, commits: 0")
+        duckdb_skipping(uri, server.endpoint if server else None, args)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
         if server:
