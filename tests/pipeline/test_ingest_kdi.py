@@ -184,8 +184,42 @@ def test_flush_by_size_by_latency_and_never_an_empty_commit(spark, kafka, tmp_pa
     assert sorted(_ids(table)) == list(range(50))
 
 
+@pytest.mark.parametrize("reset", ["earliest", "latest"])
+def test_start_from_earliest_or_latest(spark, kafka, tmp_path, reset):
+    """kafka-delta-ingest's starting offset scenarios: messages produced before the first start
+    are ingested with --auto_offset_reset earliest and skipped with latest; those produced
+    after it are ingested with either."""
+    topic = kafka.create_topic(partitions=3)
+    kafka.produce(topic, _events(1, 5), partitions=3)
+    table = tmp_path / "t"
+    config = IngestConfig(
+        topic=topic,
+        table_uri=str(table),
+        brokers=kafka.bootstrap,
+        pipeline_id=f"start-{reset}",
+        value_schema=SCHEMA,
+        auto_offset_reset=reset,
+        allowed_latency=1,
+    )
+    query = ingest(spark, config)
+    try:
+        # The query has its start offsets once it waits for data.
+        poll(
+            lambda: query.status["message"] == "Waiting for data to arrive",
+            120,
+            "a started query",
+            _Running(query),
+        )
+        kafka.produce(topic, _events(6, 10), partitions=3)
+        expected = list(range(1 if reset == "earliest" else 6, 16))
+        poll(lambda: table_rows(table) == len(expected), 120, f"{len(expected)} rows", _Running(query))
+    finally:
+        query.stop()
+    assert _ids(table) == expected
+
+
 @pytest.mark.parametrize("engine", ["spark", "arrow"])
-def test_kafka_delta_ingest_dead_lettertable_rows(spark, kafka, tmp_path, engine):
+def test_kafka_delta_ingest_dead_letter_rows(spark, kafka, tmp_path, engine):
     topic = kafka.create_topic(partitions=1)
     kafka.produce(topic, [_message(i) for i in range(30)], partitions=1)
     config = IngestConfig(
