@@ -218,6 +218,30 @@ def test_start_from_earliest_or_latest(spark, kafka, tmp_path, reset):
     assert _ids(table) == expected
 
 
+def test_ends_at_the_initial_offsets(spark, kafka, tmp_path):
+    """kafka-delta-ingest's --ends_at_latest_offsets scenario: the run ends at the offsets the
+    topic had when it started; messages produced while it runs wait for the next run."""
+    topic = kafka.create_topic(partitions=3)
+    kafka.produce(topic, _events(0, 15), partitions=3)
+    table = tmp_path / "t"
+    config = IngestConfig(
+        topic=topic,
+        table_uri=str(table),
+        brokers=kafka.bootstrap,
+        pipeline_id="ends",
+        value_schema=SCHEMA,
+        max_messages_per_batch=5,  # three batches: the run is still going after the first
+        ends_at_latest_offsets=True,
+    )
+    query = ingest(spark, config)
+    poll(lambda: table_rows(table) > 0, 120, "the first batch", _Running(query))
+    kafka.produce(topic, _events(15, 15), partitions=3)  # while it runs
+    assert query.awaitTermination(300) and query.exception() is None
+    assert _ids(table) == list(range(15))
+    assert ingest(spark, config).awaitTermination(300)  # the next run takes the rest
+    assert _ids(table) == list(range(30))
+
+
 @pytest.mark.parametrize("engine", ["spark", "arrow"])
 def test_kafka_delta_ingest_dead_letter_rows(spark, kafka, tmp_path, engine):
     topic = kafka.create_topic(partitions=1)
