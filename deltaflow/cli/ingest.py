@@ -9,6 +9,7 @@ import click
 
 from deltaflow.cli.options import LINES, METRICS_PORT, STATUS_PORT, key_values, serve
 from deltaflow.cli.output import ProgressLine
+from deltaflow.io import logs
 
 __all__ = ["ingest"]
 
@@ -286,8 +287,9 @@ STOP_POLL_S = 1
     envvar="MIN_BYTES_PER_FILE",
     show_envvar=True,
     help="Flush by size: a batch starts before --allowed-latency once the messages waiting would "
-    "make this many bytes of Parquet (estimated from the table's newest files); also the target "
-    "size of the Parquet files [default: 128 MiB, no flush by size].",
+    "make Parquet files of this size (one per Kafka partition with messages; estimated from the "
+    "table's newest files); also the target size of the Parquet files [default: 128 MiB, no "
+    "flush by size].",
 )
 @click.option(
     "--commit-to-group",
@@ -572,4 +574,6 @@ def _apply_log_level(level: str | None) -> None:
     root = click.get_current_context().find_root()
     if level is None or (root.obj or {}).get("verbose"):
         return
-    logging.getLogger().setLevel(_RUST_LEVELS.get(level.strip().lower(), logging.INFO))
+    chosen = _RUST_LEVELS.get(level.strip().lower(), logging.INFO)
+    logging.getLogger().setLevel(chosen)
+    logs.export_level(chosen)

@@ -31,6 +31,7 @@ from deltaflow.cli.tables import (
     vacuum,
 )
 from deltaflow.errors import DeltaflowError, TerminalError
+from deltaflow.io import logs
 
 __all__ = ["ENV_PREFIX", "EXIT_TERMINAL", "EXIT_TRANSIENT", "cli", "main"]
 
@@ -65,10 +66,9 @@ ENV_PREFIX = "DELTAFLOW"
 def cli(ctx: click.Context, verbose: bool) -> None:
     """deltaflow: exactly-once streaming into Delta Lake tables with PySpark."""
     ctx.obj = {"verbose": verbose}
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    level = logging.DEBUG if verbose else logging.INFO
+    logging.basicConfig(level=level, format=logs.FORMAT)
+    logs.export_level(level)  # Spark's Python workers log at it too
     for noisy in ("py4j", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 

@@ -77,14 +77,18 @@ def active_paths(table: DeltaTable | None) -> set[str]:
 
 
 def bytes_per_row(table: DeltaTable | None, files: int = 50) -> float | None:
-    """Parquet bytes per row in the table's ``files`` newest data files (their sizes over the
-    rows their statistics count), or ``None`` when no file counts rows.
+    """Parquet bytes per row of a typical new file: the median, over the table's ``files``
+    newest data files (by modification time) whose statistics count rows, of size / rows;
+    ``None`` when no file counts rows.
 
-    An estimate of what rows of this stream will take once written: the newest files show the
-    current data, footers and compression included.
+    An estimate of what rows of a stream will take once written (footers and compression
+    included). The median keeps an outlier out: a compaction's big file (fewer bytes per row)
+    among a stream's small ones, or another writer's file.
     """
     if table is None:
         return None
+    import statistics
+
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -95,6 +99,5 @@ def bytes_per_row(table: DeltaTable | None, files: int = 50) -> float | None:
     if actions.num_rows == 0:
         return None
     newest = actions.sort_by([("modification_time", "descending")]).slice(0, files)
-    rows: int = pc.sum(newest["num_records"]).as_py()
-    size: int = pc.sum(newest["size_bytes"]).as_py()
-    return size / rows
+    ratios = pc.divide(pc.cast(newest["size_bytes"], pa.float64()), newest["num_records"])
+    return float(statistics.median(ratios.to_pylist()))

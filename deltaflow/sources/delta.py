@@ -56,6 +56,7 @@ from pyspark.sql.streaming.datasource import (
 from deltaflow.config.locations import normalize_uri
 from deltaflow.config.models import JsonObject, SparkOptions
 from deltaflow.errors import ConfigError, DeltaSourceError, TableNotFoundError
+from deltaflow.io import logs
 from deltaflow.io.storage import filesystem
 
 if TYPE_CHECKING:
@@ -317,6 +318,7 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Plans batches from the table's log on the driver; executors read the files."""
 
     def __init__(self, options: DeltaStreamOptions, schema: pa.Schema) -> None:
+        logs.configure_worker()  # planned in a Python worker Spark starts
         self._options = options
         self._schema = schema
         self._table: DeltaTable | None = None

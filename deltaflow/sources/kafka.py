@@ -39,6 +39,7 @@ from deltaflow.errors import (
     KafkaUnavailableError,
     TransientError,
 )
+from deltaflow.io import logs
 from deltaflow.sources.decode import JsonDecoder, SchemaRegistry, avro_to_spark_ddl, decompress
 
 if TYPE_CHECKING:
@@ -81,6 +82,9 @@ METADATA_TIMEOUT_S = 15.0
 #: new data" (Spark asks again 10 ms later on its default trigger): bounds the broker requests
 #: of an idle or paced query to a few per second, and the delay of data arriving when due.
 IDLE_POLL_S = 0.25
+#: After the table could not be read for the size estimate (``min_batch_bytes``), the seconds
+#: before it is read again (meanwhile the previous estimate, or the interval alone, paces).
+ESTIMATE_RETRY_S = 5.0
 #: Consumer settings for bulk reads (DELTA_NOTES: 145k msgs/s with defaults, 350k+ with these).
 _FAST_CONSUMER = {
     "queued.min.messages": 200_000,
@@ -116,9 +120,11 @@ class KafkaSourceOptions(BaseModel):
             source reports no new data (``processAllAvailable()`` may return before it is due).
         min_batch_bytes: Pacing by size (0 = none; kafka-delta-ingest's ``min_bytes_per_file``):
             a batch held back by ``batch_interval`` starts at once when the messages waiting
-            would make at least this many bytes of Parquet, estimated from the Parquet bytes
-            per row of the newest files in ``delta_table_uri`` (read again after every batch).
-            Until the table holds a file that counts its rows, only the interval paces.
+            would make files of this many bytes of Parquet on average (each Kafka partition
+            with messages waiting writes one): messages waiting x the median Parquet bytes per
+            row of the 50 newest files in ``delta_table_uri`` (read again after every batch,
+            and 5 s after a failed read) >= this x those partitions. Until the table holds a
+            file that counts its rows, only the interval paces.
         kafka_settings: librdkafka settings passed through (``security.protocol``,
             ``sasl.mechanism``, ...). Values of secret settings are masked when printed.
         sasl_password: SASL password, kept out of logs (``sasl.password`` for librdkafka).
@@ -403,6 +409,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Plans micro-batches on the driver; :meth:`read` runs on executors."""
 
     def __init__(self, options: KafkaSourceOptions, schema: StructType | pa.Schema) -> None:
+        logs.configure_worker()  # planned in a Python worker Spark starts
         import pyarrow as pa
 
         from deltaflow.delta.schema import spark_to_arrow
@@ -434,9 +441,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._due = 0.0
         self._left_behind = False
         # Pacing by size (min_batch_bytes): Parquet bytes per row, read from the table once
-        # per batch (stale: not read since the last batch).
+        # per batch (stale: not read since the last batch; a failed read keeps the last one).
         self._row_bytes: float | None = None
         self._row_bytes_stale = True
+        self._estimate_retry = 0.0  # after a failed read, not before this (monotonic)
+        self._estimate_table: Any = None  # the DeltaTable read for it, kept up to date
         self._initial: Offsets | None = None
 
     # -- driver: planning --------------------------------------------------------------------
@@ -550,9 +559,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             time.sleep(IDLE_POLL_S)  # nothing new: answer after a while, not 100 times a second
             return end
         interval = self._options.batch_interval
-        waiting = _count(begins, end)
-        full = isinstance(limit, ReadMaxRows) and waiting >= limit.max_rows
-        if interval and now < self._due and not (full or self._left_behind or self._sized(waiting)):
+        full = isinstance(limit, ReadMaxRows) and _count(begins, end) >= limit.max_rows
+        if interval and now < self._due and not (full or self._left_behind or self._sized(begins, end)):
             time.sleep(min(IDLE_POLL_S, self._due - now))
             return _known(start, end)  # held back: "no new data" until due
         self._due = now + interval
@@ -560,39 +568,64 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._row_bytes_stale = True
         return end
 
-    def _sized(self, waiting: int) -> bool:
-        """Whether ``waiting`` messages would make ``min_batch_bytes`` of Parquet (estimated)."""
+    def _sized(self, begins: Offsets, end: Offsets) -> bool:
+        """Whether the messages from ``begins`` to ``end`` would make files of
+        ``min_batch_bytes`` of Parquet on average (estimated; each Kafka partition with
+        messages waiting writes its own file)."""
         wanted = self._options.min_batch_bytes
         if not wanted:
             return False
-        if self._row_bytes_stale:
-            from deltaflow.config.locations import normalize_uri
-            from deltaflow.delta import log as delta_log
-
-            assert self._options.delta_table_uri is not None
-            self._row_bytes_stale = False
+        now = time.monotonic()
+        if self._row_bytes_stale and now >= self._estimate_retry:
             try:
-                table = delta_log.load(
-                    normalize_uri(self._options.delta_table_uri), self._options.delta_storage_options
+                self._row_bytes = self._read_row_bytes()
+                self._row_bytes_stale = False
+            except Exception as exc:  # noqa: BLE001 - the estimate only paces; the sink meets real faults
+                self._estimate_retry = now + ESTIMATE_RETRY_S
+                logger.warning(
+                    "no size estimate from %s (%s); trying again in %.0f s, until then %s",
+                    self._options.delta_table_uri,
+                    exc,
+                    ESTIMATE_RETRY_S,
+                    "the previous estimate paces" if self._row_bytes is not None else "the interval paces",
                 )
-            except TransientError as exc:  # pacing never decides what lands: the interval paces
-                logger.warning("no size estimate for this batch (%s): the interval paces it", exc)
-                table = None
-            self._row_bytes = delta_log.bytes_per_row(table)
         if self._row_bytes is None:
             return False
+        files = sum(o > begins[t][k] for t, parts in end.items() for k, o in parts.items())
+        waiting = _count(begins, end)
         estimate = waiting * self._row_bytes
-        if estimate < wanted:
+        if not files or estimate < wanted * files:
             return False
         logger.info(
-            "a batch starts before its interval: %d messages waiting, ~%d bytes of Parquet "
-            "(%.1f per row in the table's newest files) >= min_batch_bytes %d",
+            "a batch starts before its interval: %d messages waiting in %d partitions, ~%d bytes "
+            "of Parquet (%.1f per row in the table's newest files) >= min_batch_bytes %d per file",
             waiting,
+            files,
             estimate,
             self._row_bytes,
             wanted,
         )
         return True
+
+    def _read_row_bytes(self) -> float | None:
+        """Parquet bytes per row in the table's newest files (the table object kept between
+        batches and brought up to date: only the new commits are read)."""
+        from deltaflow.config.locations import normalize_uri
+        from deltaflow.delta import log as delta_log
+
+        table = self._estimate_table
+        if table is not None:
+            try:
+                table.update_incremental()
+            except Exception:  # noqa: BLE001 - replaced or vacuumed history: load it again
+                table = None
+        if table is None:
+            assert self._options.delta_table_uri is not None
+            table = delta_log.load(
+                normalize_uri(self._options.delta_table_uri), self._options.delta_storage_options
+            )
+            self._estimate_table = table
+        return delta_log.bytes_per_row(table)
 
     def reportLatestOffset(self) -> Offsets | None:  # noqa: N802
         # Spark puts it in the progress report as ``latestOffset``: lag = latest - end.

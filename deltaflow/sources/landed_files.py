@@ -42,6 +42,7 @@ from pyspark.sql.streaming.datasource import (
 
 from deltaflow.config.locations import normalize_uri
 from deltaflow.config.models import JsonObject, SparkOptions
+from deltaflow.io import logs
 from deltaflow.io.footers import find_files, named_relative
 from deltaflow.io.storage import filesystem, listed_uri, table_relative
 
@@ -185,6 +186,7 @@ class LandedFilesStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
     """Lists the folder on the driver side; offsets hold each batch's files."""
 
     def __init__(self, options: LandedFilesOptions) -> None:
+        logs.configure_worker()  # planned in a Python worker Spark starts
         self._options = options
         self._target: set[str] | None = None  # availableNow: only files listed at its start
         self._log = LogPaths()

@@ -50,6 +50,7 @@ from deltaflow.errors import (
     PostgresSetupError,
     PostgresUnavailableError,
 )
+from deltaflow.io import logs
 from deltaflow.sources import pgoutput
 
 if TYPE_CHECKING:
@@ -475,6 +476,7 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
     """Plans micro-batches on the driver; :meth:`read` runs on an executor."""
 
     def __init__(self, options: PostgresCdcOptions, schema: StructType | pa.Schema) -> None:
+        logs.configure_worker()  # planned in a Python worker Spark starts
         import pyarrow as pa
 
         from deltaflow.delta.schema import spark_to_arrow

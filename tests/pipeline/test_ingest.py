@@ -126,6 +126,8 @@ def test_cli_ends_at_latest_offsets(kafka, tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "ingested 300 message(s)" in out.stdout
     assert DeltaTable(str(tmp_path / "t")).to_pyarrow_table().num_rows == 300
+    # Logged by the source in the Python worker Spark plans it in: it reaches the CLI's stderr.
+    assert "INFO deltaflow.sources.kafka: Kafka source starts at" in out.stderr
 
 
 def test_sigterm_stops_cleanly_and_the_next_start_resumes_exactly(kafka, tmp_path):

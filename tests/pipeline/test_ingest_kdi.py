@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import functools
 import json
 import os
 import signal
@@ -32,6 +33,17 @@ def _events(start, count):
     return events(start, count, users=3, days=2)
 
 
+def _config(kafka, topic, table, pipeline_id, **options):
+    """An ingest of ``topic`` (JSON values, of :data:`SCHEMA` unless given) into ``table``."""
+    return IngestConfig(
+        topic=topic,
+        table_uri=str(table),
+        brokers=kafka.bootstrap,
+        pipeline_id=pipeline_id,
+        **{"value_schema": SCHEMA, **options},
+    )
+
+
 def _ids(table):
     return sorted(DeltaTable(str(table)).to_pyarrow_table(columns=["id"])["id"].to_pylist())
 
@@ -40,17 +52,10 @@ def test_seek_offsets_are_seeked_past_recorded_and_never_skip_stored_progress(sp
     topic = kafka.create_topic(partitions=2)
     kafka.produce(topic, _events(0, 40), partitions=2)  # event i: partition i % 2, offset i // 2
     table = tmp_path / "t"
-    base = {
-        "topic": topic,
-        "table_uri": str(table),
-        "brokers": kafka.bootstrap,
-        "pipeline_id": "seek",
-        "value_schema": SCHEMA,
-        "ends_at_latest_offsets": True,
-    }
+    config = functools.partial(_config, kafka, topic, table, "seek", ends_at_latest_offsets=True)
     # The seek offsets' commit lands but its response is lost: the log decides, once.
     with lose_commit_responses("seek offsets", times=1) as lost:
-        assert ingest(spark, IngestConfig(**base, seek_offsets={"0": 4, "1": 9})).awaitTermination(300)
+        assert ingest(spark, config(seek_offsets={"0": 4, "1": 9})).awaitTermination(300)
     assert len(lost.lost) == 1
     # kafka-delta-ingest's meaning: the first message ingested is seek + 1.
     assert _ids(table) == sorted([2 * o for o in range(5, 20)] + [2 * o + 1 for o in range(10, 20)])
@@ -62,12 +67,12 @@ def test_seek_offsets_are_seeked_past_recorded_and_never_skip_stored_progress(sp
     # InconsistentStoredOffsets), the table untouched.
     version = DeltaTable(str(table)).version()
     with pytest.raises(ConfigError, match=r"behind the seek offsets \(partition 0: stored=19/seek=30\)"):
-        ingest(spark, IngestConfig(**base, seek_offsets={"0": 30, "1": 2}))
+        ingest(spark, config(seek_offsets={"0": 30, "1": 2}))
     assert DeltaTable(str(table)).version() == version
 
     # Progress at or beyond them: the table's progress wins, nothing is read twice.
     kafka.produce(topic, _events(40, 10), partitions=2)
-    assert ingest(spark, IngestConfig(**base, seek_offsets={"0": 3, "1": 2})).awaitTermination(300)
+    assert ingest(spark, config(seek_offsets={"0": 3, "1": 2})).awaitTermination(300)
     assert _ids(table) == sorted(
         [2 * o for o in range(5, 20)] + [2 * o + 1 for o in range(10, 20)] + list(range(40, 50))
     )
@@ -135,14 +140,16 @@ def test_flush_by_size_by_latency_and_never_an_empty_commit(spark, kafka, tmp_pa
     latency; an idle interval commits nothing. (The first batch after a start runs at once.)"""
     topic = kafka.create_topic(partitions=1)
     table = tmp_path / "t"
-    base = {
-        "topic": topic,
-        "table_uri": str(table),
-        "brokers": kafka.bootstrap,
-        "pipeline_id": "flush",
-        "value_schema": "id LONG, date STRING",
-        "max_messages_per_batch": 5000,  # never the reason for a batch here
-    }
+    # max_messages_per_batch: never the reason for a batch here
+    config = functools.partial(
+        _config,
+        kafka,
+        topic,
+        table,
+        "flush",
+        value_schema="id LONG, date STRING",
+        max_messages_per_batch=5000,
+    )
 
     def produce(first):
         messages = [json.dumps({"id": i, "date": "2022-06-03"}).encode() for i in range(first, first + 10)]
@@ -152,7 +159,7 @@ def test_flush_by_size_by_latency_and_never_an_empty_commit(spark, kafka, tmp_pa
         poll(lambda: table_rows(table) == count, timeout_s, f"{count} rows", _Running(query))
 
     # By size: 20 bytes of Parquet are reached long before the hour.
-    query = ingest(spark, IngestConfig(**base, allowed_latency=3600, min_bytes_per_file=20))
+    query = ingest(spark, config(allowed_latency=3600, min_bytes_per_file=20))
     try:
         produce(0)
         landed(10, 120, query)
@@ -161,7 +168,10 @@ def test_flush_by_size_by_latency_and_never_an_empty_commit(spark, kafka, tmp_pa
     finally:
         query.stop()
     # Under the size and the latency: held back.
-    query = ingest(spark, IngestConfig(**base, allowed_latency=3600, min_bytes_per_file=1_000_000))
+    query = ingest(
+        spark,
+        config(allowed_latency=3600, min_bytes_per_file=1_000_000),
+    )
     try:
         produce(20)
         landed(30, 120, query)  # the first batch of a start
@@ -171,7 +181,7 @@ def test_flush_by_size_by_latency_and_never_an_empty_commit(spark, kafka, tmp_pa
     finally:
         query.stop()
     # By latency, and no empty commit when nothing came.
-    query = ingest(spark, IngestConfig(**base, allowed_latency=2, min_bytes_per_file=1_000_000))
+    query = ingest(spark, config(allowed_latency=2, min_bytes_per_file=1_000_000))
     try:
         landed(40, 120, query)  # the held messages: the first batch of a start
         produce(40)
@@ -192,15 +202,7 @@ def test_start_from_earliest_or_latest(spark, kafka, tmp_path, reset):
     topic = kafka.create_topic(partitions=3)
     kafka.produce(topic, _events(1, 5), partitions=3)
     table = tmp_path / "t"
-    config = IngestConfig(
-        topic=topic,
-        table_uri=str(table),
-        brokers=kafka.bootstrap,
-        pipeline_id=f"start-{reset}",
-        value_schema=SCHEMA,
-        auto_offset_reset=reset,
-        allowed_latency=1,
-    )
+    config = _config(kafka, topic, table, f"start-{reset}", auto_offset_reset=reset, allowed_latency=1)
     query = ingest(spark, config)
     try:
         # The query has its start offsets once it waits for data.
@@ -224,15 +226,8 @@ def test_ends_at_the_initial_offsets(spark, kafka, tmp_path):
     topic = kafka.create_topic(partitions=3)
     kafka.produce(topic, _events(0, 15), partitions=3)
     table = tmp_path / "t"
-    config = IngestConfig(
-        topic=topic,
-        table_uri=str(table),
-        brokers=kafka.bootstrap,
-        pipeline_id="ends",
-        value_schema=SCHEMA,
-        max_messages_per_batch=5,  # three batches: the run is still going after the first
-        ends_at_latest_offsets=True,
-    )
+    # Three batches of five: the run is still going after the first.
+    config = _config(kafka, topic, table, "ends", max_messages_per_batch=5, ends_at_latest_offsets=True)
     query = ingest(spark, config)
     poll(lambda: table_rows(table) > 0, 120, "the first batch", _Running(query))
     kafka.produce(topic, _events(15, 15), partitions=3)  # while it runs

@@ -234,8 +234,8 @@ def test_missing_topic_is_a_clear_error(spark, kafka, tmp_path):
 
 def test_pacing_by_size_starts_a_batch_once_its_parquet_would_reach_min_batch_bytes(spark, kafka, tmp_path):
     # min_batch_bytes (ingest's --min_bytes_per_file): a batch held back by the interval starts
-    # at once when the messages waiting would make that much Parquet, by the bytes per row of
-    # the table's newest files.
+    # at once when the messages waiting would make files of that much Parquet (each Kafka
+    # partition with messages writes one), by the bytes per row of the table's newest files.
     from deltalake import write_deltalake
     from pyspark.sql.types import _parse_datatype_string
 
@@ -244,14 +244,14 @@ def test_pacing_by_size_starts_a_batch_once_its_parquet_would_reach_min_batch_by
     table = str(tmp_path / "t")
     write_deltalake(table, _payload_rows(100))
     per_row = delta_log.bytes_per_row(DeltaTable(table))
-    assert per_row is not None and per_row > 1
+    assert per_row is not None and per_row > 2  # int() below rounds off less than a row
     topic = kafka.create_topic(partitions=2)
     kafka.produce(topic, [b"m"] * 4, partitions=2)
     options = KafkaSourceOptions(
         bootstrap_servers=kafka.bootstrap,
         topic=(topic,),
         batch_interval=600,
-        min_batch_bytes=int(per_row * 8),  # 8 messages' worth
+        min_batch_bytes=int(per_row * 4),  # per file: 8 messages in two partitions
         delta_table_uri=table,
         pipeline_id="sized",
     )
@@ -261,7 +261,7 @@ def test_pacing_by_size_starts_a_batch_once_its_parquet_would_reach_min_batch_by
     assert sum(end[topic].values()) - sum(start[topic].values()) == 4
     start = end
 
-    kafka.produce(topic, [b"n"] * 7, partitions=2)  # 7 messages: too small, held back
+    kafka.produce(topic, [b"n"] * 7, partitions=2)  # 7 messages in both partitions: held back
     assert reader.latestOffset(start, reader.getDefaultReadLimit()) == start
     kafka.produce(topic, [b"o"] * 1, partitions=2)  # 8: big enough, long before 600 s
     end = reader.latestOffset(start, reader.getDefaultReadLimit())
@@ -274,35 +274,53 @@ def test_pacing_by_size_starts_a_batch_once_its_parquet_would_reach_min_batch_by
         )
 
 
+def test_pacing_by_size_rides_out_a_store_that_refuses_and_comes_back(spark, kafka, s3, monkeypatch, caplog):
+    # The estimate only decides when a batch starts: a store that refuses while the table is
+    # read (a 403 during a credential rotation) is logged, never fails the query, and the table
+    # is read again ESTIMATE_RETRY_S later: flush by size is back with the store, long before
+    # the interval.
+    from deltalake import write_deltalake
+    from pyspark.sql.types import _parse_datatype_string
+
+    from deltaflow.sources import kafka as kafka_source
+    from deltaflow.testing import FaultyHttpProxy
+
+    monkeypatch.setattr(kafka_source, "ESTIMATE_RETRY_S", 1.0)
+    with FaultyHttpProxy(s3.endpoint) as proxy:
+        storage = {**s3.storage_options, "AWS_ENDPOINT_URL": proxy.endpoint, "AWS_ALLOW_HTTP": "true"}
+        uri = s3.uri()
+        write_deltalake(uri, _payload_rows(100), storage_options=storage)
+        topic = kafka.create_topic(partitions=1)
+        kafka.produce(topic, [b"m"] * 4, partitions=1)
+        options = KafkaSourceOptions(
+            bootstrap_servers=kafka.bootstrap,
+            topic=(topic,),
+            batch_interval=600,
+            min_batch_bytes=1000,
+            delta_table_uri=uri,
+            pipeline_id="sized",
+            delta_storage_options=storage,
+        )
+        reader = KafkaStreamReader(options, _parse_datatype_string(options.source_schema()))
+        limit = reader.getDefaultReadLimit()
+        start = reader.latestOffset(reader.initialOffset(), limit)  # the first batch: at once
+
+        proxy.outage(status=403)
+        kafka.produce(topic, [b"n"] * 2000, partitions=1)  # far more than 1000 bytes of Parquet
+        with caplog.at_level("WARNING", logger="deltaflow.sources.kafka"):
+            assert reader.latestOffset(start, limit) == start  # no estimate: held, no failure
+        assert "no size estimate from" in caplog.text and "trying again in 1 s" in caplog.text
+        assert proxy.counts["fail"] >= 1
+
+        proxy.heal()
+        deadline = time.monotonic() + 30
+        while (end := reader.latestOffset(start, limit)) == start:
+            assert time.monotonic() < deadline, "flush by size did not come back with the store"
+        assert sum(end[topic].values()) - sum(start[topic].values()) == 2000
+        reader.stop()
+
+
 def _payload_rows(count):
     import pyarrow as pa
 
     return pa.table({"id": list(range(count)), "payload": [f"row {i}" for i in range(count)]})
-
-
-def test_pacing_by_size_without_a_reachable_table_falls_back_to_the_interval(spark, caplog):
-    # The estimate only decides when a batch starts: a store that does not answer is logged,
-    # and the interval paces that batch (no failure, no read of the table again until then).
-    from pyspark.sql.types import _parse_datatype_string
-
-    options = KafkaSourceOptions(
-        bootstrap_servers="127.0.0.1:9",
-        topic=("t",),
-        batch_interval=600,
-        min_batch_bytes=1,
-        delta_table_uri="s3://nowhere/t",
-        pipeline_id="sized",
-        delta_storage_options={
-            "AWS_ENDPOINT_URL": "http://127.0.0.1:9",  # nothing listens
-            "AWS_ALLOW_HTTP": "true",
-            "AWS_ACCESS_KEY_ID": "x",
-            "AWS_SECRET_ACCESS_KEY": "y",
-            "AWS_REGION": "us-east-1",
-        },
-    )
-    reader = KafkaStreamReader(options, _parse_datatype_string(options.source_schema()))
-    with caplog.at_level("WARNING", logger="deltaflow.sources.kafka"):
-        assert reader._sized(1_000_000) is False
-    assert "no size estimate for this batch" in caplog.text
-    assert reader._sized(1_000_000) is False  # not asked again before the next batch
-    assert caplog.text.count("no size estimate") == 1
