@@ -127,7 +127,7 @@ def new_files(
     if table is not None:
         taken |= (log or LogPaths()).update(table_uri, options.storage_options, table.version())
     if _overlaps(options.path, table_uri) and compaction_running(table_uri, options.storage_options):
-        logger.info(
+        logger.debug(  # every trigger (1 s) while it runs
             "a compaction of %s is running: its files may be in %s uncommitted; the watch lists again "
             "next trigger",
             table_uri,
