@@ -237,7 +237,6 @@ def test_pacing_by_size_starts_a_batch_once_its_parquet_would_reach_min_batch_by
     # at once when the messages waiting would make files of that much Parquet (each Kafka
     # partition with messages writes one), by the bytes per row of the table's newest files.
     from deltalake import write_deltalake
-    from pyspark.sql.types import _parse_datatype_string
 
     from deltaflow.delta import log as delta_log
 
@@ -247,15 +246,7 @@ def test_pacing_by_size_starts_a_batch_once_its_parquet_would_reach_min_batch_by
     assert per_row is not None and per_row > 2  # int() below rounds off less than a row
     topic = kafka.create_topic(partitions=2)
     kafka.produce(topic, [b"m"] * 4, partitions=2)
-    options = KafkaSourceOptions(
-        bootstrap_servers=kafka.bootstrap,
-        topic=(topic,),
-        batch_interval=600,
-        min_batch_bytes=int(per_row * 4),  # per file: 8 messages in two partitions
-        delta_table_uri=table,
-        pipeline_id="sized",
-    )
-    reader = KafkaStreamReader(options, _parse_datatype_string(options.source_schema()))
+    reader = _sized_reader(kafka, topic, table, int(per_row * 4))  # per file: 8 in two partitions
     start = reader.initialOffset()
     end = reader.latestOffset(start, reader.getDefaultReadLimit())  # the first batch: at once
     assert sum(end[topic].values()) - sum(start[topic].values()) == 4
@@ -280,7 +271,6 @@ def test_pacing_by_size_rides_out_a_store_that_refuses_and_comes_back(spark, kaf
     # is read again ESTIMATE_RETRY_S later: flush by size is back with the store, long before
     # the interval.
     from deltalake import write_deltalake
-    from pyspark.sql.types import _parse_datatype_string
 
     from deltaflow.sources import kafka as kafka_source
     from deltaflow.testing import FaultyHttpProxy
@@ -292,16 +282,7 @@ def test_pacing_by_size_rides_out_a_store_that_refuses_and_comes_back(spark, kaf
         write_deltalake(uri, _payload_rows(100), storage_options=storage)
         topic = kafka.create_topic(partitions=1)
         kafka.produce(topic, [b"m"] * 4, partitions=1)
-        options = KafkaSourceOptions(
-            bootstrap_servers=kafka.bootstrap,
-            topic=(topic,),
-            batch_interval=600,
-            min_batch_bytes=1000,
-            delta_table_uri=uri,
-            pipeline_id="sized",
-            delta_storage_options=storage,
-        )
-        reader = KafkaStreamReader(options, _parse_datatype_string(options.source_schema()))
+        reader = _sized_reader(kafka, topic, uri, 1000, storage)
         limit = reader.getDefaultReadLimit()
         start = reader.latestOffset(reader.initialOffset(), limit)  # the first batch: at once
 
@@ -318,6 +299,22 @@ def test_pacing_by_size_rides_out_a_store_that_refuses_and_comes_back(spark, kaf
             assert time.monotonic() < deadline, "flush by size did not come back with the store"
         assert sum(end[topic].values()) - sum(start[topic].values()) == 2000
         reader.stop()
+
+
+def _sized_reader(kafka, topic, table_uri, min_batch_bytes, storage=None):
+    """A reader of ``topic`` paced by a 600 s interval and by size, estimated from the table."""
+    from pyspark.sql.types import _parse_datatype_string
+
+    options = KafkaSourceOptions(
+        bootstrap_servers=kafka.bootstrap,
+        topic=(topic,),
+        batch_interval=600,
+        min_batch_bytes=min_batch_bytes,
+        delta_table_uri=table_uri,
+        pipeline_id="sized",
+        delta_storage_options=storage or {},
+    )
+    return KafkaStreamReader(options, _parse_datatype_string(options.source_schema()))
 
 
 def _payload_rows(count):
