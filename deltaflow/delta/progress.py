@@ -5,7 +5,7 @@ sequence"): ``txn(pipeline_id, batch_id)`` for a micro-batch, and for Kafka one
 ``txn(<pipeline_id>-<topic>-<partition>, last offset)`` per partition, so a replay is
 recognised and a lost Spark checkpoint resumes from the table. kafka-delta-ingest records
 ``txn(<app_id>-<partition>, last offset)`` (no topic): a table it wrote is read with
-:func:`kafka_delta_ingest_progress`, so ``deltaflow ingest`` resumes where it stopped.
+:func:`resumed_progress`, so ``deltaflow ingest`` resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ __all__ = [
     "kafka_delta_ingest_progress",
     "kafka_progress",
     "kafka_txn_id",
+    "resumed_progress",
     "transaction_version",
 ]
 
@@ -68,6 +69,15 @@ def kafka_progress(
             if version is not None:
                 out.setdefault(topic, {})[str(p)] = int(version)
     return out
+
+
+def resumed_progress(
+    table: DeltaTable | None, app_id: str, topic: str, partitions: Sequence[int | str]
+) -> dict[str, int]:
+    """Last committed offset per partition of ``topic``: deltaflow's txns, else
+    kafka-delta-ingest's (a table it wrote as ``app_id`` resumes where it stopped)."""
+    ours = kafka_progress(table, app_id, {topic: partitions}).get(topic, {})
+    return {**kafka_delta_ingest_progress(table, app_id, partitions), **ours}
 
 
 def advancing_txns(

@@ -62,11 +62,9 @@ def _starting_offsets(config: IngestConfig) -> str:
 def _stored_offsets(config: IngestConfig, table: Any) -> dict[str, int]:
     """The table's progress for the partitions of ``--seek_offsets`` (kafka-delta-ingest's
     txns included)."""
-    from deltaflow.delta.progress import kafka_delta_ingest_progress, kafka_progress
+    from deltaflow.delta.progress import resumed_progress
 
-    parts = list(config.seek_offsets or {})
-    done = kafka_progress(table, config.pipeline_id, {config.topic: parts}).get(config.topic, {})
-    return {**kafka_delta_ingest_progress(table, config.pipeline_id, parts), **done}
+    return resumed_progress(table, config.pipeline_id, config.topic, list(config.seek_offsets or {}))
 
 
 def _check_seek_offsets(config: IngestConfig) -> None:

@@ -482,19 +482,16 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return {}
         from deltaflow.config.locations import normalize_uri
         from deltaflow.delta import log as delta_log
-        from deltaflow.delta.progress import kafka_delta_ingest_progress, kafka_progress
+        from deltaflow.delta.progress import kafka_progress, resumed_progress
 
         table = delta_log.load(
             normalize_uri(self._options.delta_table_uri), self._options.delta_storage_options
         )
-        done = kafka_progress(table, self._options.pipeline_id, layout)
         if self._options.kafka_delta_ingest_txns and len(layout) == 1:
-            # A table kafka-delta-ingest wrote as this app id: resume where it stopped.
             [(topic, parts)] = layout.items()
-            before = kafka_delta_ingest_progress(table, self._options.pipeline_id, parts)
-            ours = done.setdefault(topic, {})
-            for p, v in before.items():
-                ours.setdefault(p, v)
+            done = {topic: resumed_progress(table, self._options.pipeline_id, topic, parts)}
+        else:
+            done = kafka_progress(table, self._options.pipeline_id, layout)
         return {t: {p: v + 1 for p, v in parts.items()} for t, parts in done.items() if parts}
 
     def initialOffset(self) -> Offsets:  # noqa: N802
