@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import math
 import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -441,10 +442,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._due = 0.0
         self._left_behind = False
         # Pacing by size (min_batch_bytes): Parquet bytes per row, read from the table once
-        # per batch (stale: not read since the last batch; a failed read keeps the last one).
+        # per batch. ``_estimate_due``: when to read it (monotonic; 0 after each batch, infinity
+        # once read, 5 s on after a failed read, which keeps the last estimate).
         self._row_bytes: float | None = None
-        self._row_bytes_stale = True
-        self._estimate_retry = 0.0  # after a failed read, not before this (monotonic)
+        self._estimate_due = 0.0
         self._estimate_table: Any = None  # the DeltaTable read for it, kept up to date
         self._initial: Offsets | None = None
 
@@ -562,7 +563,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return _known(start, end)  # held back: "no new data" until due
         self._due = now + interval
         self._left_behind = end != available
-        self._row_bytes_stale = True
+        self._estimate_due = 0.0
         return end
 
     def _sized(self, begins: Offsets, end: Offsets) -> bool:
@@ -573,12 +574,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if not wanted:
             return False
         now = time.monotonic()
-        if self._row_bytes_stale and now >= self._estimate_retry:
+        if now >= self._estimate_due:
             try:
                 self._row_bytes = self._read_row_bytes()
-                self._row_bytes_stale = False
+                self._estimate_due = math.inf  # until the next batch
             except Exception as exc:  # noqa: BLE001 - the estimate only paces; the sink meets real faults
-                self._estimate_retry = now + ESTIMATE_RETRY_S
+                self._estimate_due = now + ESTIMATE_RETRY_S
                 logger.warning(
                     "no size estimate from %s (%s); trying again in %.0f s, until then %s",
                     self._options.delta_table_uri,
