@@ -23,7 +23,6 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from deltaflow.config.locations import normalize_uri
-from deltaflow.io.footers import is_hidden
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -36,21 +35,12 @@ __all__ = ["FileRegistrar", "start_watch"]
 logger = logging.getLogger(__name__)
 
 
-def _local_path(spark_path: str) -> str:
-    """A path of Spark's ``binaryFile`` rows (``file:/a/b``: Hadoop's form, not percent-encoded)
-    as a local path."""
-    if spark_path.startswith("file:"):
-        return "/" + spark_path[len("file:") :].lstrip("/")
-    return spark_path
-
-
 class FileRegistrar:
     """The ``foreachBatch`` function: a micro-batch's files into one ``add_files`` commit."""
 
     def __init__(
         self,
         table_uri: str,
-        folder: str,
         pipeline_id: str,
         *,
         copy: bool,
@@ -58,7 +48,6 @@ class FileRegistrar:
         compaction: CompactionPolicy | None = None,
     ) -> None:
         self.table_uri = table_uri
-        self.folder = folder
         self.pipeline_id = pipeline_id
         self.copy = copy
         self.storage_options = dict(storage_options)
@@ -67,10 +56,8 @@ class FileRegistrar:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         from deltaflow import ops
 
-        found = {_local_path(row[0]) for row in batch.select("path").collect()}
-        # Spark's recursive lookup also lists the log's checkpoint files when the folder is the
-        # table itself: only data files count, as in `add-files FOLDER`.
-        paths = sorted(p for p in found if not is_hidden(p.removeprefix(self.folder)))
+        # The source's rows: URIs of data files (it lists as `add-files FOLDER` searches).
+        paths = sorted({row[0] for row in batch.select("path").collect()})
         if not paths:
             return
         result = ops.add_files(
@@ -140,7 +127,6 @@ def start_watch(
     files = reader.load()
     writer = FileRegistrar(
         normalize_uri(table_uri),
-        folder,
         pipeline_id,
         copy=copy,
         storage_options=storage_options or {},

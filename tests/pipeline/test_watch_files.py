@@ -61,7 +61,7 @@ def test_files_landing_in_the_table_are_registered_once_per_batch(spark, tmp_pat
         run()
     assert len(lost.lost) == 1
     _land(table, "day=3/d.parquet", range(30, 40))
-    ops.checkpoint(str(table))  # _delta_log/...checkpoint.parquet: Spark lists it, it is no data
+    ops.checkpoint(str(table))  # _delta_log/...checkpoint.parquet: below the watched root, no data
     run()
     # Killed after the commit, before Spark recorded the batch: Spark replays batch 2 with the
     # same files, which are all in the table already.
