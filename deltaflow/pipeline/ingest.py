@@ -79,11 +79,10 @@ def _check_seek_offsets(config: IngestConfig) -> None:
     """
     if not config.seek_offsets:
         return
-    from deltaflow.delta import log as delta_log
 
     uri = normalize_uri(config.table_uri)
     app = config.pipeline_id
-    table = delta_log.load(uri, dict(config.table_options.get("storage_options") or {}))
+    table = _main_table(config)
     held = _stored_offsets(config, table)
     seek = {str(p): int(o) for p, o in config.seek_offsets.items()}
     behind = {p: (held[p], o) for p, o in seek.items() if p in held and held[p] < o}
@@ -155,10 +154,9 @@ def _with_table_partitioning(config: IngestConfig) -> IngestConfig:
     Raises:
         ConfigError: ``--partition_by`` differs from the existing table's partitioning.
     """
-    from deltaflow.delta import log as delta_log
 
     uri = normalize_uri(config.table_uri)
-    table = delta_log.load(uri, dict(config.table_options.get("storage_options") or {}))
+    table = _main_table(config)
     if table is None:
         return config
     have = list(table.metadata().partition_columns)
@@ -182,11 +180,7 @@ def _value_schema(spark: SparkSession, config: IngestConfig) -> StructType:
     """The JSON value's schema: given, the existing table's, or inferred from a sample."""
     from pyspark.sql.types import StructType
 
-    from deltaflow.delta import log as delta_log
-
-    table = delta_log.load(
-        normalize_uri(config.table_uri), dict(config.table_options.get("storage_options") or {})
-    )
+    table = _main_table(config)
     table_fields: list[Any] = []
     if table is not None:
         import pyarrow as pa
@@ -348,7 +342,7 @@ def source_options(spark: SparkSession, config: IngestConfig) -> dict[str, str]:
         # Each message an Avro container file: the columns are the table's or --schema's.
         options["value_format"] = "avro"
         options["avro_encoding"] = "container"
-        if config.value_schema is None and delta_log_missing(config):
+        if config.value_schema is None and _main_table(config) is None:
             raise ConfigError(
                 "--avro '' (a container file per message) takes its columns from the table or "
                 "--schema: pass --schema 'id LONG, ...'",
@@ -384,12 +378,13 @@ def source_options(spark: SparkSession, config: IngestConfig) -> dict[str, str]:
     return options
 
 
-def delta_log_missing(config: IngestConfig) -> bool:
-    """Whether the main table does not exist yet."""
+def _main_table(config: IngestConfig) -> Any:
+    """The main table as it is now (a ``DeltaTable``; ``None`` while it does not exist)."""
     from deltaflow.delta import log as delta_log
 
-    storage = dict(config.table_options.get("storage_options") or {})
-    return delta_log.load(normalize_uri(config.table_uri), storage) is None
+    return delta_log.load(
+        normalize_uri(config.table_uri), dict(config.table_options.get("storage_options") or {})
+    )
 
 
 def _avsc_files(location: str) -> list[str]:
@@ -477,11 +472,7 @@ def _table_schema(config: IngestConfig) -> pa.Schema | None:
     """The main table's Arrow schema, if it exists (per-message transform results take its types)."""
     import pyarrow as pa
 
-    from deltaflow.delta import log as delta_log
-
-    table = delta_log.load(
-        normalize_uri(config.table_uri), dict(config.table_options.get("storage_options") or {})
-    )
+    table = _main_table(config)
     return None if table is None else pa.schema(table.schema().to_arrow())
 
 
