@@ -75,9 +75,15 @@ def test_arrow_ingest_on_two_executors_commits_files_from_both_exactly_once(tmp_
     commit holds files of both executors, and every message is in one of the two tables once."""
     from tests.fixtures.ingest_messages import SCHEMA, TRANSFORMS, _assert_split, _message
 
-    topic = kafka.create_topic(partitions=4)
+    # Three partitions, not four: message i goes to partition i % n and the bad ones are i % 10 in
+    # (3, 5, 7), all odd, so with four partitions only partitions 1 and 3 hold dead letters and
+    # the dead-letter commits hold files of both executors only when those two tasks happen to
+    # run on different executors (CI saw all four batches on one). With three every partition
+    # holds dead letters, and each batch's first tasks go one to each idle executor.
+    partitions = 3
+    topic = kafka.create_topic(partitions=partitions)
     produced = 400
-    kafka.produce(topic, [_message(i) for i in range(produced)], partitions=4, batched=True)
+    kafka.produce(topic, [_message(i) for i in range(produced)], partitions=partitions, batched=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("DELTAFLOW_")}
     env["PYSPARK_PYTHON"] = sys.executable
     env["PYTHONPATH"] = str(ROOT)  # the driver and its planners run the code under test
@@ -100,7 +106,7 @@ def test_arrow_ingest_on_two_executors_commits_files_from_both_exactly_once(tmp_
     assert done.returncode == 0, done.stderr[-3000:]
     assert "session on local-cluster[2,1,1024]" in done.stderr + done.stdout
     assert "; arrow engine)" in done.stderr + done.stdout
-    _assert_split(tmp_path / "t", tmp_path / "dlq", produced, partitions=4)
+    _assert_split(tmp_path / "t", tmp_path / "dlq", produced, partitions=partitions)
     for table in ("t", "dlq"):
         commits = [h for h in DeltaTable(str(tmp_path / table)).history() if "deltaflow.epoch" in h]
         assert sorted(h["deltaflow.epoch"] for h in commits) == [0, 1, 2, 3], commits
