@@ -446,7 +446,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # once read, 5 s on after a failed read, which keeps the last estimate).
         self._row_bytes: float | None = None
         self._estimate_due = 0.0
-        self._estimate_table: Any = None  # the DeltaTable read for it, kept up to date
+        self._table: Any = None  # the sink's DeltaTable (progress, size estimate), kept up to date
         self._initial: Offsets | None = None
 
     # -- driver: planning --------------------------------------------------------------------
@@ -481,13 +481,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Next offset to read per partition according to the Delta table (if configured)."""
         if not self._options.delta_table_uri or not self._options.pipeline_id:
             return {}
-        from deltaflow.config.locations import normalize_uri
-        from deltaflow.delta import log as delta_log
         from deltaflow.delta.progress import kafka_progress, resumed_progress
 
-        table = delta_log.load(
-            normalize_uri(self._options.delta_table_uri), self._options.delta_storage_options
-        )
+        table = self._sink_table()
         if self._options.kafka_delta_ingest_txns and len(layout) == 1:
             [(topic, parts)] = layout.items()
             done = {topic: resumed_progress(table, self._options.pipeline_id, topic, parts)}
@@ -606,24 +602,29 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return True
 
     def _read_row_bytes(self) -> float | None:
-        """Parquet bytes per row in the table's newest files (the table object kept between
-        batches and brought up to date: only the new commits are read)."""
+        """Parquet bytes per row in the table's newest files."""
+        from deltaflow.delta import log as delta_log
+
+        return delta_log.bytes_per_row(self._sink_table())
+
+    def _sink_table(self) -> Any:
+        """The sink's table at its latest version, ``None`` while there is none. Loaded once and
+        then brought up to date, which reads only the commits since the last call (a table
+        with a long history is not read again in every batch)."""
         from deltaflow.config.locations import normalize_uri
         from deltaflow.delta import log as delta_log
 
-        table = self._estimate_table
-        if table is not None:
+        if self._table is not None:
             try:
-                table.update_incremental()
-            except Exception:  # noqa: BLE001 - replaced or vacuumed history: load it again
-                table = None
-        if table is None:
-            assert self._options.delta_table_uri is not None
-            table = delta_log.load(
-                normalize_uri(self._options.delta_table_uri), self._options.delta_storage_options
-            )
-            self._estimate_table = table
-        return delta_log.bytes_per_row(table)
+                self._table.update_incremental()
+                return self._table
+            except Exception:  # noqa: BLE001 - replaced or vacuumed history, a store fault: load again
+                self._table = None
+        assert self._options.delta_table_uri is not None
+        self._table = delta_log.load(
+            normalize_uri(self._options.delta_table_uri), self._options.delta_storage_options
+        )
+        return self._table
 
     def reportLatestOffset(self) -> Offsets | None:  # noqa: N802
         # Spark puts it in the progress report as ``latestOffset``: lag = latest - end.

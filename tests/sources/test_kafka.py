@@ -301,6 +301,52 @@ def test_pacing_by_size_rides_out_a_store_that_refuses_and_comes_back(spark, kaf
         reader.stop()
 
 
+def test_planned_ranges_follow_commits_to_the_table_made_while_the_reader_runs(spark, kafka, tmp_path):
+    # partitions() never plans what the table already holds. The reader keeps the table and
+    # brings it up to date in each batch: it must see a table created after it started, every
+    # later commit (here by another writer, as a replayed batch's earlier attempt would be), and
+    # a table whose old log entries were cleaned up after a checkpoint.
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    from deltaflow.delta.progress import kafka_txn_id
+
+    table = str(tmp_path / "t")
+    topic = kafka.create_topic(partitions=2)
+    kafka.produce(topic, [b"m"] * 40, partitions=2)
+    reader = _sized_reader(kafka, topic, table, 10**9)
+    start = reader.initialOffset()  # no table yet: from the earliest offsets
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())
+    assert end[topic] == {"0": 20, "1": 20}
+
+    def commit_progress(**offsets):
+        txns = [Transaction(kafka_txn_id("sized", topic, p), v) for p, v in offsets.items()]
+        write_deltalake(
+            table,
+            _payload_rows(1),
+            mode="append",
+            commit_properties=CommitProperties(app_transactions=txns),
+            configuration={"delta.logRetentionDuration": "interval 0 seconds"},  # cleaned at once
+        )
+
+    def planned():
+        return {p.partition: (p.start, p.end) for p in reader.partitions(start, end)}
+
+    assert planned() == {0: (0, 20), 1: (0, 20)}
+    commit_progress(**{"0": 4})  # the table appears: offsets up to 4 of partition 0 are in it
+    assert planned() == {0: (5, 20), 1: (0, 20)}
+    commit_progress(**{"0": 9, "1": 2})
+    assert planned() == {0: (10, 20), 1: (3, 20)}
+    for _ in range(3):
+        commit_progress(**{"1": 19})
+    dt = DeltaTable(table)
+    dt.create_checkpoint()
+    dt.cleanup_metadata()
+    assert not (tmp_path / "t" / "_delta_log" / f"{1:020}.json").exists()  # cleaned up
+    commit_progress(**{"0": 19})
+    assert planned() == {}  # everything is in the table
+    reader.stop()
+
+
 def _sized_reader(kafka, topic, table_uri, min_batch_bytes, storage=None):
     """A reader of ``topic`` paced by a 600 s interval and by size, estimated from the table."""
     from pyspark.sql.types import _parse_datatype_string
