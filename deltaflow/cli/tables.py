@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import click
@@ -340,6 +340,9 @@ def changes(
 PROGRESS_EVERY = 1000
 #: Shortest interval between redraws of the progress bar on a terminal.
 PROGRESS_REDRAW_S = 0.2
+#: Skipped paths listed one per line before the rest are only counted: a rerun over a folder of
+#: 10,000 registered files says so in a few lines (``deltaflow -v`` lists every one).
+LISTED_PATHS = 10
 
 
 def _footer_progress() -> tuple[Callable[[int, int], None], Callable[[], None]]:
@@ -365,11 +368,19 @@ def _footer_progress() -> tuple[Callable[[int, int], None], Callable[[], None]]:
     return progress, bar.close if bar is not None else (lambda: None)
 
 
+def _list_paths(what: str, paths: Sequence[str]) -> None:
+    ctx = click.get_current_context(silent=True)
+    verbose = bool(ctx is not None and (ctx.find_root().obj or {}).get("verbose"))
+    shown = paths if verbose else paths[:LISTED_PATHS]
+    for path in shown:
+        click.echo(f"{what}: {path}", err=True)
+    if len(paths) > len(shown):
+        click.echo(f"{what}: {len(paths) - len(shown):,} more (deltaflow -v lists every one)", err=True)
+
+
 def _print_added(result: AddFilesResult, started: float) -> None:
-    for path in result.skipped:
-        click.echo(f"skipped (already in the table): {path}", err=True)
-    for path in result.named_twice:
-        click.echo(f"named twice (added once): {path}", err=True)
+    _list_paths("skipped (already in the table)", result.skipped)
+    _list_paths("named twice (added once)", result.named_twice)
     if result.dry_run:
         for f in result.files:
             parts = ", ".join(f"{k}={v}" for k, v in f.partition_values.items())

@@ -281,10 +281,10 @@ def _register(
             continue
         seen[c.path] = c
         todo.append(c)
-    for path in skipped:
-        logger.info("%s is already in %s: skipped", path, table_uri)
+    for path in skipped:  # counted at INFO below: a rerun over a big folder skips every file
+        logger.debug("%s is already in %s: skipped", path, table_uri)
     for path in twice:
-        logger.info("%s was named twice: added once", path)
+        logger.debug("%s was named twice: added once", path)
     logger.info(
         "found %d Parquet file(s) for %s: %d to add, %d already in the table, %d named twice",
         len(candidates),

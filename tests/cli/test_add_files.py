@@ -83,3 +83,32 @@ def test_watch_takes_one_folder():
     assert out.exit_code == 2 and "--watch takes exactly one folder" in out.output
     out = CliRunner().invoke(cli, ["add-files", "t", "a", "--available-now"])
     assert out.exit_code == 2 and "--available-now goes with --watch" in out.output
+
+
+def test_a_rerun_over_many_files_lists_ten_skipped_and_counts_the_rest(tmp_path):
+    # A rerun over a folder already registered skips every file: ten are named, the rest
+    # counted, in a few lines (the log has them at debug); ``deltaflow -v`` names every one.
+    table = tmp_path / "t"
+    folder = table / "batch"
+    folder.mkdir(parents=True)
+    for i in range(13):
+        pq.write_table(pa.table({"id": [i]}), folder / f"f{i:02}.parquet")
+    runner = CliRunner()
+    assert runner.invoke(cli, ["add-files", str(table), str(table)]).exit_code == 0
+
+    out = runner.invoke(cli, ["add-files", str(table), str(table)])
+    assert out.exit_code == 0, out.output
+    listed = [
+        line for line in out.stderr.splitlines() if line.startswith("skipped (already in the table): batch/")
+    ]
+    assert len(listed) == 10
+    assert "skipped (already in the table): 3 more (deltaflow -v lists every one)" in out.stderr
+    assert "nothing to add" in out.stderr and "(13 file(s) skipped)" in out.stderr
+    assert not [line for line in out.stderr.splitlines() if "is already in" in line]  # not logged at INFO
+
+    out = runner.invoke(cli, ["-v", "add-files", str(table), str(table)])
+    assert out.exit_code == 0, out.output
+    named = {
+        line.rsplit("/", 1)[-1] for line in out.stderr.splitlines() if line.startswith("skipped (already")
+    }
+    assert named == {f"f{i:02}.parquet" for i in range(13)}
