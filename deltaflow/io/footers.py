@@ -80,6 +80,11 @@ def is_hidden(relative: str) -> bool:
 
 
 def modification_time_ms(info: pafs.FileInfo) -> int:
+    """The file's modification time in whole milliseconds (Delta's ``modificationTime``): the
+    store's nanoseconds floored, as ``st_mtime_ns // 10**6``; through a float of seconds a time
+    within half a microsecond of a millisecond boundary would land on the next one."""
+    if info.mtime_ns is not None:
+        return int(info.mtime_ns) // 1_000_000
     mtime = info.mtime
     if isinstance(mtime, _dt.datetime):
         if mtime.tzinfo is None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from deltaflow.io.footers import find_files, hive_partitions
+from deltaflow.io.footers import find_files, hive_partitions, modification_time_ms
 
 
 @pytest.mark.parametrize(
@@ -79,3 +81,15 @@ def test_a_path_that_exists_is_taken_literally_before_as_a_glob(tmp_path):
     pq.write_table(pa.table({"x": [1]}), folder / "a.parquet")
     found, unmatched = find_files(pafs.LocalFileSystem(), [str(folder)])
     assert ([f.relative for f in found], unmatched) == (["a.parquet"], [])
+
+
+@pytest.mark.parametrize("below_ms", [1, 300, 499, 501, 999_999])
+def test_modification_time_is_the_files_nanoseconds_floored_to_milliseconds(tmp_path, below_ms):
+    # Delta's modificationTime in whole ms, as st_mtime_ns // 10**6 gives it, also for times a
+    # few ns below a millisecond boundary (a float of seconds rounds them up to the next one).
+    path = tmp_path / "f.parquet"
+    pq.write_table(pa.table({"id": [1]}), path)
+    ns = 1_795_548_534_946_000_000 - below_ms
+    os.utime(path, ns=(ns, ns))
+    info = pafs.LocalFileSystem().get_file_info(str(path))
+    assert modification_time_ms(info) == ns // 10**6 == path.stat().st_mtime_ns // 10**6
