@@ -45,7 +45,7 @@ def _run(spec: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
 
 
-def test_the_example_pipeline_lands_every_row_once_across_a_restart(tmp_path):
+def test_the_example_pipeline_lands_every_row_once_across_a_restart(tmp_path, connect_server_turn):
     project = tmp_path / "declarative_pipeline"
     shutil.copytree(EXAMPLE, project)
     spec_path = project / "spark-pipeline.yml"

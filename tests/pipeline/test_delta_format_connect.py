@@ -50,7 +50,7 @@ spark.stop()
 """
 
 
-def test_format_delta_and_merge_over_spark_connect(tmp_path):
+def test_format_delta_and_merge_over_spark_connect(tmp_path, connect_server_turn):
     job = tmp_path / "job.py"
     job.write_text(textwrap.dedent(_JOB))
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
