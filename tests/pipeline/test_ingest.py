@@ -210,6 +210,9 @@ def test_daemon_rides_out_a_broker_outage(tmp_path):
                 proxy.restore()
                 produced.result(timeout=60)
             poll(lambda: table_rows(table) == 200, 120, "200 rows after the restore", daemon)
+            # The summary counts Spark's progress reports, which come after the commit: a stop
+            # between the two would leave the last batch out of "ingested 200".
+            poll(lambda: "; 200 message(s) in" in log.read_text(), 60, "the last batch's progress", daemon)
             daemon.send_signal(signal.SIGTERM)
             out, _ = daemon.communicate(timeout=120)
         finally:
