@@ -83,6 +83,7 @@ __all__ = [
     "Outcome",
     "RetryPolicy",
     "add_columns",
+    "check_fence",
     "claim_writer",
     "commit",
     "commit_files",
@@ -324,7 +325,17 @@ def _load(table_uri: str, storage_options: Mapping[str, str]) -> DeltaTable | No
     return delta_log.load(table_uri, storage_options)
 
 
-def _check_fence(table: DeltaTable | None, table_uri: str, fence: Fence) -> None:
+def check_fence(table: DeltaTable | None, table_uri: str, fence: Fence | None) -> None:
+    """Stop a writer that another process took the pipeline from (``fence`` ``None``: nothing
+    to check). Every commit checks it before each attempt; a sink also checks it before it skips
+    a batch that has nothing to commit (a replay, no rows), or a writer that only ever found
+    its batches done by the newer one would never learn it was taken over.
+
+    Raises:
+        WriterFencedError: the table's writer epoch for the pipeline is not ``fence.epoch``.
+    """
+    if fence is None:
+        return
     held = transaction_version(table, fence.app_id)
     if held == fence.epoch:
         return
@@ -439,8 +450,7 @@ def commit(
                     Outcome.COMMITTED, entry.version, attempts, token, recovered=True, info=entry.info
                 )
         # Step 4.3. Fence.
-        if fence is not None:
-            _check_fence(table, table_uri, fence)
+        check_fence(table, table_uri, fence)
 
         # Step 4.4. Done check.
         if already_done is not None and already_done(table):

@@ -45,7 +45,7 @@ from deltaflow.io.faults import maybe_crash
 from deltaflow.io.footers import hive_partitions
 from deltaflow.io.parquet import WrittenFile, stats_json
 from deltaflow.metrics import metrics
-from deltaflow.sinks.datasource import DeltaCommitMessage, _DeltaSink
+from deltaflow.sinks.datasource import DeltaCommitMessage, _DeltaSink, sink_fence
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -95,15 +95,19 @@ class SparkBatchWriter:
         The caller then commits it (:meth:`commit`) or drops it (:meth:`discard`); files left by
         a crash in between are orphans no reader sees (vacuum full removes them).
         """
+        from deltaflow.delta import commit
         from deltaflow.delta import log as delta_log
 
         opts = self._options
         sink = _DeltaSink(opts, batch.schema, self._overwrite)
 
         # Step 0. Replay check before writing anything (with kafka_offsets the source has already
-        # left out every offset the table holds: a replayed batch is empty).
+        # left out every offset the table holds: a replayed batch is empty). A writer another
+        # process took the pipeline from stops here, before it skips a batch the other committed.
+        table = delta_log.load(sink.table_uri, opts.storage_options)
+        commit.check_fence(table, sink.table_uri, sink_fence(opts))
         if not opts.kafka_offsets and is_committed(
-            delta_log.load(sink.table_uri, opts.storage_options),
+            table,
             sink.table_uri,
             opts.pipeline_id,
             batch_id,

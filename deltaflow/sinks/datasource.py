@@ -36,6 +36,7 @@ from deltaflow.errors import (
     CheckpointMismatchError,
     ConfigError,
     DeltaflowError,
+    WriterFencedError,
     WriteValidationError,
     storage_error,
 )
@@ -253,13 +254,15 @@ class _DeltaSink:
         files = _collect(messages)
         maybe_crash("before_commit", batch_id, self.table_uri)
 
-        # Step 2. Replay check, before anything is changed.
+        # Step 2. Replay check, before anything is changed; a writer another process took the
+        # pipeline from stops here too, also when it would skip the batch or commit nothing.
         table = delta_log.load(self.table_uri, opts.storage_options)
         try:
+            commit.check_fence(table, self.table_uri, sink_fence(opts))
             # (Kafka progress: a batch without rows that advances nothing is not a replay, just empty.)
             replay = already_done(table) and (end is None or bool(files))
-        except CheckpointMismatchError:
-            self.delete_uncommitted(files)
+        except (CheckpointMismatchError, WriterFencedError):
+            self.delete_uncommitted(files)  # in no log entry, and no attempt was made
             raise
         if replay:
             self._skip(files, batch_id, "it is in the log already (a replay)")

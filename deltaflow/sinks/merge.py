@@ -167,13 +167,17 @@ class MergeWriter:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         from pyspark.sql import functions as F  # noqa: N812
 
+        from deltaflow.delta import commit
         from deltaflow.delta import log as delta_log
         from deltaflow.delta.progress import is_committed
         from deltaflow.delta.schema import spark_to_arrow
+        from deltaflow.sinks.datasource import sink_fence
 
         opts = self._options
         app = opts.pipeline_id or ""
         table = delta_log.load(self._uri, opts.storage_options)
+        # A writer another process took the pipeline from stops here, also before it skips.
+        commit.check_fence(table, self._uri, sink_fence(opts))
         if is_committed(table, self._uri, app, batch_id, streaming=True):
             metrics.batch_skipped(pipeline=app, table=self._uri)
             logger.info("batch %s of %r is already merged into %s: replay skipped", batch_id, app, self._uri)

@@ -356,8 +356,10 @@ class MirrorWriter:
             )
 
     def __call__(self, events: pa.Table, batch_id: int) -> None:
+        from deltaflow.delta import commit
         from deltaflow.delta import log as delta_log
         from deltaflow.delta.progress import advancing_txns, kafka_progress
+        from deltaflow.sinks.datasource import sink_fence
         from deltaflow.sinks.spark_checkpoint import read_batch_offsets
 
         opts = self._options
@@ -365,6 +367,7 @@ class MirrorWriter:
         started = time.monotonic()
         end = read_batch_offsets(opts, batch_id)
         table = delta_log.load(self._uri, opts.storage_options)
+        commit.check_fence(table, self._uri, sink_fence(opts))  # also before a batch it skips
         held = kafka_progress(table, app, {self._slot_key: ["lsn"]}).get(self._slot_key, {}).get("lsn", -1)
         mine = events.filter(pc.equal(events.column("stream"), self._stream))
         mine = mine.filter(

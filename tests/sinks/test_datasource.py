@@ -268,3 +268,36 @@ def test_spark_checkpoint_files_are_read_wherever_spark_keeps_them(spark, s3, tm
     with fs.open_output_stream(f"{root}/offsets/3") as out:
         out.write(offsets.encode())
     assert read_checkpoint_file(f"s3://{root}", "offsets/3", s3_options) == offsets
+
+
+def test_a_taken_over_writer_stops_also_when_its_batch_is_a_replay_or_empty(tmp_path):
+    # The fence is checked before every commit attempt; a writer whose batches the newer one
+    # always committed first (a replay to skip) or that has no rows would otherwise never
+    # attempt one, and run on beside the newer writer forever.
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    from deltaflow.config.sink import SinkOptions, for_stream
+    from deltaflow.delta import commit
+    from deltaflow.errors import WriterFencedError
+    from deltaflow.sinks.datasource import _DeltaSink
+
+    uri = str(tmp_path / "t")
+    data = pa.table({"id": pa.array([1], pa.int64())})
+    write_deltalake(uri, data)
+    old = commit.claim_writer(uri, {}, "pipe")
+
+    def sink(epoch):
+        options = for_stream(SinkOptions(table_uri=uri, pipeline_id="pipe", writer_epoch=epoch))
+        return _DeltaSink(options, data.schema, overwrite=False)
+
+    sink(old.epoch).commit_batch([], 0)  # nothing to commit, still the writer: no error
+    new = commit.claim_writer(uri, {}, "pipe")
+    # The newer writer commits batch 1 (its txn) before the older one gets to it.
+    txns = [Transaction("pipe", 1), Transaction(commit.fence_app_id("pipe"), new.epoch)]
+    write_deltalake(uri, data, mode="append", commit_properties=CommitProperties(app_transactions=txns))
+    version = DeltaTable(uri).version()
+    for batch in (1, 2):  # a replay of what the newer one committed; a batch without rows
+        with pytest.raises(WriterFencedError, match=f"writer epoch {new.epoch}"):
+            sink(old.epoch).commit_batch([], batch)
+    sink(new.epoch).commit_batch([], 2)  # the newer writer goes on
+    assert DeltaTable(uri).version() == version  # nothing was committed by either
