@@ -179,7 +179,9 @@ def test_a_signal_ends_the_backoff_wait():
     summary = run_until_stopped(start_query, name="t", max_backoff_s=30)
     assert (summary.signal, summary.restarts, len(calls)) == (signal.SIGTERM, 1, 2)
     assert 1.0 <= calls[1] - calls[0] < 2.0  # the first backoff step
-    assert time.monotonic() - started < 2.5  # the second (2 s) was cut short by the signal
+    # The second step (2 s, so 3 s in all) was cut short by the signal: the rest is slack for a
+    # loaded machine.
+    assert time.monotonic() - started < 2.9
     assert signal.getsignal(signal.SIGTERM) is before  # handlers restored
 
 
