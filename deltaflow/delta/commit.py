@@ -332,12 +332,16 @@ def check_fence(table: DeltaTable | None, table_uri: str, fence: Fence | None) -
     its batches done by the newer one would never learn it was taken over.
 
     Raises:
-        WriterFencedError: the table's writer epoch for the pipeline is not ``fence.epoch``.
+        WriterFencedError: the table holds another writer epoch for the pipeline than
+            ``fence.epoch`` (or there is no table any more).
     """
     if fence is None:
         return
     held = transaction_version(table, fence.app_id)
-    if held == fence.epoch:
+    if held == fence.epoch or (held is None and table is not None):
+        # None in an existing table: no claim is visible (expired under the table's
+        # delta.setTransactionRetentionDuration), so no newer writer either; this writer's next
+        # commit records its epoch again.
         return
     claim = _claim_info(table, fence.app_id, held) if table is not None else {}
     who = claim.get(WRITER_KEY, "another process")

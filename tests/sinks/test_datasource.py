@@ -301,3 +301,37 @@ def test_a_taken_over_writer_stops_also_when_its_batch_is_a_replay_or_empty(tmp_
             sink(old.epoch).commit_batch([], batch)
     sink(new.epoch).commit_batch([], 2)  # the newer writer goes on
     assert DeltaTable(uri).version() == version  # nothing was committed by either
+
+
+def test_a_writer_whose_claim_expired_from_the_txns_is_not_fenced(tmp_path):
+    # Under delta.setTransactionRetentionDuration delta-rs stops showing txns older than it, the
+    # writer's claim among them, while the writer idles (no commit refreshes it). No newer writer
+    # is visible then: an idle batch goes on, and the next commit records the epoch again.
+    import time
+
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    from deltaflow.config.sink import SinkOptions, for_stream
+    from deltaflow.delta import commit
+    from deltaflow.io.parquet import WrittenFile
+    from deltaflow.sinks.datasource import DeltaCommitMessage, _DeltaSink
+
+    uri = str(tmp_path / "t")
+    data = pa.table({"id": pa.array([1], pa.int64())})
+    write_deltalake(uri, data, configuration={"delta.setTransactionRetentionDuration": "interval 1 days"})
+    fence = commit.fence_app_id("pipe")
+    ten_days_ago = int(time.time() * 1000) - 10 * 86_400_000
+    claim = CommitProperties(app_transactions=[Transaction(fence, 1, ten_days_ago)])
+    write_deltalake(uri, data, mode="append", commit_properties=claim)
+    assert DeltaTable(uri).transaction_version(fence) is None  # expired
+
+    options = for_stream(SinkOptions(table_uri=uri, pipeline_id="pipe", writer_epoch=1))
+    sink = _DeltaSink(options, data.schema, overwrite=False)
+    sink.commit_batch([], 0)  # nothing to commit: no error
+    path = tmp_path / "t" / "part-x.parquet"
+    pq.write_table(data, path)
+    stats = '{"numRecords": 1}'
+    mtime = path.stat().st_mtime_ns // 10**6
+    written = WrittenFile("part-x.parquet", path.stat().st_size, {}, 1, stats, mtime)
+    sink.commit_batch([DeltaCommitMessage([written])], 1)
+    assert DeltaTable(uri).transaction_version(fence) == 1  # recorded again
