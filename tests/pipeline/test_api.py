@@ -33,3 +33,25 @@ def test_object_store_table_needs_an_explicit_checkpoint(spark, tmp_path):
     source = spark.readStream.format("rate").load()
     with pytest.raises(ConfigError, match="pass checkpoint_location="):
         deltaflow.write_stream(source, "s3://bucket/t", pipeline_id="p")
+
+
+@pytest.mark.parametrize("span", [None, "interval 7 days"])
+def test_a_table_that_lets_txns_expire_is_warned_about_when_a_stream_claims_it(tmp_path, caplog, span):
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    from deltaflow.config.sink import SinkOptions
+    from deltaflow.delta import commit
+    from deltaflow.pipeline.api import TXN_RETENTION, _claim
+
+    uri = str(tmp_path / "t")
+    write_deltalake(uri, pa.table({"id": [1]}), configuration={TXN_RETENTION: span} if span else None)
+    with caplog.at_level("WARNING", logger="deltaflow.pipeline.api"):
+        claimed = _claim(SinkOptions(table_uri=uri, pipeline_id="p"))
+    assert claimed.writer_epoch == DeltaTable(uri).transaction_version(commit.fence_app_id("p")) == 1
+    warned = [r.getMessage() for r in caplog.records if TXN_RETENTION in r.getMessage()]
+    if span is None:
+        assert warned == []
+    else:
+        (message,) = warned
+        assert "'interval 7 days'" in message and "could be written twice" in message
