@@ -102,19 +102,15 @@ class SparkBatchWriter:
         sink = _DeltaSink(opts, batch.schema, self._overwrite)
 
         # Step 0. Replay check before writing anything (with kafka_offsets the source has already
-        # left out every offset the table holds: a replayed batch is empty). A writer another
-        # process took the pipeline from stops here, before it skips a batch the other committed.
-        table = delta_log.load(sink.table_uri, opts.storage_options)
-        commit.check_fence(table, sink.table_uri, sink_fence(opts))
-        if not opts.kafka_offsets and is_committed(
-            table,
-            sink.table_uri,
-            opts.pipeline_id,
-            batch_id,
-            streaming=True,
-        ):
-            logger.info("batch %s of %r is already committed: replay skipped", batch_id, opts.pipeline_id)
-            return None
+        # left out every offset the table holds: a replayed batch is empty, and step 2 of the
+        # commit checks the fence). A writer another process took the pipeline from stops here,
+        # before the replay check: its batch may be one the other has committed, or older.
+        if not opts.kafka_offsets:
+            table = delta_log.load(sink.table_uri, opts.storage_options)
+            commit.check_fence(table, sink.table_uri, sink_fence(opts))
+            if is_committed(table, sink.table_uri, opts.pipeline_id, batch_id, streaming=True):
+                logger.info("batch %s of %r is already committed: replay skipped", batch_id, opts.pipeline_id)
+                return None
 
         # Step 0 (cont.). Write the files.
         started = time.monotonic()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from deltalake import DeltaTable
 
 from deltaflow.config.sink import SinkOptions
@@ -46,3 +47,25 @@ def test_arrow_path_through_foreach_batch_commits_each_batch_once(spark, tmp_pat
     assert _ids(uri) == list(range(30))
     history = [h for h in DeltaTable(uri).history() if h.get("deltaflow.epoch") is not None]
     assert sorted(h["deltaflow.epoch"] for h in history) == [0, 1, 2]
+
+
+def test_a_taken_over_writer_stops_before_it_skips_or_misreads_a_batch(spark, tmp_path):
+    # Step 0 checks the fence before the replay check: the older writer's next batch is one
+    # the newer writer committed (a replay to skip) or older than the table's txn (otherwise
+    # read as a lost checkpoint); either way it stops as taken over, having written nothing.
+    from deltaflow.delta import commit
+    from deltaflow.errors import WriterFencedError
+
+    uri = str(tmp_path / "t")
+    base = SinkOptions.build({"table_uri": uri, "pipeline_id": "bw", "write_path": "spark"})
+    SparkBatchWriter(base)(_df(spark, 0, 10).coalesce(1), 0)
+    old = base.model_copy(update={"writer_epoch": commit.claim_writer(uri, {}, "bw").epoch})
+    new = base.model_copy(update={"writer_epoch": commit.claim_writer(uri, {}, "bw").epoch})
+    SparkBatchWriter(new)(_df(spark, 10, 10).coalesce(1), 1)
+    SparkBatchWriter(new)(_df(spark, 20, 10).coalesce(1), 2)
+    files = _table_files(tmp_path / "t")
+    for batch_id in (2, 1):  # a replay of the newer writer's batch; a batch older than its txn
+        with pytest.raises(WriterFencedError, match="writer epoch 2"):
+            SparkBatchWriter(old)(_df(spark, 20, 10).coalesce(1), batch_id)
+    assert _table_files(tmp_path / "t") == files
+    assert _ids(uri) == list(range(30))
