@@ -58,7 +58,7 @@ from deltalake.transaction import AddAction, RemoveAction, create_table_with_add
 
 from deltaflow.config.locations import join
 from deltaflow.delta import log as delta_log
-from deltaflow.delta.progress import transaction_version
+from deltaflow.delta.progress import transaction_version, warn_on_txn_retention
 from deltaflow.delta.schema import delta_schema
 from deltaflow.errors import (
     ACCESS_DENIED,
@@ -805,6 +805,8 @@ def claim_writer(
     claimed: dict[str, int] = {}
 
     def next_epoch(table: DeltaTable | None) -> Mapping[str, int]:
+        if not claimed:  # the first attempt: said once per claim
+            warn_on_txn_retention(table, table_uri, pipeline_id)
         claimed[app] = (transaction_version(table, app) or 0) + 1
         return dict(claimed)
 

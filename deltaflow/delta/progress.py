@@ -10,6 +10,7 @@ recognised and a lost Spark checkpoint resumes from the table. kafka-delta-inges
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from deltalake import DeltaTable
 
 __all__ = [
+    "TXN_RETENTION",
     "advancing_txns",
     "is_committed",
     "kafka_delta_ingest_progress",
@@ -26,7 +28,13 @@ __all__ = [
     "kafka_txn_id",
     "resumed_progress",
     "transaction_version",
+    "warn_on_txn_retention",
 ]
+
+logger = logging.getLogger(__name__)
+
+#: Under this table property delta-rs hides txns older than its span (Delta's txn expiry).
+TXN_RETENTION = "delta.setTransactionRetentionDuration"
 
 
 def transaction_version(table: DeltaTable | None, app_id: str) -> int | None:
@@ -34,6 +42,28 @@ def transaction_version(table: DeltaTable | None, app_id: str) -> int | None:
     if table is None:
         return None
     return table.transaction_version(app_id)
+
+
+def warn_on_txn_retention(table: DeltaTable | None, table_uri: str, pipeline_id: str) -> None:
+    """A stream's progress lives in txns (batch ids, Kafka offsets, its writer claim) that a
+    commit refreshes only when it advances them: a table that lets them expire can lose an idle
+    source partition's progress. Said once per start (by the claim), loudly, since the table is
+    the user's."""
+    span = table.metadata().configuration.get(TXN_RETENTION) if table is not None else None
+    if span:
+        logger.warning(
+            "table %s sets %s = %r: delta-rs hides txns older than that, and pipeline %r keeps its "
+            "progress in txns (batch ids, Kafka offsets, its writer claim) that a commit refreshes "
+            "only when it advances them. A source partition idle for longer loses its progress, so "
+            "after a lost checkpoint or a replayed batch its rows could be written twice. Remove the "
+            "property (Spark: ALTER TABLE ... UNSET TBLPROPERTIES ('%s')) or make it longer than "
+            "any partition stays idle",
+            table_uri,
+            TXN_RETENTION,
+            span,
+            pipeline_id,
+            TXN_RETENTION,
+        )
 
 
 def kafka_txn_id(app_id: str, topic: str, partition: int | str) -> str:

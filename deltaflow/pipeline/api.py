@@ -107,17 +107,12 @@ def _prepare_table(df: DataFrame, options: SinkOptions) -> None:
     )
 
 
-#: Under this table property delta-rs hides txns older than its span (Delta's txn expiry).
-TXN_RETENTION = "delta.setTransactionRetentionDuration"
-
-
 def _claim(options: SinkOptions) -> StreamSinkOptions:
     """Become the pipeline's only writer of the table (see :func:`deltaflow.delta.commit.claim_writer`):
     the options with the writer epoch every commit of this stream carries."""
     from deltaflow.delta import commit
 
     options = for_stream(options)
-    _warn_on_txn_retention(options)
     fence = commit.claim_writer(
         normalize_uri(options.table_uri),
         options.storage_options,
@@ -125,31 +120,6 @@ def _claim(options: SinkOptions) -> StreamSinkOptions:
         policy=commit.RetryPolicy(max_retries=options.max_commit_retries),
     )
     return options.model_copy(update={"writer_epoch": fence.epoch})
-
-
-def _warn_on_txn_retention(options: SinkOptions) -> None:
-    """A stream's progress lives in txns (batch ids, Kafka offsets, its writer claim) that a
-    commit refreshes only when it advances them: a table that lets them expire can lose an idle
-    source partition's progress. Said once per start, loudly, since the table is the user's."""
-    from deltaflow.delta import log as delta_log
-
-    uri = normalize_uri(options.table_uri)
-    table = delta_log.load(uri, options.storage_options)
-    span = table.metadata().configuration.get(TXN_RETENTION) if table is not None else None
-    if span:
-        logger.warning(
-            "table %s sets %s = %r: delta-rs hides txns older than that, and pipeline %r keeps its "
-            "progress in txns (batch ids, Kafka offsets, its writer claim) that a commit refreshes "
-            "only when it advances them. A source partition idle for longer loses its progress, so "
-            "after a lost checkpoint or a replayed batch its rows could be written twice. Remove the "
-            "property (Spark: ALTER TABLE ... UNSET TBLPROPERTIES ('%s')) or make it longer than "
-            "any partition stays idle",
-            uri,
-            TXN_RETENTION,
-            span,
-            options.pipeline_id,
-            TXN_RETENTION,
-        )
 
 
 def write_stream(

@@ -42,11 +42,12 @@ def test_a_table_that_lets_txns_expire_is_warned_about_when_a_stream_claims_it(t
 
     from deltaflow.config.sink import SinkOptions
     from deltaflow.delta import commit
-    from deltaflow.pipeline.api import TXN_RETENTION, _claim
+    from deltaflow.delta.progress import TXN_RETENTION
+    from deltaflow.pipeline.api import _claim
 
     uri = str(tmp_path / "t")
     write_deltalake(uri, pa.table({"id": [1]}), configuration={TXN_RETENTION: span} if span else None)
-    with caplog.at_level("WARNING", logger="deltaflow.pipeline.api"):
+    with caplog.at_level("WARNING", logger="deltaflow.delta.progress"):
         claimed = _claim(SinkOptions(table_uri=uri, pipeline_id="p"))
     assert claimed.writer_epoch == DeltaTable(uri).transaction_version(commit.fence_app_id("p")) == 1
     warned = [r.getMessage() for r in caplog.records if TXN_RETENTION in r.getMessage()]
