@@ -8,7 +8,7 @@ import sys
 import click
 
 from deltaflow.cli.options import LINES, METRICS_PORT, STATUS_PORT, key_values, serve
-from deltaflow.cli.output import ProgressLine
+from deltaflow.cli.output import ProgressLine, verbose
 from deltaflow.io import logs
 
 __all__ = ["ingest"]
@@ -571,8 +571,7 @@ def _apply_log_level(level: str | None) -> None:
     kafka-delta-ingest reads a bare level only and takes ``info`` for anything else (module
     filters like ``kafka_delta_ingest=debug`` included); so does this.
     """
-    root = click.get_current_context().find_root()
-    if level is None or (root.obj or {}).get("verbose"):
+    if level is None or verbose():
         return
     chosen = _RUST_LEVELS.get(level.strip().lower(), logging.INFO)
     logging.getLogger().setLevel(chosen)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import click
 
-__all__ = ["ProgressLine", "emit", "print_rows", "size"]
+__all__ = ["ProgressLine", "emit", "print_rows", "size", "verbose"]
 
 
 class ProgressLine:
@@ -77,3 +77,9 @@ def print_rows(table: object) -> None:
     frame = table.to_pandas()
     click.echo(frame.to_string(index=False, max_colwidth=60))
     click.echo(f"({table.num_rows} row(s))")
+
+
+def verbose() -> bool:
+    """Whether ``deltaflow -v`` (``--verbose``) was given to the command running now."""
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx is not None and (ctx.find_root().obj or {}).get("verbose"))

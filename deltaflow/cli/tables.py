@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from deltaflow.cli.options import JSON, STORAGE, key_values
-from deltaflow.cli.output import emit, print_rows, size
+from deltaflow.cli.output import emit, print_rows, size, verbose
 from deltaflow.io.footers import FOOTER_THREADS
 
 if TYPE_CHECKING:
@@ -369,9 +369,7 @@ def _footer_progress() -> tuple[Callable[[int, int], None], Callable[[], None]]:
 
 
 def _list_paths(what: str, paths: Sequence[str]) -> None:
-    ctx = click.get_current_context(silent=True)
-    verbose = bool(ctx is not None and (ctx.find_root().obj or {}).get("verbose"))
-    shown = paths if verbose else paths[:LISTED_PATHS]
+    shown = paths if verbose() else paths[:LISTED_PATHS]
     for path in shown:
         click.echo(f"{what}: {path}", err=True)
     if len(paths) > len(shown):
