@@ -154,7 +154,6 @@ def _with_table_partitioning(config: IngestConfig) -> IngestConfig:
     Raises:
         ConfigError: ``--partition_by`` differs from the existing table's partitioning.
     """
-
     uri = normalize_uri(config.table_uri)
     table = _main_table(config)
     if table is None:
