@@ -10,6 +10,7 @@ recognised and a lost Spark checkpoint resumes from the table. kafka-delta-inges
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
 __all__ = [
     "TXN_RETENTION",
     "advancing_txns",
+    "batch_txns",
+    "checkpoint_mark",
+    "checkpoint_txn_id",
     "is_committed",
     "kafka_delta_ingest_progress",
     "kafka_progress",
@@ -32,6 +36,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: The txn that names the Spark checkpoint a pipeline's batch-id txn came from (its version is
+#: :func:`checkpoint_mark` of the query id, not a count: delta-rs and Delta readers take any long).
+CHECKPOINT_TXN_PREFIX = "deltaflow-checkpoint:"
 
 #: Under this table property delta-rs hides txns older than its span (Delta's txn expiry).
 TXN_RETENTION = "delta.setTransactionRetentionDuration"
@@ -124,31 +132,79 @@ def advancing_txns(
     }
 
 
+def checkpoint_txn_id(app_id: str) -> str:
+    """The txn app id whose version names the checkpoint ``txn(app_id)``'s batches came from."""
+    return f"{CHECKPOINT_TXN_PREFIX}{app_id}"
+
+
+def checkpoint_mark(query_id: str) -> int:
+    """A Spark query id (the ``id`` of its checkpoint's ``metadata``: the same across restarts
+    from that checkpoint, new for a new one) as a txn version: 63 bits of its SHA-256."""
+    return int.from_bytes(hashlib.sha256(query_id.encode()).digest()[:8], "big") >> 1
+
+
+def batch_txns(app_id: str, version: int, checkpoint: str | None) -> dict[str, int]:
+    """The txns a stream's commit of batch ``version`` carries: ``txn(app_id, version)`` and,
+    when the query id is known, the mark of the checkpoint it came from."""
+    txns = {app_id: version}
+    if checkpoint:
+        txns[checkpoint_txn_id(app_id)] = checkpoint_mark(checkpoint)
+    return txns
+
+
 def is_committed(
-    table: Any, table_uri: str, app_id: str | None, version: int | None, *, streaming: bool
+    table: Any,
+    table_uri: str,
+    app_id: str | None,
+    version: int | None,
+    *,
+    streaming: bool,
+    checkpoint: str | None = None,
 ) -> bool:
     """Whether ``txn(app_id)`` in ``table`` already holds ``version`` (the batch is a replay).
 
+    Args:
+        checkpoint: the streaming query's id (Spark's ``sql.streaming.queryId``, which lives in
+            its checkpoint). With it, a batch the table holds counts as a replay only when the
+            table's batches came from this same checkpoint (:func:`checkpoint_mark`).
+
     Raises:
-        CheckpointMismatchError: for a stream whose batch is OLDER than the txn version. Spark
+        CheckpointMismatchError: for a stream whose batch is OLDER than the txn version (Spark
             only ever replays its last batch, so an older id means the checkpoint was lost or
-            swapped; skipping would drop rows, so the stream must stop instead.
+            swapped), or whose table holds batches of another checkpoint (a new checkpoint's
+            first batch has the same id as the last one of the lost checkpoint: skipping it
+            would drop its rows). Either way the stream must stop instead of skipping.
     """
     if app_id is None or version is None:
         return False
     done = transaction_version(table, app_id)
     if done is None:
         return False
-    if streaming and done > version:
+    other = _other_checkpoint(table, app_id, checkpoint) if streaming else None
+    if streaming and (done > version or other):
+        why = (
+            f"the stream now runs batch {version}"
+            if done > version
+            else f"they came from another Spark checkpoint than batch {version} (query id {checkpoint})"
+        )
         raise CheckpointMismatchError(
-            f"pipeline {app_id!r} has committed batches up to {done} to {table_uri!r}, but the "
-            f"stream now runs batch {version}: its Spark checkpoint is not the one those commits "
-            "came from (deleted, moved or shared). Restore the checkpoint, or start over "
-            "deliberately with a new pipeline_id and a new checkpoint location; nothing was "
-            "committed",
+            f"pipeline {app_id!r} has committed batches up to {done} to {table_uri!r}, but {why}: "
+            "its Spark checkpoint is not the one those commits came from (deleted, moved or "
+            "shared). Restore the checkpoint, or start over deliberately with a new pipeline_id "
+            "and a new checkpoint location; nothing was committed",
             pipeline_id=app_id,
             batch_id=version,
             table_uri=table_uri,
             committed_version=done,
         )
     return bool(done >= version)
+
+
+def _other_checkpoint(table: Any, app_id: str, checkpoint: str | None) -> bool:
+    """Whether the table's batches of ``app_id`` came from a checkpoint other than ``checkpoint``.
+    Unknown (``False``) without a query id, or for a table whose commits carry no mark (written
+    before marks were recorded: its next commit records one)."""
+    if not checkpoint:
+        return False
+    mark = transaction_version(table, checkpoint_txn_id(app_id))
+    return mark is not None and mark != checkpoint_mark(checkpoint)

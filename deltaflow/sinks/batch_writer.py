@@ -29,7 +29,7 @@ import pickle
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,6 +46,7 @@ from deltaflow.io.footers import hive_partitions
 from deltaflow.io.parquet import WrittenFile, stats_json
 from deltaflow.metrics import metrics
 from deltaflow.sinks.datasource import DeltaCommitMessage, _DeltaSink, sink_fence
+from deltaflow.sinks.spark_checkpoint import streaming_query_id
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -100,6 +101,7 @@ class SparkBatchWriter:
 
         opts = self._options
         sink = _DeltaSink(opts, batch.schema, self._overwrite)
+        query_id = streaming_query_id(batch)  # the checkpoint the batch runs on
 
         # Step 0. Replay check before writing anything (with kafka_offsets the source has already
         # left out every offset the table holds: a replayed batch is empty, and step 2 of the
@@ -108,7 +110,9 @@ class SparkBatchWriter:
         if not opts.kafka_offsets:
             table = delta_log.load(sink.table_uri, opts.storage_options)
             commit.check_fence(table, sink.table_uri, sink_fence(opts))
-            if is_committed(table, sink.table_uri, opts.pipeline_id, batch_id, streaming=True):
+            if is_committed(
+                table, sink.table_uri, opts.pipeline_id, batch_id, streaming=True, checkpoint=query_id
+            ):
                 logger.info("batch %s of %r is already committed: replay skipped", batch_id, opts.pipeline_id)
                 return None
 
@@ -118,11 +122,11 @@ class SparkBatchWriter:
             staging = self._staging_root / f"b{batch_id:06d}"
             shutil.rmtree(staging, ignore_errors=True)
             self._spark_write(batch, staging)
-            messages = [DeltaCommitMessage(self._move_into_table(staging, sink, batch_id), 0, 0, None)]
+            messages = [DeltaCommitMessage(self._move_into_table(staging, sink, batch_id), 0, 0, query_id)]
             shutil.rmtree(staging, ignore_errors=True)
             maybe_crash("write", batch_id)
         else:
-            messages = _arrow_write(batch, sink, batch_id)
+            messages = [replace(m, query_id=query_id) for m in _arrow_write(batch, sink, batch_id)]
         metrics.batch_written(
             pipeline=opts.pipeline_id or "", table=sink.table_uri, seconds=time.monotonic() - started
         )

@@ -219,17 +219,19 @@ class _DeltaSink:
 
         Step 1. Collect the files every task reported.
         Step 2. Load the table afresh; if it already holds this batch (``txn(pipeline_id)`` at
-                this batch's version, or every Kafka partition's progress at its end offsets),
-                the batch is a replay: delete its new files and stop. A txn version beyond this
-                batch means a foreign checkpoint: fail, never skip. Nothing is changed before
-                this check, not even the schema.
+                this batch's version from this batch's checkpoint, or every Kafka partition's
+                progress at its end offsets), the batch is a replay: delete its new files and
+                stop. A txn version beyond this batch, or batches of another checkpoint (the
+                checkpoint txn: :func:`deltaflow.delta.progress.checkpoint_mark`), mean a
+                foreign checkpoint: fail, never skip. Nothing is changed before this check, not
+                even the schema.
         Step 3. Check the inputs the commit itself would not: schema against the table (strict
                 or merge: new columns are added now, in a commit of their own), partitioning,
                 and that every file exists with its size.
-        Step 4. Commit all files and the txns in ONE transaction under the commit rule
-                (:func:`deltaflow.delta.commit.commit`): an error is resolved by reading the log, a
-                commit that landed is never repeated, files are deleted only when another commit
-                holds the batch.
+        Step 4. Commit all files and the txns (the batch's and its checkpoint's) in ONE
+                transaction under the commit rule (:func:`deltaflow.delta.commit.commit`): an
+                error is resolved by reading the log, a commit that landed is never repeated,
+                files are deleted only when another commit holds the batch.
         Step 5. Report. Spark records the batch as done only after this returns.
         """
         from deltaflow.delta import commit
@@ -239,6 +241,9 @@ class _DeltaSink:
         opts = self.options
         app_id, version = self._txn(batch_id)
         streaming = batch_id is not None
+        # The checkpoint the batch runs on (its query id, as the tasks saw it): a batch the table
+        # holds from another checkpoint is a lost checkpoint, not a replay.
+        checkpoint = _query_id(messages) if streaming else None
         end = read_batch_offsets(opts, batch_id) if opts.kafka_offsets and batch_id is not None else None
 
         def kafka_txns(table: Any) -> dict[str, int]:
@@ -248,7 +253,9 @@ class _DeltaSink:
             if end is not None:
                 # Kafka progress: the batch is in the log when no partition it read advances it.
                 return not kafka_txns(table)
-            return is_committed(table, self.table_uri, app_id, version, streaming=streaming)
+            return is_committed(
+                table, self.table_uri, app_id, version, streaming=streaming, checkpoint=checkpoint
+            )
 
         # Step 1. Collect the files every task reported.
         files = _collect(messages)
@@ -285,7 +292,9 @@ class _DeltaSink:
         # Step 4. One transaction: files + txns + commit metadata, under the commit rule.
         rows = sum(f.num_records for f in files)
         started = time.monotonic()
-        txn = {app_id: version} if app_id is not None and version is not None else {}
+        txn = {}
+        if app_id is not None and version is not None:
+            txn = progress.batch_txns(app_id, version, checkpoint)
         what = f"batch {batch_id if streaming else version} of {opts.pipeline_id or 'a batch write'!r}"
         try:
             result = commit.commit_files(

@@ -172,13 +172,15 @@ class MergeWriter:
         from deltaflow.delta.progress import is_committed
         from deltaflow.delta.schema import spark_to_arrow
         from deltaflow.sinks.datasource import sink_fence
+        from deltaflow.sinks.spark_checkpoint import streaming_query_id
 
         opts = self._options
         app = opts.pipeline_id or ""
+        query_id = streaming_query_id(batch)  # the checkpoint the batch runs on
         table = delta_log.load(self._uri, opts.storage_options)
         # A writer another process took the pipeline from stops here, also before it skips.
         commit.check_fence(table, self._uri, sink_fence(opts))
-        if is_committed(table, self._uri, app, batch_id, streaming=True):
+        if is_committed(table, self._uri, app, batch_id, streaming=True, checkpoint=query_id):
             metrics.batch_skipped(pipeline=app, table=self._uri)
             logger.info("batch %s of %r is already merged into %s: replay skipped", batch_id, app, self._uri)
             return
@@ -198,7 +200,7 @@ class MergeWriter:
         schema = spark_to_arrow(rows.schema)
         data = data.cast(schema) if data.schema != schema else data
         maybe_crash("before_commit", batch_id, self._uri)
-        self._merge(data, batch_id, started)
+        self._merge(data, batch_id, started, query_id)
         maybe_crash("after_commit", batch_id, self._uri)
 
     def _check_rows(self, rows: DataFrame, batch_id: int) -> None:
@@ -233,12 +235,13 @@ class MergeWriter:
                 self._uri,
             )
 
-    def _merge(self, data: pa.Table, batch_id: int, started: float) -> None:
-        """ONE delta-rs MERGE carrying ``txn(pipeline_id, batch_id)``, under the commit rule."""
+    def _merge(self, data: pa.Table, batch_id: int, started: float, query_id: str | None) -> None:
+        """ONE delta-rs MERGE carrying ``txn(pipeline_id, batch_id)`` and the mark of the
+        checkpoint ``query_id`` it runs on, under the commit rule."""
         from deltalake.exceptions import DeltaError
 
         from deltaflow.delta import commit
-        from deltaflow.delta.progress import is_committed
+        from deltaflow.delta.progress import batch_txns, is_committed
         from deltaflow.sinks.datasource import sink_fence
 
         opts = self._options
@@ -273,8 +276,10 @@ class MergeWriter:
                     "deltaflow.epoch": batch_id,
                     "deltaflow.rows": data.num_rows,
                 },
-                txns=lambda _table: {app: batch_id},
-                already_done=lambda table: is_committed(table, self._uri, app, batch_id, streaming=True),
+                txns=lambda _table: batch_txns(app, batch_id, query_id),
+                already_done=lambda table: is_committed(
+                    table, self._uri, app, batch_id, streaming=True, checkpoint=query_id
+                ),
                 fence=sink_fence(opts),
                 policy=commit.RetryPolicy(max_retries=opts.max_commit_retries),
             )

@@ -1,4 +1,5 @@
-"""Spark's own checkpoint, read from the sink: the source offsets Spark logged for a batch.
+"""Spark's own checkpoint, read from the sink: the source offsets Spark logged for a batch, and
+the checkpoint's identity (its query id) seen from a ``foreachBatch`` function.
 
 Kafka progress goes into the Delta commit of the batch (:mod:`deltaflow.delta.progress`); the
 offsets it records are the ones Spark wrote to its offset log before running the batch.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 import pyarrow as pa
@@ -18,9 +20,29 @@ from deltaflow.config.sink import SinkOptions
 from deltaflow.errors import ConfigError, storage_error
 from deltaflow.io.storage import filesystem
 
-__all__ = ["read_batch_offsets", "read_checkpoint_file"]
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["read_batch_offsets", "read_checkpoint_file", "streaming_query_id"]
+
+#: The local property Spark's stream execution sets to the query's id (the ``id`` of the
+#: checkpoint's ``metadata`` file) on the thread that runs a micro-batch, and so on its tasks.
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
 
 logger = logging.getLogger(__name__)
+
+
+def streaming_query_id(batch: DataFrame) -> str | None:
+    """The id of the streaming query whose micro-batch ``batch`` is, from a ``foreachBatch``
+    function on the driver (``None`` outside a stream, or where the session has no
+    ``SparkContext``: Spark Connect). Stable across restarts of one checkpoint, new for a new one.
+    """
+    try:
+        context: Any = batch.sparkSession.sparkContext
+        value = context.getLocalProperty(QUERY_ID_PROPERTY)
+    except Exception:  # noqa: BLE001 - Spark Connect has no SparkContext: the id is unknown
+        return None
+    return str(value) if value else None
 
 
 def read_batch_offsets(options: SinkOptions, batch_id: int) -> dict[str, dict[str, int]]:

@@ -10,6 +10,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import functions as F  # noqa: N812
 
 import deltaflow
+from deltaflow.delta import commit
 from deltaflow.errors import ConfigError, SchemaMismatchError, TableNotFoundError, UnknownOptionError
 from deltaflow.io.storage import filesystem
 from tests.fixtures.frames import df as _df
@@ -231,6 +232,82 @@ def test_a_lost_checkpoint_stops_the_stream_instead_of_skipping_rows(spark, tmp_
     assert "Restore the checkpoint" in str(err.value)
     assert _ids(uri) == list(range(30))
     assert len(_parquet_files(tmp_path / "t")) == len(DeltaTable(uri).file_uris())
+
+
+@pytest.mark.parametrize(
+    ("write_path", "committed"),
+    [("arrow", 1), ("spark", 1), ("arrow", 2), ("arrow", 5)],
+    ids=["arrow-1", "spark-1", "arrow-2", "arrow-5"],
+)
+def test_a_lost_checkpoint_after_any_number_of_batches_is_refused_never_skipped(
+    spark, tmp_path, write_path, committed
+):
+    # The default checkpoint (<table>/_deltaflow/checkpoints/<pipeline_id>) is deleted after
+    # `committed` batches, two files land, and the same write_stream starts again: its first
+    # batch reads every file as batch 0. After one committed batch, batch 0 is what the table's
+    # txn holds: only the checkpoint mark tells a lost checkpoint from a replay.
+    import shutil
+
+    landing = _landing(tmp_path, committed, 10)
+    uri = str(tmp_path / "t")
+    schema = "id LONG, name STRING"
+    first = deltaflow.write_stream(
+        spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).json(str(landing)),
+        uri,
+        pipeline_id="p1",
+        trigger={"availableNow": True},
+        write_path=write_path,
+    )
+    assert first.awaitTermination(180)
+    table = DeltaTable(uri)
+    assert table.transaction_version("p1") == committed - 1
+    version = table.version()
+    shutil.rmtree(tmp_path / "t" / "_deltaflow" / "checkpoints" / "p1")
+    for f in (100, 101):
+        (landing / f"f{f}.json").write_text(f'{{"id": {f * 10}, "name": "late"}}\n')
+    again = deltaflow.write_stream(
+        spark.readStream.schema(schema).json(str(landing)),
+        uri,
+        pipeline_id="p1",
+        trigger={"availableNow": True},
+        write_path=write_path,
+    )
+    with pytest.raises(PySparkException, match="CheckpointMismatchError") as err:
+        again.awaitTermination(180)
+    assert "Restore the checkpoint" in str(err.value)
+    assert _ids(uri) == list(range(committed * 10))
+    # Nothing but the restart's writer claim was committed, and no file was left behind.
+    entries = commit.read_entries(uri, {}, version + 1, DeltaTable(uri).version())
+    assert [bool(e.info.get(commit.CLAIM_KEY)) and not e.added for e in entries] == [True]
+    assert len(_parquet_files(tmp_path / "t")) == len(DeltaTable(uri).file_uris())
+
+
+def test_the_deltaflow_format_with_a_fresh_checkpoint_location_is_refused_after_one_batch(spark, tmp_path):
+    landing = _landing(tmp_path, 1, 10)
+    uri = str(tmp_path / "t")
+
+    def start(checkpoint):
+        return (
+            spark.readStream.schema("id LONG, name STRING")
+            .json(str(landing))
+            .writeStream.format("deltaflow")
+            .option("table_uri", uri)
+            .option("pipeline_id", "p1")
+            .option("checkpointLocation", str(tmp_path / checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    assert start("cp1").awaitTermination(180) is not False
+    assert DeltaTable(uri).transaction_version("p1") == 0
+    (landing / "f100.json").write_text('{"id": 1000, "name": "late"}\n')
+    again = start("cp2")
+    with pytest.raises(PySparkException, match="another Spark checkpoint"):
+        again.awaitTermination(180)
+    assert _ids(uri) == list(range(10))
+    # The same checkpoint still goes on: its next batch lands.
+    assert start("cp1").awaitTermination(180) is not False
+    assert _ids(uri) == [*range(10), 1000]
 
 
 def test_spark_write_path_is_refused_by_the_format_entry_point(spark, tmp_path):

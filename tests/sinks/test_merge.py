@@ -123,6 +123,44 @@ def test_op_column_changes_upsert_delete_in_sequence_and_replays_do_nothing(spar
     assert not entries[0].added and not entries[0].removed
 
 
+def test_a_lost_checkpoint_after_one_merged_batch_is_refused_not_skipped(spark, tmp_path):
+    # The new checkpoint's batch 0 (every file) has the id of the one batch the table holds:
+    # the checkpoint mark, not the batch id, tells it from a replay.
+    landing = tmp_path / "landing"
+    specs = _spec(
+        tmp_path,
+        """
+        pipelines:
+          - id: cdc
+            source:
+              type: files
+              path: "${DIR}/landing"
+              format: json
+              schema: "id INT, name STRING, op STRING, seq BIGINT"
+              rescued_data_column: null
+            sinks:
+              - table_uri: "${DIR}/t"
+                write_mode: merge
+                key_columns: [id]
+                cdc_format: op
+                sequence_by: seq
+        """,
+    )
+    _land(landing, "1.json", [{"id": i, "name": f"n{i}", "op": "c", "seq": i} for i in range(1, 4)])
+    run_pipelines(spark, specs, available_now=True)
+    assert DeltaTable(str(tmp_path / "t")).transaction_version("cdc") == 0
+    version = DeltaTable(str(tmp_path / "t")).version()
+    shutil.rmtree(tmp_path / "t" / "_deltaflow" / "checkpoints")
+    _land(landing, "2.json", [{"id": 9, "name": "new", "op": "c", "seq": 9}])
+    with pytest.raises(CheckpointMismatchError, match="another Spark checkpoint"):
+        run_pipelines(spark, specs, available_now=True)
+    assert _table(tmp_path / "t", "id", "name") == [(1, "n1"), (2, "n2"), (3, "n3")]
+    entries = commit.read_entries(
+        str(tmp_path / "t"), {}, version + 1, DeltaTable(str(tmp_path / "t")).version()
+    )
+    assert [bool(e.info.get(commit.CLAIM_KEY)) and not e.added for e in entries] == [True]
+
+
 def test_changes_without_a_sequence_are_refused_with_nothing_merged(spark, tmp_path):
     from deltaflow.config.sink import SinkOptions
     from deltaflow.delta import commit
