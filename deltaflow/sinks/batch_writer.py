@@ -14,11 +14,12 @@ sequence). Before them, for micro-batch N:
 
 Step 0. Replay check BEFORE writing: if ``txn(pipeline_id)`` ≥ N nothing is written at all.
         Then the files are written.
-        ``spark``: Spark writes the batch under ``<table>/_deltaflow/staging/<pipeline_id>/<writer>/b<N>``
-        (cleared first: a crashed attempt may have left files there; Delta readers and vacuum
-        ignore it), counting the rows its tasks write; each file is renamed into its Hive
-        partition folder of the table as ``part-b<N>-<spark's name>`` and described (size,
-        partition values, footer statistics).
+        ``spark``: Spark writes the batch under
+        ``<table>/_deltaflow/staging/<pipeline_id>/e<epoch>/<writer>/b<N>`` (cleared first: a
+        crashed attempt may have left files there; Delta readers ignore it, and vacuum never
+        deletes the files of a writer whose claim is live), counting the rows its tasks write;
+        each file is renamed into its Hive partition folder of the table as
+        ``part-b<N>-<spark's name>`` and described (size, partition values, footer statistics).
         The files must hold every row the tasks wrote: files that vanished before they were
         moved (deleted by another process) fail the batch, never commit it without their rows.
         ``arrow``: each task writes ``part-b<N>-p<task>-a<attempt>-*.parquet`` into the table.
@@ -83,7 +84,10 @@ class SparkBatchWriter:
         self._root = Path(normalize_uri(options.table_uri))  # used by the spark way only
         # One staging folder per writer object (process): a zombie copy of the pipeline clears
         # and fills its own folder, never this one's.
-        self._staging_root = Path(staging_dir(str(self._root), options.pipeline_id, _writer_token()))
+        # Under its writer epoch: vacuum --full keeps the files of a writer whose claim is live.
+        self._staging_root = Path(
+            staging_dir(str(self._root), options.pipeline_id, _writer_token(), options.writer_epoch)
+        )
         # Bytes per row seen in the last batch: turns target_file_size_mb into Spark's
         # maxRecordsPerFile (Spark itself cannot roll files by size).
         self._bytes_per_row: float | None = None

@@ -114,6 +114,28 @@ def spark_session():
     return SparkSession.getActiveSession()
 
 
+def test_vacuum_full_beside_a_running_batch_keeps_its_staged_files(spark, tmp_path):
+    # deltaflow vacuum --full --retention-hours 0 --force --execute in a loop beside a stream
+    # deleted the running batch's staged files; the batch then committed without their rows.
+    import json
+
+    from deltaflow import ops
+
+    uri = str(tmp_path / "t")
+    writer = SparkBatchWriter(_claimed(uri, "bw"))
+    marker = tmp_path / "vacuumed"
+
+    def vacuum(_: Path) -> str:
+        result = ops.vacuum(uri, retention_hours=0, force=True, full=True, dry_run=False)
+        return json.dumps({"deleted": result.staging_files, "kept": getattr(result, "kept_staging", 0)})
+
+    writer(_when_task_0_staged(spark, uri, vacuum, marker), 1)
+    assert _ids(uri) == [*range(200), 1000]
+    assert DeltaTable(uri).transaction_version("bw") == 1
+    vacuumed = json.loads(marker.read_text())
+    assert vacuumed["deleted"] == [] and vacuumed["kept"] >= 1  # the staged files (.crc files too)
+
+
 def test_a_batch_whose_staged_files_vanished_fails_and_is_written_again(spark, tmp_path):
     # Files deleted under the writer (another tool, an older vacuum) must fail the batch: its
     # commit would hold only the rows that are left, and Spark would record it as done.
