@@ -12,7 +12,9 @@ systemd or Kubernetes would. Faults, at random (``--seed``):
 * the ingest's Spark checkpoint deleted while it is down (its Kafka progress is in the tables);
 * lost commit responses (the log entry's PUT is forwarded, the client gets a 500);
 * slow requests, failing requests (503), connection resets;
-* a concurrent ``deltaflow optimize`` of the events table.
+* a concurrent ``deltaflow optimize`` of the events table;
+* ``deltaflow vacuum --full --retention-hours 0 --force --execute`` of a running workload's
+  table beside its stream (never-referenced files: a batch's files before their commit).
 
 Then the faults stop, each workload drains (``--ends_at_latest_offsets`` / ``--available-now``)
 and two independent readers (DuckDB's delta extension over S3, and delta-rs) check that every
@@ -64,6 +66,8 @@ ROWS_PER_FILE = 50
 LAND_EVERY_S = 1.0
 #: Seconds between two non-kill faults (uniform).
 FAULT_GAP_S = (2.0, 6.0)
+#: The vacuum beside a stream: never-referenced files of any age (a batch's before its commit).
+VACUUM_FULL = ["--full", "--retention-hours", "0", "--force", "--execute"]
 #: How long the drain of each workload may take.
 DRAIN_TIMEOUT_S = 600
 #: Stderr lines kept per unexpected exit.
@@ -255,6 +259,8 @@ def run(
             return sum(1 for m, p in list(proxy.requests) if m == "PUT" and tables[worker] in p)
 
         optimizers: list[subprocess.Popen[bytes]] = []
+        vacuums: list[subprocess.Popen[bytes]] = []
+        vacuumed = {"ingest": "s3://lake/events", "yaml": "s3://lake/files"}
         kill_every = duration_s / (min_kills + 1)
         next_kill = time.monotonic() + kill_every
         next_fault = time.monotonic() + rng.uniform(*FAULT_GAP_S)
@@ -295,7 +301,7 @@ def run(
                     )
                     next_kill = now + kill_every
             if now >= next_fault:
-                kind = rng.choice(["lost_response", "slow", "failing", "reset", "optimize"])
+                kind = rng.choice(["lost_response", "slow", "failing", "reset", "optimize", "vacuum_full"])
                 if kind == "lost_response":
                     proxy.lose_response("PUT", LOG_ENTRY, times=rng.randint(1, 3))
                 elif kind == "slow":
@@ -316,6 +322,19 @@ def run(
                                 stderr=subprocess.DEVNULL,
                             )
                         )
+                elif kind == "vacuum_full":
+                    vacuums = [p for p in vacuums if p.poll() is None]
+                    if not vacuums:
+                        table = vacuumed[rng.choice(sorted(w.name for w in workers))]
+                        vacuums.append(
+                            subprocess.Popen(
+                                [*cli, "vacuum", table, *VACUUM_FULL],
+                                cwd=ROOT,
+                                env=env,
+                                stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL,
+                            )
+                        )
                 report.faults[kind] += 1
                 next_fault = now + rng.uniform(*FAULT_GAP_S)
             time.sleep(0.2)
@@ -324,7 +343,7 @@ def run(
         stop.set()
         for w in workers:
             w.retire()
-        for p in optimizers:
+        for p in optimizers + vacuums:
             p.wait(300)
         proxy.heal()
         report.faults.update({f"proxy_{k}": v for k, v in proxy.counts.items()})

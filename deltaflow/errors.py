@@ -48,6 +48,7 @@ __all__ = [
     "UnknownOptionError",
     "WriteValidationError",
     "WriterFencedError",
+    "WrittenFilesLostError",
     "storage_error",
 ]
 
@@ -152,6 +153,13 @@ class TableNotFoundError(TerminalError):
 
 class WriteValidationError(TerminalError):
     """Files written by the executors are not what their commit messages claim."""
+
+
+class WrittenFilesLostError(TransientError):
+    """Files a batch wrote vanished before their commit (deleted by another process, e.g.
+    ``vacuum --full`` with a retention shorter than a batch takes): the rows the write tasks
+    reported are not all in the files found. Nothing of the batch was committed and its files
+    that remain are deleted; the batch is written again (Spark never recorded it as done)."""
 
 
 class CheckpointMismatchError(TerminalError):

@@ -124,6 +124,12 @@ def vacuum(
                 "(--include-registered deletes them too)",
                 err=True,
             )
+        if result.kept_staging:
+            click.echo(
+                f"kept {result.kept_staging} staged file(s) of writers that hold a live claim on the "
+                "table (a running stream's batch in progress)",
+                err=True,
+            )
         if result.dry_run:
             click.echo(
                 f"dry run: {count} file(s) would be deleted (retention {result.retention_hours} h); "

@@ -18,7 +18,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 from deltalake.exceptions import TableNotFoundError as _DeltaTableNotFound
 
-from deltaflow.errors import storage_error
+from deltaflow.errors import ConfigError, storage_error
 
 __all__ = [
     "active_paths",
@@ -26,6 +26,8 @@ __all__ = [
     "is_delta_rs_error",
     "indexed_columns",
     "load",
+    "timestamp_millis",
+    "version_as_of",
 ]
 
 logger = logging.getLogger(__name__)
@@ -101,3 +103,56 @@ def bytes_per_row(table: DeltaTable | None, files: int = 50) -> float | None:
     newest = actions.sort_by([("modification_time", "descending")]).slice(0, files)
     ratios = pc.divide(pc.cast(newest["size_bytes"], pa.float64()), newest["num_records"])
     return float(statistics.median(ratios.to_pylist()))
+
+
+def timestamp_millis(timestamp: str, name: str = "timestamp") -> float:
+    """``timestamp`` (ISO 8601, a date or a time; UTC unless it says otherwise) in milliseconds
+    since the epoch, as the log's commit timestamps count.
+
+    Raises:
+        ConfigError: not an ISO-8601 time or date (``name`` is the option that held it).
+    """
+    import datetime as dt
+
+    try:
+        when = dt.datetime.fromisoformat(timestamp.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(f"{name} {timestamp!r} is not an ISO-8601 time or date", value=timestamp) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return when.timestamp() * 1000
+
+
+def version_as_of(table: DeltaTable, timestamp: str, table_uri: str, name: str = "timestamp") -> int:
+    """The last version committed at or before ``timestamp``: time travel by time (restore,
+    reads as of a time, delta-spark's ``timestampAsOf``), by the commit timestamps ``history``
+    shows.
+
+    A time before the earliest version still in the log has no version: delta-rs' own lookup
+    answers the earliest one (version 0, the empty CREATE), and a restore to it empties the
+    table. Refused, as delta-spark refuses it, naming the earliest time that has one.
+
+    Raises:
+        ConfigError: ``timestamp`` is not an ISO-8601 time, or it is before the earliest
+            version still in the log (the table did not exist yet, or the log was cleaned up).
+    """
+    import datetime as dt
+
+    ms = timestamp_millis(timestamp, name)
+    versions = sorted((int(h["version"]), int(h["timestamp"])) for h in table.history() if "timestamp" in h)
+    before = [v for v, stamp in versions if stamp <= ms]
+    if before:
+        return before[-1]
+    if not versions:
+        raise ConfigError(f"{name} {timestamp}: {table_uri!r} has no commit in its log", table_uri=table_uri)
+    first, first_ms = versions[0]
+    earliest = dt.datetime.fromtimestamp(first_ms / 1000, dt.UTC).isoformat(timespec="milliseconds")
+    why = "the table did not exist yet" if first == 0 else "older versions were cleaned up from the log"
+    raise ConfigError(
+        f"{name} {timestamp} is before the earliest version of {table_uri!r} (version {first}, "
+        f"committed at {earliest}): there is no version as of then ({why}). Use a timestamp at or "
+        f"after {earliest}",
+        table_uri=table_uri,
+        earliest_version=first,
+        earliest_timestamp=earliest,
+    )

@@ -19,11 +19,13 @@ __all__ = ["open_table", "to_jsonable"]
 def open_table(
     uri: str, storage_options: Mapping[str, str] | None = None, *, version: int | str | None = None
 ) -> DeltaTable:
-    """The Delta table at ``uri`` (at ``version``: a number or an ISO-8601 timestamp).
+    """The Delta table at ``uri`` (at ``version``: a number or an ISO-8601 timestamp, which
+    means the last version committed at or before it).
 
     Raises:
         TableNotFoundError: no Delta table there.
-        ConfigError: the version does not exist.
+        ConfigError: the version does not exist, or the timestamp is before the earliest version
+            still in the log.
     """
     from deltaflow.delta import log as delta_log
 
@@ -31,6 +33,10 @@ def open_table(
     table = delta_log.load(table_uri, storage_options or {})
     if table is None:
         raise TableNotFoundError(f"no Delta table at {table_uri!r}", table_uri=table_uri)
+    if isinstance(version, str):
+        # Resolved here, never by delta-rs: it answers a time before the first commit with
+        # version 0 (the empty CREATE), and a restore to that empties the table.
+        version = delta_log.version_as_of(table, version, table_uri)
     if version is not None:
         try:
             table.load_as_version(version)

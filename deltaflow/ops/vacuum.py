@@ -9,6 +9,12 @@ In such a table ``full`` does not delete files the log never referenced either (
 a watched folder and not registered yet, a file ``add-files`` refused look exactly like the
 orphans of a failed write): only tombstoned files and deltaflow's staging folder go.
 ``include_registered`` restores delta-rs' own behaviour for both.
+
+``full`` also clears deltaflow's staging folder (``write_path=spark``), but never the files of a
+writer that holds a live claim on the table (:func:`deltaflow.delta.commit.claim_writer`): its
+running batch is staged there, and a batch whose staged files vanished would lose its rows.
+A writer stages under its epoch (:func:`deltaflow.delta.layout.staging_dir`), and the table's
+``txn(deltaflow-writer:<pipeline_id>)`` says which epoch holds the pipeline now.
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ from typing import TYPE_CHECKING
 
 from deltaflow.config.locations import join, normalize_uri
 from deltaflow.delta import registered
-from deltaflow.delta.layout import STAGING_DIR
+from deltaflow.delta.commit import fence_app_id
+from deltaflow.delta.layout import STAGING_DIR, staging_epoch
+from deltaflow.delta.progress import transaction_version
 from deltaflow.errors import ConfigError
 from deltaflow.io.storage import filesystem
 from deltaflow.ops.table import open_table
@@ -76,6 +84,9 @@ class VacuumResult:
     kept_registered: int = 0
     #: Never-referenced files kept because the table holds registered files (``full`` only).
     kept_unreferenced: int = 0
+    #: Staging files older than the retention kept because their writer holds a live claim on
+    #: the table (``full`` only).
+    kept_staging: int = 0
 
 
 def vacuum(
@@ -91,7 +102,8 @@ def vacuum(
     """Delete data files no version within the retention period needs (a dry run by default).
 
     ``full`` also deletes files the log never referenced (left by failed or killed writes),
-    including deltaflow's staging folder, older than the retention period.
+    including deltaflow's staging folder, older than the retention period; the staging files of
+    a writer holding a live claim on the table are kept (``kept_staging``) whatever their age.
 
     Files registered in place are kept (``kept_registered``), and in a table holding any, so
     are never-referenced files (``kept_unreferenced``), unless ``include_registered``.
@@ -136,18 +148,31 @@ def vacuum(
         # commit info only, nothing a reader or a writer of the table needs).
         if not dry_run:
             _delete(uri, storage_options or {}, files)
-    staging = _vacuum_staging(uri, storage_options or {}, hours, dry_run) if full else []
+    staging: list[str] = []
+    kept_staging = 0
+    if full:
+        staging, kept_staging = _vacuum_staging(uri, storage_options or {}, table, hours, dry_run)
     result = VacuumResult(
-        normalize_uri(uri), dry_run, hours, full, sorted(files), staging, kept_registered, kept_unreferenced
+        normalize_uri(uri),
+        dry_run,
+        hours,
+        full,
+        sorted(files),
+        staging,
+        kept_registered,
+        kept_unreferenced,
+        kept_staging,
     )
     logger.info(
-        "vacuum of %s%s: %d file(s)%s; kept %d registered and %d never-referenced file(s) of the user",
+        "vacuum of %s%s: %d file(s)%s; kept %d registered and %d never-referenced file(s) of the "
+        "user, and %d staged file(s) of writers holding a live claim",
         result.table_uri,
         " (dry run)" if dry_run else "",
         len(files) + len(staging),
         " would be deleted" if dry_run else " deleted",
         kept_registered,
         kept_unreferenced,
+        kept_staging,
     )
     return result
 
@@ -160,8 +185,20 @@ def _delete(uri: str, storage_options: Mapping[str, str], paths: list[str]) -> N
             fs.delete_file(join(root, path))
 
 
-def _vacuum_staging(uri: str, storage_options: Mapping[str, str], hours: int, dry_run: bool) -> list[str]:
-    """Staging files of crashed ``write_path=spark`` batches older than ``hours``."""
+def _vacuum_staging(
+    uri: str, storage_options: Mapping[str, str], table: DeltaTable, hours: int, dry_run: bool
+) -> tuple[list[str], int]:
+    """Staging files of ``write_path=spark`` batches older than ``hours`` (the deleted ones),
+    and how many of that age were kept because their writer holds a live claim.
+
+    Step 1. Read the claims: the table's writer epoch per pipeline (``table`` was loaded before
+            the listing, so a claim made since is newer than the one read: its files are kept).
+    Step 2. List the staging folder; a file staged under epoch N of a pipeline whose table epoch
+            is at most N (or shows no claim: expired txns hide it) belongs to a live claim and
+            stays, whatever its age. Older epochs are writers another one took over from (they
+            stop at their next commit) or that died; their files and those of writers without
+            a claim go by age.
+    """
     import pyarrow.fs as pafs
 
     fs, root = filesystem(normalize_uri(uri), storage_options)
@@ -169,16 +206,36 @@ def _vacuum_staging(uri: str, storage_options: Mapping[str, str], hours: int, dr
     try:
         infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
     except (OSError, FileNotFoundError):
-        return []
+        return [], 0
+    # Step 1. The claims, one look per pipeline.
+    held: dict[str, int | None] = {}
+
+    def live(parts: tuple[str, ...]) -> bool:
+        claim = staging_epoch(parts)
+        if claim is None:
+            return False
+        pipeline, epoch = claim
+        if pipeline not in held:
+            held[pipeline] = transaction_version(table, fence_app_id(pipeline))
+        current = held[pipeline]
+        return current is None or epoch >= current
+
+    # Step 2. Keep a live claim's files; the rest go by age.
     cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(hours=hours)
     old = []
+    kept = 0
     for info in infos:
         if info.type != pafs.FileType.File or info.mtime is None:
             continue
         mtime = info.mtime if info.mtime.tzinfo else info.mtime.replace(tzinfo=dt.UTC)
-        if mtime <= cutoff:
+        if mtime > cutoff:
+            continue
+        if live(tuple(info.path[len(base) :].strip("/").split("/"))):
+            kept += 1
+        else:
             old.append(info.path)
     if not dry_run:
         for path in old:
-            fs.delete_file(path)
-    return sorted(p[len(root) :].lstrip("/") for p in old)
+            with contextlib.suppress(FileNotFoundError):  # its batch moved it meanwhile
+                fs.delete_file(path)
+    return sorted(p[len(root) :].lstrip("/") for p in old), kept

@@ -14,10 +14,14 @@ sequence). Before them, for micro-batch N:
 
 Step 0. Replay check BEFORE writing: if ``txn(pipeline_id)`` ≥ N nothing is written at all.
         Then the files are written.
-        ``spark``: Spark writes the batch under ``<table>/_deltaflow/staging/<pipeline_id>/<writer>/b<N>``
-        (cleared first: a crashed attempt may have left files there; Delta readers and vacuum
-        ignore it); each file is renamed into its Hive partition folder of the table as
+        ``spark``: Spark writes the batch under
+        ``<table>/_deltaflow/staging/<pipeline_id>/e<epoch>/<writer>/b<N>`` (cleared first: a
+        crashed attempt may have left files there; Delta readers ignore it, and vacuum never
+        deletes the files of a writer whose claim is live), counting the rows its tasks write;
+        each file is renamed into its Hive partition folder of the table as
         ``part-b<N>-<spark's name>`` and described (size, partition values, footer statistics).
+        The files must hold every row the tasks wrote: files that vanished before they were
+        moved (deleted by another process) fail the batch, never commit it without their rows.
         ``arrow``: each task writes ``part-b<N>-p<task>-a<attempt>-*.parquet`` into the table.
 """
 
@@ -41,6 +45,7 @@ from deltaflow.config.sink import SinkOptions, for_stream
 from deltaflow.delta.layout import staging_dir
 from deltaflow.delta.progress import is_committed
 from deltaflow.delta.schema import file_schema
+from deltaflow.errors import WrittenFilesLostError
 from deltaflow.io.faults import maybe_crash
 from deltaflow.io.footers import hive_partitions
 from deltaflow.io.parquet import WrittenFile, stats_json
@@ -80,7 +85,10 @@ class SparkBatchWriter:
         self._root = Path(normalize_uri(options.table_uri))  # used by the spark way only
         # One staging folder per writer object (process): a zombie copy of the pipeline clears
         # and fills its own folder, never this one's.
-        self._staging_root = Path(staging_dir(str(self._root), options.pipeline_id, _writer_token()))
+        # Under its writer epoch: vacuum --full keeps the files of a writer whose claim is live.
+        self._staging_root = Path(
+            staging_dir(str(self._root), options.pipeline_id, _writer_token(), options.writer_epoch)
+        )
         # Bytes per row seen in the last batch: turns target_file_size_mb into Spark's
         # maxRecordsPerFile (Spark itself cannot roll files by size).
         self._bytes_per_row: float | None = None
@@ -121,9 +129,11 @@ class SparkBatchWriter:
         if opts.uses_spark_writer:
             staging = self._staging_root / f"b{batch_id:06d}"
             shutil.rmtree(staging, ignore_errors=True)
-            self._spark_write(batch, staging)
-            messages = [DeltaCommitMessage(self._move_into_table(staging, sink, batch_id), 0, 0, query_id)]
+            written = self._spark_write(batch, staging)
+            files = self._move_into_table(staging, sink, batch_id)
             shutil.rmtree(staging, ignore_errors=True)
+            self._check_rows(sink, files, written, batch_id)
+            messages = [DeltaCommitMessage(files, 0, 0, query_id)]
             maybe_crash("write", batch_id)
         else:
             messages = [replace(m, query_id=query_id) for m in _arrow_write(batch, sink, batch_id)]
@@ -148,9 +158,18 @@ class SparkBatchWriter:
         deleted = pending.sink.delete_uncommitted(files)
         logger.info("batch %s: %d uncommitted file(s) deleted", pending.batch_id, deleted)
 
-    def _spark_write(self, batch: DataFrame, staging: Path) -> None:
+    def _spark_write(self, batch: DataFrame, staging: Path) -> int:
+        """Spark writes the batch into ``staging``; returns the rows its tasks wrote (counted in
+        the same job)."""
+        import uuid
+
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F  # noqa: N812
+
         opts = self._options
         spark = batch.sparkSession
+        written = Observation(f"deltaflow-written-{uuid.uuid4().hex}")
+        batch = batch.observe(written, F.count(F.lit(1)).alias("rows"))
         # INT96 timestamps carry no statistics; UTC keeps partition values stable.
         spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         writer = batch.write.mode("overwrite").option(
@@ -165,6 +184,32 @@ class SparkBatchWriter:
         if opts.partition_columns:
             writer = writer.partitionBy(*opts.partition_columns)
         writer.parquet(str(staging))
+        return int(written.get["rows"])
+
+    def _check_rows(self, sink: _DeltaSink, files: list[WrittenFile], written: int, batch_id: int) -> None:
+        """The files moved into the table must hold every row Spark's tasks wrote: files deleted
+        under the writer (a vacuum --full with a retention shorter than a batch takes) would
+        otherwise commit the batch without their rows, and Spark would record it as done.
+
+        Raises:
+            WrittenFilesLostError: rows are missing; the moved files (in no log entry) are
+                deleted, nothing is committed, and the batch is written again.
+        """
+        found = sum(f.num_records for f in files)
+        if found == written:
+            return
+        sink.delete_uncommitted(files)
+        raise WrittenFilesLostError(
+            f"batch {batch_id} of {self._options.pipeline_id!r}: Spark's tasks wrote {written} row(s) "
+            f"into {str(self._staging_root)!r}, but the files found there hold {found}: files were "
+            "deleted before their commit (by another process: a vacuum --full with a retention "
+            "shorter than a batch takes?). Nothing of the batch was committed; it is written again",
+            pipeline_id=self._options.pipeline_id,
+            batch_id=batch_id,
+            table_uri=sink.table_uri,
+            written=written,
+            found=found,
+        )
 
     def _move_into_table(self, staging: Path, sink: _DeltaSink, batch_id: int) -> list[WrittenFile]:
         opts = self._options

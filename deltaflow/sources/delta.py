@@ -219,7 +219,7 @@ def read_schema(options: Mapping[str, Any]) -> pa.Schema:
     version = lowered.get("version_as_of")
     stamp = lowered.get("timestamp_as_of")
     if version is not None or stamp is not None:
-        at = int(version) if version is not None else _version_as_of(table, str(stamp))
+        at = int(version) if version is not None else _version_as_of(table, base.table_uri, str(stamp))
         table = _at_version(base, table, at)
     schema = table_arrow_schema(table)
     if base.read_change_feed:
@@ -636,7 +636,9 @@ def _read_cdf(task: _CdfTask) -> Iterator[pa.RecordBatch]:
 
 def _version_at(table: DeltaTable, timestamp: str) -> int:
     """The first version committed at or after ``timestamp`` (ISO 8601)."""
-    ms = _millis(timestamp, "starting_timestamp")
+    from deltaflow.delta import log as delta_log
+
+    ms = delta_log.timestamp_millis(timestamp, "starting_timestamp")
     versions = sorted((int(h["version"]), int(h["timestamp"])) for h in table.history())
     if versions and versions[0][0] > 0 and ms < versions[0][1]:
         raise ConfigError(
@@ -649,30 +651,11 @@ def _version_at(table: DeltaTable, timestamp: str) -> int:
     return versions[-1][0] + 1 if versions else 0
 
 
-def _version_as_of(table: DeltaTable, timestamp: str) -> int:
+def _version_as_of(table: DeltaTable, table_uri: str, timestamp: str, name: str = "timestamp_as_of") -> int:
     """The last version committed at or before ``timestamp`` (``timestampAsOf``)."""
-    ms = _millis(timestamp, "timestamp_as_of")
-    versions = sorted((int(h["version"]), int(h["timestamp"])) for h in table.history())
-    before = [v for v, stamp in versions if stamp <= ms]
-    if not before:
-        first = versions[0] if versions else (0, 0)
-        raise ConfigError(
-            f"timestamp_as_of {timestamp} is before the table's first commit still in the log "
-            f"(version {first[0]}); use a later time or versionAsOf"
-        )
-    return before[-1]
+    from deltaflow.delta import log as delta_log
 
-
-def _millis(timestamp: str, name: str) -> float:
-    import datetime as dt
-
-    try:
-        when = dt.datetime.fromisoformat(timestamp.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise ConfigError(f"{name} {timestamp!r} is not an ISO-8601 time or date") from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.UTC)
-    return when.timestamp() * 1000
+    return delta_log.version_as_of(table, timestamp, table_uri, name)
 
 
 def _files_at(table: DeltaTable) -> list[_File]:
@@ -716,7 +699,7 @@ class DeltaBatchReader(DataSourceReader):
                 first = _version_at(table, opts.starting_timestamp)
             last = opts.ending_version
             if last is None and opts.ending_timestamp is not None:
-                last = _version_as_of(table, opts.ending_timestamp)
+                last = _version_as_of(table, opts.table_uri, opts.ending_timestamp, "ending_timestamp")
             last = table.version() if last is None else min(last, table.version())
             if last < first:
                 return [_NothingTask(self._schema)]
@@ -725,7 +708,7 @@ class DeltaBatchReader(DataSourceReader):
             at = opts.version_as_of
             if at is None:
                 assert opts.timestamp_as_of is not None
-                at = _version_as_of(table, opts.timestamp_as_of)
+                at = _version_as_of(table, opts.table_uri, opts.timestamp_as_of)
             table = _at_version(opts, table, at)
         tasks: list[InputPartition] = [
             _FileTask(

@@ -30,3 +30,52 @@ def test_restore_and_its_guard_against_vacuumed_files(tmp_path):
         ops.restore(str(table), version=17)
     with pytest.raises(ConfigError, match="exactly one of"):
         ops.restore(str(table))
+
+
+def _created_empty_then_filled(table) -> str:
+    """Version 0 the empty CREATE, versions 1 and 2 appends; returns a time before all of them."""
+    import datetime as dt
+
+    before = (dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)).isoformat()
+    DeltaTable.create(str(table), schema=pa.schema([("id", pa.int64())]))
+    write_deltalake(str(table), pa.table({"id": [1, 2]}), mode="append")
+    write_deltalake(str(table), pa.table({"id": [3]}), mode="append")
+    return before
+
+
+def test_restore_to_a_time_before_the_first_commit_is_refused_naming_the_earliest_time(tmp_path):
+    # delta-rs takes a time before the table existed for version 0, the empty CREATE: the
+    # restore said "restored ... to version 0" and emptied the table.
+    table = tmp_path / "t"
+    before = _created_empty_then_filled(table)
+    earliest = DeltaTable(str(table)).history()[-1]["timestamp"]
+    import datetime as dt
+
+    named = dt.datetime.fromtimestamp(earliest / 1000, dt.UTC).isoformat(timespec="milliseconds")
+    with pytest.raises(ConfigError) as refused:
+        ops.restore(str(table), timestamp=before)
+    assert str(refused.value) == (
+        f"timestamp {before} is before the earliest version of {str(table)!r} (version 0, committed at "
+        f"{named}): there is no version as of then (the table did not exist yet). Use a timestamp at "
+        f"or after {named}"
+    )
+    assert DeltaTable(str(table)).version() == 2 and _ids(table) == [1, 2, 3]  # nothing committed
+    with pytest.raises(ConfigError, match="before the earliest version"):
+        ops.read(str(table), timestamp=before)  # time travel reads resolve times the same way
+
+    assert ops.read(str(table), timestamp=named).num_rows == 0  # the earliest time named: version 0
+    restored = ops.restore(str(table), timestamp=named)
+    assert (restored.restored_to, restored.version) == (0, 3) and _ids(table) == []
+
+
+def test_cli_restore_before_the_first_commit_exits_2_naming_the_earliest_time(tmp_path, capsys):
+    from deltaflow.cli import main
+
+    table = tmp_path / "t"
+    before = _created_empty_then_filled(table)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["restore", str(table), "--timestamp", before])
+    out = capsys.readouterr()
+    assert exit_info.value.code == 2, out
+    assert "before the earliest version" in out.err and "Use a timestamp at or after" in out.err
+    assert "restored" not in out.out and _ids(table) == [1, 2, 3]

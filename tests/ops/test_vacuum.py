@@ -64,3 +64,37 @@ def test_vacuum_refuses_a_retention_below_the_tables_minimum(tmp_path):
     assert ops.vacuum(str(table)).retention_hours == 2  # rounded up, never below
     with pytest.raises(ConfigError, match="minimum of 2 h"):
         ops.vacuum(str(table), retention_hours=1)
+
+
+def test_vacuum_full_keeps_the_staged_files_of_a_writer_holding_a_live_claim(tmp_path):
+    # A running write_path=spark batch stages its files under its writer's epoch; vacuum --full
+    # with retention 0 forced deleted them, and the batch then committed without their rows.
+    from deltaflow.delta import commit
+
+    table = tmp_path / "t"
+    _tombstoned_table(table)
+    assert [commit.claim_writer(str(table), {}, "p").epoch for _ in range(2)] == [1, 2]
+    staging = table / "_deltaflow" / "staging"
+    live = staging / "p" / "e2" / "vm-101-aaaa" / "b000005" / "_temporary" / "0" / "task_0" / "part-0.parquet"
+    taken_over = staging / "p" / "e1" / "vm-100-bbbb" / "b000004" / "part-0.parquet"
+    unclaimed = staging / "p" / "vm-99-cccc" / "b000003" / "part-0.parquet"
+    no_claim_visible = staging / "q" / "e3" / "vm-102-dddd" / "b000001" / "part-0.parquet"
+    long_ago = time.time() - 3 * 3600
+    for path in (live, taken_over, unclaimed, no_claim_visible):
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"staged")
+        os.utime(path, (long_ago, long_ago))
+
+    dry = ops.vacuum(str(table), retention_hours=0, force=True, full=True)
+    gone = sorted(str(p.relative_to(table)) for p in (taken_over, unclaimed))
+    assert dry.staging_files == gone
+    assert dry.kept_staging == 2
+
+    done = ops.vacuum(str(table), retention_hours=0, force=True, full=True, dry_run=False)
+    assert (done.staging_files, done.kept_staging) == (gone, 2)
+    assert live.exists() and no_claim_visible.exists()  # the live claim's; q's claim is not in the log
+    assert not taken_over.exists() and not unclaimed.exists()
+
+    commit.claim_writer(str(table), {}, "p")  # the writer of epoch 2 was taken over in turn
+    done = ops.vacuum(str(table), retention_hours=0, force=True, full=True, dry_run=False)
+    assert done.staging_files == [str(live.relative_to(table))] and not live.exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+import re
 import shutil
 from pathlib import Path
 from urllib.parse import urlparse
@@ -216,3 +217,23 @@ def test_the_rest_of_the_api(spark, tmp_path):
     listed = sorted(line for m in manifests for line in m.read_text().splitlines())
     assert [m.parent.name for m in manifests] == ["date=2021-11-18", "date=2021-11-19"]
     assert sorted(Path(p).name for p in listed) == sorted(Path(u).name for u in RsTable(path).file_uris())
+
+
+def test_time_travel_before_the_first_commit_is_refused_naming_the_earliest_time(spark, tmp_path):
+    # delta-spark refuses a time before the earliest version; delta-rs answers version 0 (here
+    # the empty CREATE), and restoreToTimestamp emptied the table.
+    path = str(tmp_path / "t")
+    before = (dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)).isoformat()
+    RsTable.create(path, schema=pa.schema([("id", pa.int64())]))
+    write_deltalake(path, pa.table({"id": [1, 2]}), mode="append")
+    first = RsTable(path).history()[-1]["timestamp"]
+    named = dt.datetime.fromtimestamp(first / 1000, dt.UTC).isoformat(timespec="milliseconds")
+    table = DeltaTable.forPath(spark, path)
+    refused = rf"before the earliest version .*Use a timestamp at or after {re.escape(named)}"
+
+    with pytest.raises(ConfigError, match=refused):
+        table.restoreToTimestamp(before)
+    assert RsTable(path).version() == 1 and table.toDF().count() == 2
+    with pytest.raises(Exception, match=refused):
+        spark.read.format("delta").option("timestampAsOf", before).load(path).count()
+    assert spark.read.format("delta").option("timestampAsOf", named).load(path).count() == 0

@@ -69,3 +69,93 @@ def test_a_taken_over_writer_stops_before_it_skips_or_misreads_a_batch(spark, tm
             SparkBatchWriter(old)(_df(spark, 20, 10).coalesce(1), batch_id)
     assert _table_files(tmp_path / "t") == files
     assert _ids(uri) == list(range(30))
+
+
+def _when_task_0_staged(spark, uri: str, act, marker: Path):
+    """A batch of two tasks (ids 0-99 and 100-199) whose second task, before it ends, waits for
+    the first task's staged file and calls ``act(path)`` once (``marker`` records that it did):
+    something deleting files beside a running batch, at the moment it hurts."""
+    staging = Path(uri) / "_deltaflow" / "staging"
+
+    def hold(batches):
+        import time
+
+        from pyspark import TaskContext
+
+        yield from batches
+        if TaskContext.get().partitionId() != 1 or marker.exists():
+            return
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            done = [
+                p
+                for p in staging.rglob("part-00000-*.parquet")
+                if "/_temporary/0/_temporary/" not in p.as_posix()  # committed by its task
+            ]
+            if done:
+                marker.write_text(act(done[0]))
+                return
+            time.sleep(0.05)
+
+    return spark.range(0, 200, 1, 2).mapInArrow(hold, "id LONG").selectExpr("id", "concat('n', id) AS name")
+
+
+def _claimed(uri: str, pipeline_id: str) -> SinkOptions:
+    from deltaflow.delta import commit
+
+    base = SinkOptions.build({"table_uri": uri, "pipeline_id": pipeline_id, "write_path": "spark"})
+    SparkBatchWriter(base)(_df(spark_session(), 1000, 1).coalesce(1), 0)
+    return base.model_copy(update={"writer_epoch": commit.claim_writer(uri, {}, pipeline_id).epoch})
+
+
+def spark_session():
+    from pyspark.sql import SparkSession
+
+    return SparkSession.getActiveSession()
+
+
+def test_vacuum_full_beside_a_running_batch_keeps_its_staged_files(spark, tmp_path):
+    # deltaflow vacuum --full --retention-hours 0 --force --execute in a loop beside a stream
+    # deleted the running batch's staged files; the batch then committed without their rows.
+    import json
+
+    from deltaflow import ops
+
+    uri = str(tmp_path / "t")
+    writer = SparkBatchWriter(_claimed(uri, "bw"))
+    marker = tmp_path / "vacuumed"
+
+    def vacuum(_: Path) -> str:
+        result = ops.vacuum(uri, retention_hours=0, force=True, full=True, dry_run=False)
+        return json.dumps({"deleted": result.staging_files, "kept": getattr(result, "kept_staging", 0)})
+
+    writer(_when_task_0_staged(spark, uri, vacuum, marker), 1)
+    assert _ids(uri) == [*range(200), 1000]
+    assert DeltaTable(uri).transaction_version("bw") == 1
+    vacuumed = json.loads(marker.read_text())
+    assert vacuumed["deleted"] == [] and vacuumed["kept"] >= 1  # the staged files (.crc files too)
+
+
+def test_a_batch_whose_staged_files_vanished_fails_and_is_written_again(spark, tmp_path):
+    # Files deleted under the writer (another tool, an older vacuum) must fail the batch: its
+    # commit would hold only the rows that are left, and Spark would record it as done.
+    from deltaflow import errors
+
+    uri = str(tmp_path / "t")
+    writer = SparkBatchWriter(_claimed(uri, "bw"))
+    marker = tmp_path / "deleted"
+
+    def delete(path: Path) -> str:
+        path.unlink()
+        return str(path)
+
+    batch = _when_task_0_staged(spark, uri, delete, marker)
+    with pytest.raises(errors.TransientError, match=r"tasks wrote 200 row\(s\) .* hold 100") as failed:
+        writer(batch, 1)
+    assert marker.exists() and type(failed.value).__name__ == "WrittenFilesLostError"
+    assert DeltaTable(uri).transaction_version("bw") == 0  # nothing of batch 1 committed
+    assert not [f for f in _table_files(tmp_path / "t") if f.startswith("part-b000001-")]  # no orphans
+
+    writer(batch, 1)  # Spark runs the batch again (the daemon restarts on a transient error)
+    assert _ids(uri) == [*range(200), 1000]
+    assert DeltaTable(uri).transaction_version("bw") == 1
