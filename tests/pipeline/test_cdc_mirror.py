@@ -15,9 +15,10 @@ from deltalake import DeltaTable
 
 from deltaflow.config.pipeline import load_pipelines
 from deltaflow.config.postgres import slot_key
-from deltaflow.errors import ConfigError, MergeError, PipelineConfigError
+from deltaflow.errors import CdcPositionError, ConfigError, MergeError, PipelineConfigError
 from deltaflow.service.daemon import run_pipelines
 from deltaflow.sinks.merge import SEQUENCE_COLUMN
+from deltaflow.sources.postgres_cdc import PostgresCdcStreamReader, event_arrow_schema
 from tests.fixtures.postgres import cdc_options, read_all_events
 
 TYPES = """
@@ -359,3 +360,56 @@ def test_a_re_keyed_row_the_mirror_lacks_stops_the_pipeline_naming_replica_ident
         assert DeltaTable(str(mirror)).transaction_version(progress) == held  # the change is not passed
     finally:
         _drop(conn, "gap_slot", "gap_pub")
+
+
+def test_a_mirror_added_to_a_pipeline_that_read_changes_is_refused_at_every_start(spark, postgres, tmp_path):
+    """A table joining the publication while the pipeline runs, then a mirror of it added and
+    the pipeline restarted with its checkpoint: the mirror would get neither the snapshot nor
+    the changes read before, so the start is refused, nothing written to it."""
+    conn = postgres.connect()
+    conn.execute("CREATE TABLE late_a (id int PRIMARY KEY, name text)")
+    conn.execute("CREATE TABLE late_b (id int PRIMARY KEY, name text)")
+    conn.execute("CREATE PUBLICATION late_pub FOR TABLE late_a")
+    conn.execute("INSERT INTO late_a SELECT i, 'a' FROM generate_series(1, 20) i")
+    conn.execute("INSERT INTO late_b SELECT i, 'b' FROM generate_series(1, 50) i")
+    events, mirror_a, mirror_b = tmp_path / "events", tmp_path / "late_a", tmp_path / "late_b"
+    sinks = f"""
+        - {{table_uri: "{events}"}}
+        - {{table_uri: "{mirror_a}", write_mode: merge, stream: public.late_a}}
+        """
+    try:
+        path = _pipeline(tmp_path, postgres, "late_pub", "late_slot", sinks)
+        _run(spark, path)  # the snapshot of late_a
+        conn.execute("INSERT INTO late_a VALUES (21, 'a')")
+        _run(spark, path)
+        conn.execute("ALTER PUBLICATION late_pub ADD TABLE late_b")
+        conn.execute("INSERT INTO late_b SELECT i, 'b' FROM generate_series(51, 60) i")
+        _run(spark, path)  # late_b's ten inserts land in the event table, as events
+        assert _mirror(mirror_a) == _source(conn, "late_a")
+
+        added = sinks + f'- {{table_uri: "{mirror_b}", write_mode: merge, stream: public.late_b}}\n'
+        path = _pipeline(tmp_path, postgres, "late_pub", "late_slot", added)
+        conn.execute("INSERT INTO late_b VALUES (61, 'b')")
+        for _ in range(2):  # every start, not only the first (Spark skips initialOffset then)
+            with pytest.raises(CdcPositionError, match="pipeline of its own") as caught:
+                _run(spark, path)
+            assert str(mirror_b) in str(caught.value)
+            assert not (mirror_b / "_delta_log").exists() or _mirror(mirror_b) == []
+        # A restart after a crash re-plans its unfinished batch (partitions) before any
+        # latestOffset: refused there too.
+        options = cdc_options(
+            postgres,
+            "late_pub",
+            "late_slot",
+            snapshot="initial",
+            pipeline_id="late_slot",
+            delta_table_uri=str(events),
+            more_delta_tables={str(mirror_a): {}, str(mirror_b): {}},
+        )
+        reader = PostgresCdcStreamReader(options, event_arrow_schema())
+        held = DeltaTable(str(events)).transaction_version(f"late_slot-{options.key}-lsn")
+        start = {options.key: {"lsn": held + 1, "snapshot": 1}}
+        with pytest.raises(CdcPositionError, match="pipeline of its own"):
+            reader.partitions(start, {options.key: {"lsn": held + 100, "snapshot": 1}})
+    finally:
+        _drop(conn, "late_slot", "late_pub")
