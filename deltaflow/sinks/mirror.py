@@ -9,12 +9,17 @@ Per micro-batch, on the driver, for each mirror (:class:`MirrorWriter`):
 2. Folded in commit order into the last state of each key (:func:`fold`): an insert replaces,
    an update lays its new values over what the batch already knew of the row (a value
    PostgreSQL left out, an unchanged TOAST value, is taken from the table by the merge), a
-   key-changing update deletes the old key, a delete deletes; a truncate forgets the batch's
-   earlier changes and deletes every row of the table older than it. The initial snapshot
-   replaces the table's rows as of the snapshot (a second snapshot, after a crash between two
-   tables' commits, leaves nothing behind that the first had and PostgreSQL no longer has).
-3. Typed from the PostgreSQL catalog (:func:`arrow_type`), new columns added to the table.
-4. ONE delta-rs MERGE, guarded by the change sequence (``lsn * 2**32 + seq`` in
+   key-changing update deletes the old key and carries the old row's values to the new one, a
+   delete deletes; a truncate forgets the batch's earlier changes and deletes every row of the
+   table older than it. The initial snapshot replaces the table's rows as of the snapshot (a
+   second snapshot, after a crash between two tables' commits, leaves nothing behind that the
+   first had and PostgreSQL no longer has).
+3. The values a re-keyed row lacks that neither the batch nor the old row PostgreSQL sent
+   (REPLICA IDENTITY FULL) holds are read from the table's row at the old key
+   (:meth:`MirrorWriter._take_moved_values`); without that row they are unknown, and the batch
+   stops with :class:`MergeError` rather than write NULL.
+4. Typed from the PostgreSQL catalog (:func:`arrow_type`), new columns added to the table.
+5. ONE delta-rs MERGE, guarded by the change sequence (``lsn * 2**32 + seq`` in
    ``_change_sequence``, DECIMAL(38,0)), carrying the slot's txns; a batch with nothing for
    this table still records the progress (a commit without files).
 """
@@ -27,7 +32,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
@@ -191,6 +196,12 @@ class _Row:
     image: dict[str, Any]
     sequence: int
     complete: bool  # every column's value is known (an insert, a snapshot row, a full old row)
+    #: The key whose row in the table (as before the batch) holds the values ``image`` lacks,
+    #: when that is another key than the row's own (a key-changing update); ``None``: the
+    #: merge keeps the values of the row's own key.
+    moved_from: tuple[Any, ...] | None = None
+    #: Values taken from the table's row at ``moved_from``, already typed.
+    kept: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -233,19 +244,25 @@ def fold(events: pa.Table, key: Sequence[str], columns: Sequence[str]) -> Folded
                 snapshot_floor = lsn * _SHIFT
             state[key_of(doc)] = _Row("upsert", doc, sequence, known <= doc.keys())
         elif kind == "update":
+            # The new row lacks the values PostgreSQL did not send (unchanged TOAST values); they
+            # are the old row's, whatever its key: what the batch knew of it, else the old row
+            # PostgreSQL sent (replica identity full), else the table's row at the old key.
             after, before = doc["after"], doc.get("before")
             new_key = key_of(after)
-            if before is not None and all(k in before for k in key) and key_of(before) != new_key:
-                state[key_of(before)] = _Row("delete", before, sequence, False)
-                before = None  # the old row's values belong to the old key
-            prior = state.get(new_key)
+            old_key = key_of(before) if before is not None and all(k in before for k in key) else new_key
+            prior = state.get(old_key)
+            if old_key != new_key:
+                state[old_key] = _Row("delete", before, sequence, False)
             if prior is not None and prior.op == "upsert":
                 image = {**prior.image, **after}
+                source = prior.moved_from if prior.moved_from is not None else old_key
             elif before is not None and len(before) > len(key):  # replica identity full: the old row
-                image = {**before, **after}
+                image, source = {**before, **after}, old_key
             else:
-                image = dict(after)
-            state[new_key] = _Row("upsert", image, sequence, known <= image.keys())
+                image, source = dict(after), old_key
+            complete = known <= image.keys()
+            moved_from = None if complete or source == new_key else source
+            state[new_key] = _Row("upsert", image, sequence, complete, moved_from)
         elif kind == "delete":
             state[key_of(doc)] = _Row("delete", doc, sequence, False)
     if snapshot_floor is not None:
@@ -378,6 +395,7 @@ class MirrorWriter:
             return
         try:
             folded = fold(mine, self.key_columns(), [c.name for c in self.shape().columns])
+            self._take_moved_values(folded, table, batch_id)
             data = self._typed(folded) if folded.rows or folded.truncated_below is not None else None
         except _UnrepresentableError as exc:
             raise MergeError(
@@ -389,6 +407,60 @@ class MirrorWriter:
         maybe_crash("before_commit", batch_id, self._uri)
         self._commit(data, folded, batch_id, end, started)
         maybe_crash("after_commit", batch_id, self._uri)
+
+    def _take_moved_values(self, folded: Folded, table: Any, batch_id: int) -> None:
+        """Give each re-keyed row the values it lacks from the table's row at its old key.
+
+        The table is the one the batch's events were chosen against (its txn): its rows are
+        as of before the batch's first change, so the old key's row holds the values the
+        key-changing update left unchanged.
+
+        Raises:
+            MergeError: the table has no row at the old key (it predates the mirror, e.g. with
+                ``snapshot: never``): the values are unknown, and nothing is committed.
+        """
+        moved = [r for r in folded.rows if r.op == "upsert" and r.moved_from is not None]
+        if not moved:
+            return
+        key = self.key_columns()
+        columns = {c.name: c for c in self.shape().columns}
+        wanted = sorted({n for r in moved for n in columns if n not in r.image})
+        stored = {f.name for f in table.schema().fields} if table is not None else set()
+        typed_keys = {}
+        for r in moved:
+            assert r.moved_from is not None
+            typed_keys[r.moved_from] = tuple(
+                _converter(columns[k], arrow_type(columns[k]))(v)
+                for k, v in zip(key, r.moved_from, strict=True)
+            )
+        found: dict[tuple[Any, ...], dict[str, Any]] = {}
+        if table is not None and stored >= set(key):
+            condition = None
+            for i, k in enumerate(key):
+                values = pa.array(list({t[i] for t in typed_keys.values()}), arrow_type(columns[k]))
+                term = pc.field(k).isin(values)
+                condition = term if condition is None else condition & term
+            read = [*key, *(n for n in wanted if n in stored)]
+            rows = table.to_pyarrow_table(columns=read, filters=condition).to_pylist()
+            found = {tuple(row[k] for k in key): row for row in rows}
+        for r in moved:
+            assert r.moved_from is not None
+            old = found.get(typed_keys[r.moved_from])
+            lacking = [n for n in wanted if n not in r.image]
+            if old is None or not set(lacking) <= old.keys():
+                raise MergeError(
+                    f"batch {batch_id}: an update of {self._stream} moved the row at "
+                    f"{dict(zip(key, r.moved_from, strict=True))} to "
+                    f"{dict(zip(key, (r.image[k] for k in key), strict=True))} leaving column(s) "
+                    f"{lacking} unchanged (TOAST values PostgreSQL does not send), and {self._uri} has "
+                    "no row at the old key to take them from; nothing was committed. ALTER TABLE "
+                    f"{self._stream} REPLICA IDENTITY FULL makes PostgreSQL send the old row whole; "
+                    "this change can only be mirrored by taking the mirror again (a new pipeline_id, "
+                    "with snapshot: initial)",
+                    table_uri=self._uri,
+                    batch_id=batch_id,
+                )
+            r.kept = {n: old[n] for n in lacking}
 
     def _typed(self, folded: Folded) -> pa.Table:
         """The folded rows as the merge's source: typed columns, op, sequence, presence flags."""
@@ -412,6 +484,9 @@ class MirrorWriter:
             convert = _converter(column, target)
             values = []
             for r in rows:
+                if column.name in r.kept:
+                    values.append(r.kept[column.name])
+                    continue
                 v = r.image.get(column.name)
                 try:
                     values.append(None if v is None else convert(v))
@@ -421,8 +496,12 @@ class MirrorWriter:
                     ) from None
             arrays.append(pa.array(values, target))
             fields.append(pa.field(column.name, target))
-            if any(r.op == "upsert" and column.name not in r.image for r in rows):
-                arrays.append(pa.array([column.name in r.image for r in rows], pa.bool_()))
+            if any(
+                r.op == "upsert" and column.name not in r.image and column.name not in r.kept for r in rows
+            ):
+                arrays.append(
+                    pa.array([column.name in r.image or column.name in r.kept for r in rows], pa.bool_())
+                )
                 fields.append(pa.field(_PRESENT + column.name, pa.bool_()))
         arrays.append(pa.array([r.op for r in rows], pa.string()))
         fields.append(pa.field(OP, pa.string()))

@@ -488,6 +488,8 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         self._confirmed: int | None = None  # the slot's confirmed_flush_lsn, as last seen
         self._latest: Offsets | None = None
         self._export: Any = None  # the connection whose slot creation exported the snapshot
+        self._start_checked = False  # _check_start ran (once per start: Spark builds a new reader)
+        self._published: frozenset[str] | None = None  # the publication's tables, as last seen
         # Pacing (batch_interval): when the next batch is due, and whether the last one reached
         # the change budget (more is waiting: the next starts at once).
         self._due = 0.0
@@ -495,30 +497,58 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
 
     # -- driver ------------------------------------------------------------------------------
 
+    def _held(self) -> dict[str, dict[str, int]]:
+        """What each of the pipeline's Delta tables holds of this slot (URI -> its ``lsn`` and
+        ``snapshot`` txns; empty: nothing)."""
+        opts = self._options
+        if not opts.pipeline_id:
+            return {}
+        from deltaflow.config.locations import normalize_uri
+        from deltaflow.delta import log as delta_log
+        from deltaflow.delta.progress import kafka_progress
+
+        held: dict[str, dict[str, int]] = {}
+        for uri, storage in opts.progress_tables():
+            table = delta_log.load(normalize_uri(uri), storage)
+            held[uri] = kafka_progress(table, opts.pipeline_id, {opts.key: [_LSN, _SNAPSHOT]}).get(
+                opts.key, {}
+            )
+        return held
+
     def _progress(self) -> tuple[int | None, bool]:
         """What the pipeline's Delta tables hold, ALL of them (mirror tables and the event
         table record the same progress; a crash between their commits leaves one behind): the
         next LSN (``None``: some table has no change batch yet) and whether the initial
         snapshot is in every table."""
-        opts = self._options
-        if not opts.pipeline_id:
+        held = self._held()
+        if not held:
             return None, False
-        from deltaflow.config.locations import normalize_uri
-        from deltaflow.delta import log as delta_log
-        from deltaflow.delta.progress import kafka_progress
+        nexts = [None if done.get(_LSN) is None else done[_LSN] + 1 for done in held.values()]
+        known = [n for n in nexts if n is not None]
+        return (min(known) if len(known) == len(nexts) else None), all(_SNAPSHOT in d for d in held.values())
 
-        nexts: list[int | None] = []
-        snapshots = []
-        for uri, storage in opts.progress_tables():
-            table = delta_log.load(normalize_uri(uri), storage)
-            done = kafka_progress(table, opts.pipeline_id, {opts.key: [_LSN, _SNAPSHOT]}).get(opts.key, {})
-            last = done.get(_LSN)
-            nexts.append(None if last is None else last + 1)
-            snapshots.append(_SNAPSHOT in done)
-        if not nexts:
-            return None, False
-        held = [n for n in nexts if n is not None]
-        return (min(held) if len(held) == len(nexts) else None), all(snapshots)
+    def _check_start(self, position: Mapping[str, int]) -> None:
+        """At every start, before this reader's first batch is planned or re-planned: with
+        ``snapshot: initial``, a stream past its snapshot needs every table to hold something
+        of the slot (its snapshot at least). A table holding nothing was added to a running
+        pipeline: it would get neither the snapshot nor the changes read before (Spark calls
+        ``initialOffset``, whose checks cover a start without a checkpoint, only then)."""
+        if self._start_checked:
+            return
+        opts = self._options
+        if opts.snapshot == "initial" and not _snapshot_pending(position, opts):
+            empty = [uri for uri, done in self._held().items() if not done]
+            if empty:
+                raise CdcPositionError(
+                    f"{', '.join(empty)} hold(s) nothing read from replication slot {opts.slot_name!r}, "
+                    f"but the stream is past its initial snapshot (at LSN "
+                    f"{pgoutput.lsn_to_text(int(position[_LSN]))}): a table added to a running "
+                    "postgres-cdc pipeline would get neither the snapshot nor the changes read before. "
+                    "Mirror it in a pipeline of its own (its own pipeline_id and slot), or start every "
+                    "table over",
+                    pipeline_id=opts.pipeline_id,
+                )
+        self._start_checked = True
 
     def _check_no_changes_held(self, doing: str) -> None:
         """Refuse to start the slot afresh while a table holds changes read from it (a table
@@ -617,6 +647,7 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:  # noqa: N802
         opts = self._options
         position = start[opts.key]
+        self._check_start(position)
         if _snapshot_pending(position, opts):
             return {opts.key: {_LSN: 0, _SNAPSHOT: 1}}  # the snapshot batch
         self._close_export()  # the snapshot batch, if any, is done
@@ -637,6 +668,8 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
                 "FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, %s, %s, %s, %s, %s)",
                 (opts.slot_name, pgoutput.lsn_to_text(upto), nchanges, *_peek_options(opts)),
             ).fetchall()
+            if self._published is None or any(h is not None and bytes(h)[0] != 0x42 for (h,) in rows):
+                self._watch_publication(conn)
         commit_lsn, last, newest = -1, None, None
         for (head,) in rows:
             if head is None:
@@ -669,6 +702,33 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
                 return {opts.key: dict(position)}  # held back: "no new data" until due
             self._due, self._left_behind = now + opts.batch_interval, full
         return {opts.key: {**position, _LSN: end}}
+
+    def _watch_publication(self, conn: Any) -> None:
+        """Warn when a table joins the publication while the stream runs (read at the first
+        plan, then whenever changes are planned): its changes are read from then on, but its
+        earlier rows never are (the initial snapshot covered the tables published then).
+        A ``FOR ALL TABLES`` publication is left alone: its tables belong from their creation."""
+        opts = self._options
+        rows = conn.execute(
+            "SELECT pt.schemaname || '.' || pt.tablename FROM pg_publication p "
+            "JOIN pg_publication_tables pt ON pt.pubname = p.pubname "
+            "WHERE p.pubname = %s AND NOT p.puballtables",
+            (opts.publication,),
+        ).fetchall()
+        now = frozenset(str(r[0]) for r in rows)
+        joined = sorted(now - self._published) if self._published is not None else []
+        self._published = now
+        if joined:
+            logger.warning(
+                "table(s) %s joined publication %r while pipeline %r runs: their changes from now on "
+                "are read, their earlier rows are not (the initial snapshot covered the tables "
+                "published then). To get them, mirror such a table in a pipeline of its own (its own "
+                "pipeline_id and slot, snapshot: initial), or re-take the snapshot of every table "
+                "(a new pipeline_id)",
+                joined,
+                opts.publication,
+                opts.pipeline_id,
+            )
 
     def _check_position(self, begin: int, position: Mapping[str, int]) -> None:
         """A slot beyond both this stream's position and the table's: another reader moved it,
@@ -721,6 +781,7 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
 
     def partitions(self, start: Offsets, end: Offsets) -> list[InputPartition]:
         key = self._options.key
+        self._check_start(start[key])  # a restart re-plans its unfinished batch before latestOffset
         committed, snapshot_done = self._progress()
         if _snapshot_pending(start[key], self._options):
             # Replayed after its commit landed: nothing to read.

@@ -15,9 +15,10 @@ from deltalake import DeltaTable
 
 from deltaflow.config.pipeline import load_pipelines
 from deltaflow.config.postgres import slot_key
-from deltaflow.errors import ConfigError, PipelineConfigError
+from deltaflow.errors import CdcPositionError, ConfigError, MergeError, PipelineConfigError
 from deltaflow.service.daemon import run_pipelines
 from deltaflow.sinks.merge import SEQUENCE_COLUMN
+from deltaflow.sources.postgres_cdc import PostgresCdcStreamReader, event_arrow_schema
 from tests.fixtures.postgres import cdc_options, read_all_events
 
 TYPES = """
@@ -43,7 +44,7 @@ TYPES = """
 """
 
 
-def _pipeline(tmp_path, postgres, publication: str, slot: str, sinks: str) -> str:
+def _pipeline(tmp_path, postgres, publication: str, slot: str, sinks: str, snapshot: str = "initial") -> str:
     path = tmp_path / f"{slot}.yaml"
     path.write_text(
         textwrap.dedent(
@@ -59,6 +60,7 @@ def _pipeline(tmp_path, postgres, publication: str, slot: str, sinks: str) -> st
                   publication: {publication}
                   slot: {slot}
                   max_changes_per_batch: 7
+                  snapshot: {snapshot}
                 sinks:
             """
         )
@@ -271,3 +273,143 @@ def test_mirror_settings_that_cannot_work_are_refused_before_anything_is_written
         assert _mirror(tmp_path / "t") == [{"id": 2, "name": "B"}]
     finally:
         _drop(conn, "r_slot", "r_pub")
+
+
+def test_a_key_changing_update_keeps_the_unchanged_toast_values(spark, postgres, tmp_path):
+    """PostgreSQL leaves an unchanged TOAST value out of the new row of an update, also when the
+    key changes: the mirror takes it from the old key's row (its own, the batch's earlier image,
+    or the old row PostgreSQL sends with REPLICA IDENTITY FULL), never NULL."""
+    conn = postgres.connect()
+    streams = ("rekey", "rekey_full")
+    for name in streams:
+        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, name text, doc text)")
+    conn.execute("ALTER TABLE rekey_full REPLICA IDENTITY FULL")
+    conn.execute("CREATE PUBLICATION rk_pub FOR TABLE rekey, rekey_full")
+    docs = {i: secrets.token_hex(50_000) for i in range(1, 10)}  # 100 kB each: stored out of line
+    for name in streams:
+        for i in range(1, 9):
+            conn.execute(f"INSERT INTO {name} VALUES (%s, %s, %s)", (i, f"n{i}", docs[i]))
+    mirrors = {name: tmp_path / name for name in streams}
+    path = _pipeline(
+        tmp_path,
+        postgres,
+        "rk_pub",
+        "rk_slot",
+        "".join(f'- {{table_uri: "{mirrors[n]}", write_mode: merge, stream: public.{n}}}\n' for n in streams),
+    )
+    try:
+        _run(spark, path)  # the snapshot
+        conn.execute("SELECT pg_create_logical_replication_slot('rk_ref', 'pgoutput')")
+        for name in streams:
+            # The old key's row is in the mirror.
+            conn.execute(f"UPDATE {name} SET id = 101 WHERE id = 3")
+            conn.execute(f"UPDATE {name} SET id = 102, name = 'moved4' WHERE id = 4")
+            with conn.transaction():  # one batch: the old row is the batch's own earlier image
+                conn.execute(f"INSERT INTO {name} VALUES (9, 'n9', %s)", (docs[9],))
+                conn.execute(f"UPDATE {name} SET id = 109 WHERE id = 9")
+                conn.execute(f"UPDATE {name} SET name = 'five' WHERE id = 5")
+                conn.execute(f"UPDATE {name} SET id = 105 WHERE id = 5")
+                conn.execute(f"UPDATE {name} SET id = 106 WHERE id = 6")
+                conn.execute(f"UPDATE {name} SET id = 206, name = 'twice' WHERE id = 106")
+                conn.execute(f"UPDATE {name} SET id = 300 WHERE id = 7")
+                conn.execute(f"UPDATE {name} SET id = 7 WHERE id = 300")
+        moved = [
+            e
+            for e in read_all_events(postgres, cdc_options(postgres, "rk_pub", "rk_ref"))
+            if e["event_type"] == "update"
+        ]
+        assert moved and all('"doc"' not in json.loads(e["data"])["after"] for e in moved)  # never sent
+        _run(spark, path)
+        got = {name: _mirror(mirrors[name]) for name in streams}
+        assert {n: [r["id"] for r in rows if r["doc"] is None] for n, rows in got.items()} == {
+            n: [] for n in streams
+        }
+        for name in streams:
+            assert [r["id"] for r in got[name]] == [1, 2, 7, 8, 101, 102, 105, 109, 206]
+            assert got[name] == _source(conn, name)
+    finally:
+        conn.execute("SELECT pg_drop_replication_slot('rk_ref')")
+        _drop(conn, "rk_slot", "rk_pub")
+
+
+def test_a_re_keyed_row_the_mirror_lacks_stops_the_pipeline_naming_replica_identity_full(
+    spark, postgres, tmp_path
+):
+    conn = postgres.connect()
+    conn.execute("CREATE TABLE rekey_gap (id int PRIMARY KEY, name text, doc text)")
+    conn.execute("CREATE PUBLICATION gap_pub FOR TABLE rekey_gap")
+    conn.execute("INSERT INTO rekey_gap VALUES (1, 'a', %s)", (secrets.token_hex(50_000),))
+    mirror = tmp_path / "gap"
+    path = _pipeline(
+        tmp_path,
+        postgres,
+        "gap_pub",
+        "gap_slot",
+        f'- {{table_uri: "{mirror}", write_mode: merge, stream: public.rekey_gap}}',
+        snapshot="never",  # row 1 predates the slot: the mirror never holds it
+    )
+    try:
+        _run(spark, path)
+        progress = f"gap_slot-{slot_key('gap_slot')}-lsn"
+        held = DeltaTable(str(mirror)).transaction_version(progress)
+        conn.execute("UPDATE rekey_gap SET id = 11 WHERE id = 1")
+        with pytest.raises(MergeError, match="REPLICA IDENTITY FULL") as caught:
+            _run(spark, path)
+        assert "['doc']" in str(caught.value) and "nothing was committed" in str(caught.value)
+        assert _mirror(mirror) == []  # no row 11 with a NULL doc
+        assert DeltaTable(str(mirror)).transaction_version(progress) == held  # the change is not passed
+    finally:
+        _drop(conn, "gap_slot", "gap_pub")
+
+
+def test_a_mirror_added_to_a_pipeline_that_read_changes_is_refused_at_every_start(spark, postgres, tmp_path):
+    """A table joining the publication while the pipeline runs, then a mirror of it added and
+    the pipeline restarted with its checkpoint: the mirror would get neither the snapshot nor
+    the changes read before, so the start is refused, nothing written to it."""
+    conn = postgres.connect()
+    conn.execute("CREATE TABLE late_a (id int PRIMARY KEY, name text)")
+    conn.execute("CREATE TABLE late_b (id int PRIMARY KEY, name text)")
+    conn.execute("CREATE PUBLICATION late_pub FOR TABLE late_a")
+    conn.execute("INSERT INTO late_a SELECT i, 'a' FROM generate_series(1, 20) i")
+    conn.execute("INSERT INTO late_b SELECT i, 'b' FROM generate_series(1, 50) i")
+    events, mirror_a, mirror_b = tmp_path / "events", tmp_path / "late_a", tmp_path / "late_b"
+    sinks = f"""
+        - {{table_uri: "{events}"}}
+        - {{table_uri: "{mirror_a}", write_mode: merge, stream: public.late_a}}
+        """
+    try:
+        path = _pipeline(tmp_path, postgres, "late_pub", "late_slot", sinks)
+        _run(spark, path)  # the snapshot of late_a
+        conn.execute("INSERT INTO late_a VALUES (21, 'a')")
+        _run(spark, path)
+        conn.execute("ALTER PUBLICATION late_pub ADD TABLE late_b")
+        conn.execute("INSERT INTO late_b SELECT i, 'b' FROM generate_series(51, 60) i")
+        _run(spark, path)  # late_b's ten inserts land in the event table, as events
+        assert _mirror(mirror_a) == _source(conn, "late_a")
+
+        added = sinks + f'- {{table_uri: "{mirror_b}", write_mode: merge, stream: public.late_b}}\n'
+        path = _pipeline(tmp_path, postgres, "late_pub", "late_slot", added)
+        conn.execute("INSERT INTO late_b VALUES (61, 'b')")
+        for _ in range(2):  # every start, not only the first (Spark skips initialOffset then)
+            with pytest.raises(CdcPositionError, match="pipeline of its own") as caught:
+                _run(spark, path)
+            assert str(mirror_b) in str(caught.value)
+            assert not (mirror_b / "_delta_log").exists() or _mirror(mirror_b) == []
+        # A restart after a crash re-plans its unfinished batch (partitions) before any
+        # latestOffset: refused there too.
+        options = cdc_options(
+            postgres,
+            "late_pub",
+            "late_slot",
+            snapshot="initial",
+            pipeline_id="late_slot",
+            delta_table_uri=str(events),
+            more_delta_tables={str(mirror_a): {}, str(mirror_b): {}},
+        )
+        reader = PostgresCdcStreamReader(options, event_arrow_schema())
+        held = DeltaTable(str(events)).transaction_version(f"late_slot-{options.key}-lsn")
+        start = {options.key: {"lsn": held + 1, "snapshot": 1}}
+        with pytest.raises(CdcPositionError, match="pipeline of its own"):
+            reader.partitions(start, {options.key: {"lsn": held + 100, "snapshot": 1}})
+    finally:
+        _drop(conn, "late_slot", "late_pub")

@@ -5,6 +5,7 @@ the setup errors."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import time
 
@@ -502,3 +503,34 @@ def test_another_reader_moving_the_slot_stops_the_stream_and_pacing_holds_batche
 
     with pytest.raises(ConfigError, match="snapshot 'initial' needs delta_table_uri"):
         PostgresCdcOptions.from_spark_options({"publication": "p"})
+
+
+def test_a_table_joining_the_publication_while_the_stream_runs_is_logged_with_the_way_to_its_rows(
+    postgres, caplog
+):
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from deltaflow.sources.postgres_cdc import PostgresCdcStreamReader
+
+    conn = postgres.connect()
+    conn.execute("CREATE TABLE joined_a (id int PRIMARY KEY)")
+    conn.execute("CREATE TABLE joined_b (id int PRIMARY KEY)")
+    conn.execute("INSERT INTO joined_b SELECT generate_series(1, 50)")
+    conn.execute("CREATE PUBLICATION joined_pub FOR TABLE joined_a")
+    reader = PostgresCdcStreamReader(cdc_options(postgres, "joined_pub", "joined_slot"), event_arrow_schema())
+    try:
+        start = reader.initialOffset()
+        conn.execute("INSERT INTO joined_a VALUES (1)")
+        first = reader.latestOffset(start, ReadAllAvailable())
+        assert "joined publication" not in caplog.text
+        conn.execute("ALTER PUBLICATION joined_pub ADD TABLE joined_b")
+        conn.execute("INSERT INTO joined_b VALUES (51)")
+        with caplog.at_level(logging.WARNING, logger="deltaflow.sources.postgres_cdc"):
+            reader.latestOffset(first, ReadAllAvailable())
+        warned = [r.getMessage() for r in caplog.records if "joined publication" in r.getMessage()]
+        assert len(warned) == 1
+        assert "public.joined_b" in warned[0] and "earlier rows are not" in warned[0]
+        assert "pipeline of its own" in warned[0]
+    finally:
+        conn.execute("SELECT pg_drop_replication_slot('joined_slot')")
+        conn.execute("DROP PUBLICATION joined_pub")
