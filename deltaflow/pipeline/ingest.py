@@ -309,6 +309,7 @@ def source_options(spark: SparkSession, config: IngestConfig) -> dict[str, str]:
         "delta_table_uri": normalize_uri(config.table_uri),
         "pipeline_id": config.pipeline_id,
         "kafka_delta_ingest_txns": "true",  # a table kafka-delta-ingest wrote resumes
+        "fail_on_data_loss": str(config.fail_on_data_loss).lower(),
     }
     storage = config.table_options.get("storage_options")
     if storage:  # the source reads the table's progress with them
@@ -622,13 +623,19 @@ def _already_dead_lettered(options: SinkOptions, batch_id: int) -> Column | None
     from pyspark.sql import functions as F  # noqa: N812
 
     from deltaflow.delta import log as delta_log
-    from deltaflow.delta.progress import kafka_progress
-    from deltaflow.sinks.spark_checkpoint import read_batch_offsets
+    from deltaflow.delta.progress import kafka_progress, stale_progress
+    from deltaflow.sinks.spark_checkpoint import read_batch_source
 
     table = delta_log.load(normalize_uri(options.table_uri), options.storage_options)
-    layout = {t: list(parts) for t, parts in read_batch_offsets(options, batch_id).items()}
-    done = kafka_progress(table, options.pipeline_id or "", layout)
-    last = {f"{topic}:{p}": v for topic, parts in done.items() for p, v in parts.items()}
+    end, lost = read_batch_source(options, batch_id)
+    done = kafka_progress(table, options.pipeline_id or "", {t: list(parts) for t, parts in end.items()})
+    # A partition restarted because its offsets went back: progress from before is the old topic's.
+    last = {
+        f"{topic}:{p}": v
+        for topic, parts in done.items()
+        for p, v in parts.items()
+        if not stale_progress(lost.get(topic, {}).get(p), v)
+    }
     if not last:
         return None
     # One map lookup per row (not an OR per partition), on the message's own coordinates.

@@ -15,16 +15,26 @@ import pyarrow as pa
 
 from deltaflow.config.locations import normalize_uri
 from deltaflow.config.sink import SinkOptions
+from deltaflow.delta.progress import DataLoss, split_offsets
 from deltaflow.errors import ConfigError, storage_error
 from deltaflow.io.storage import filesystem
 
-__all__ = ["read_batch_offsets", "read_checkpoint_file"]
+__all__ = ["read_batch_offsets", "read_batch_source", "read_checkpoint_file"]
 
 logger = logging.getLogger(__name__)
 
 
 def read_batch_offsets(options: SinkOptions, batch_id: int) -> dict[str, dict[str, int]]:
-    """The end offsets of the query's single source for ``batch_id``, from Spark's offset log.
+    """The end offsets of the query's single source for ``batch_id``, from Spark's offset log."""
+    return read_batch_source(options, batch_id)[0]
+
+
+def read_batch_source(
+    options: SinkOptions, batch_id: int
+) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, DataLoss]]]:
+    """The end offsets of the query's single source for ``batch_id``, from Spark's offset log,
+    and the partitions the batch restarted at the broker's earliest offset (``fail_on_data_loss``
+    false: :mod:`deltaflow.delta.progress`'s ``DATA_LOSS_KEY``).
 
     Spark writes ``<checkpoint>/offsets/<batch_id>`` (a write-ahead log) before it runs the
     batch: ``v1``, a metadata line, then one line of offsets per source.
@@ -40,8 +50,7 @@ def read_batch_offsets(options: SinkOptions, batch_id: int) -> dict[str, dict[st
             f"{len(sources)} source offset(s)",
             table_uri=options.table_uri,
         )
-    parsed = json.loads(sources[0])
-    return {str(t): {str(p): int(o) for p, o in parts.items()} for t, parts in parsed.items()}
+    return split_offsets(json.loads(sources[0]))
 
 
 def read_checkpoint_file(location: str, relative: str, options: SinkOptions) -> str:
