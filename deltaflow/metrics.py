@@ -232,10 +232,18 @@ class Metrics:
                 self._processed_rate.labels(pipeline, name).set(processed_rate)
                 for key, lag in source_lags(source).items():
                     self._lag.labels(pipeline, key).set(lag)
-                for key in source_restarts(source):
-                    self._data_loss.labels(pipeline, key).inc()
         except (TypeError, ValueError, AttributeError) as exc:  # a report we do not understand
             logger.debug("progress of %r not copied to metrics: %s", pipeline, exc)
+
+    def restarts_reported(self, pipeline: str, progress: Mapping[str, Any]) -> None:
+        """Count the partitions one progress report's batch restarted at the broker's earliest
+        offset (call it once per report: a counter; never raises)."""
+        try:
+            for source in progress.get("sources") or []:
+                for key in source_restarts(source):
+                    self._data_loss.labels(pipeline, key).inc()
+        except (TypeError, ValueError, AttributeError) as exc:
+            logger.debug("progress of %r not counted for restarts: %s", pipeline, exc)
 
     # -- endpoint -----------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ from deltaflow.pipeline.evolution import (
     sample_text,
 )
 from deltaflow.pipeline.transforms import apply_transforms
+from deltaflow.sinks.spark_checkpoint import restarts_offsets_went_back
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -555,6 +556,8 @@ class IngestWriter:
                 self.failed_total += stats["failed"]
                 metrics.records_failed(pipeline=pipeline, table=table, count=stats["failed"])
                 self._dead_letter(batch, batch_id, stats["failed"], stats["first_error"])
+            elif self._dlq is not None and restarts_offsets_went_back(self._main_options, batch_id):
+                self._dead_letter(batch, batch_id, 0, "")  # its progress moves back too
         except BaseException:
             self._main.discard(pending)
             raise
@@ -599,7 +602,8 @@ class IngestWriter:
         rows = ingest_letters(
             source if seen is None else source.filter(~seen), self._dlq_transforms, self._dlq_format
         )
-        log_failed(batch_id, failed, first_error, dead_letter_table=True)
+        if failed:
+            log_failed(batch_id, failed, first_error, dead_letter_table=True)
         pending = self._dlq.write_files(rows, batch_id)
         if pending is None:
             return

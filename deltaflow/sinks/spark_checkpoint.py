@@ -15,11 +15,11 @@ import pyarrow as pa
 
 from deltaflow.config.locations import normalize_uri
 from deltaflow.config.sink import SinkOptions
-from deltaflow.delta.progress import DataLoss, split_offsets
+from deltaflow.delta.progress import WENT_BACK, DataLoss, split_offsets
 from deltaflow.errors import ConfigError, storage_error
 from deltaflow.io.storage import filesystem
 
-__all__ = ["read_batch_offsets", "read_batch_source", "read_checkpoint_file"]
+__all__ = ["read_batch_offsets", "read_batch_source", "read_checkpoint_file", "restarts_offsets_went_back"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +51,15 @@ def read_batch_source(
             table_uri=options.table_uri,
         )
     return split_offsets(json.loads(sources[0]))
+
+
+def restarts_offsets_went_back(options: SinkOptions, batch_id: int) -> bool:
+    """Whether ``batch_id`` restarted a partition whose offsets went back (a re-created topic):
+    every table holding the pipeline's progress must then commit the batch, so that its
+    progress from the old topic moves back too (a dead-letter table commits only batches with
+    dead letters otherwise, and would keep skipping the new topic's offsets below it)."""
+    _, lost = read_batch_source(options, batch_id)
+    return any(r.get("reason") == WENT_BACK for parts in lost.values() for r in parts.values())
 
 
 def read_checkpoint_file(location: str, relative: str, options: SinkOptions) -> str:

@@ -165,7 +165,7 @@ def test_a_recreated_topic_stops_a_multi_topic_stream_from_its_checkpoint(spark,
     assert [v for t, v in values if t == keep] == sorted(f"k{i}" for i in range(46))
     metrics = Metrics()
     for progress in query.recentProgress:
-        metrics.progress_reported("loss", json.loads(progress.json))
+        metrics.restarts_reported("loss", json.loads(progress.json))
     counted = {
         sample.labels["source"]: sample.value
         for family in metrics.registry.collect()
