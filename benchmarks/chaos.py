@@ -15,6 +15,11 @@ systemd or Kubernetes would. Faults, at random (``--seed``):
 * a concurrent ``deltaflow optimize`` of the events table;
 * ``deltaflow vacuum --full --retention-hours 0 --force --execute`` of a running workload's
   table beside its stream (never-referenced files: a batch's files before their commit).
+* the ingest's topic deleted and re-created under its name (its offsets start again at 0;
+  ingest runs with ``--fail_on_data_loss false`` and must restart at the new topic's earliest
+  offset). Production pauses until the tables hold every message of the old topic, so the
+  deletion itself loses nothing, and resumes once ingest has taken up the new topic (a new
+  topic that passes the old offsets first cannot be told from the old one).
 
 Then the faults stop, each workload drains (``--ends_at_latest_offsets`` / ``--available-now``)
 and two independent readers (DuckDB's delta extension over S3, and delta-rs) check that every
@@ -70,6 +75,10 @@ FAULT_GAP_S = (2.0, 6.0)
 VACUUM_FULL = ["--full", "--retention-hours", "0", "--force", "--execute"]
 #: How long the drain of each workload may take.
 DRAIN_TIMEOUT_S = 600
+#: The re-created topic: at most this many per run; how long it waits for ingest to hold the
+#: old topic's messages, and then to take up the new topic, before it gives up waiting.
+MAX_RECREATES = 2
+RECREATE_WAIT_S = 180.0
 #: Stderr lines kept per unexpected exit.
 TAIL_LINES = 5
 CREDENTIALS = S3_TEST_CREDENTIALS
@@ -194,6 +203,12 @@ def run(
         ingest_args += ["--app_id", "chaos", "--schema", "id LONG, payload STRING"]
         ingest_args += ["--dlq_table_location", "s3://lake/dlq", "--checkpoint_location", str(ingest_ckpt)]
         ingest_args += ["--auto_compact_min_files", "5", "--max_messages_per_batch", "2000"]
+        # The re-created topic: the new topic's offsets are read from its earliest.
+        ingest_args += ["--fail_on_data_loss", "false"]
+        producing = threading.Event()
+        producing.set()
+        produce_lock = threading.Lock()
+        recreating: list[threading.Thread] = []
         if "ingest" in workloads:
             workers.append(
                 Worker("ingest", [*ingest_args, "--allowed_latency", "1"], env, work / "ingest.log", report)
@@ -201,15 +216,17 @@ def run(
 
             def produce() -> None:
                 while not stop.is_set():
-                    start = len(produced)
-                    batch = [
-                        _bad(n)
-                        if n % BAD_EVERY == BAD_EVERY - 1
-                        else json.dumps({"id": n, "payload": f"p{n}"}).encode()
-                        for n in range(start, start + MESSAGES_PER_ROUND)
-                    ]
-                    broker.produce(topic, batch, partitions=PARTITIONS)
-                    produced.extend(batch)
+                    producing.wait()
+                    with produce_lock:
+                        start = len(produced)
+                        batch = [
+                            _bad(n)
+                            if n % BAD_EVERY == BAD_EVERY - 1
+                            else json.dumps({"id": n, "payload": f"p{n}"}).encode()
+                            for n in range(start, start + MESSAGES_PER_ROUND)
+                        ]
+                        broker.produce(topic, batch, partitions=PARTITIONS)
+                        produced.extend(batch)
                     stop.wait(PRODUCE_EVERY_S)
 
             threading.Thread(target=produce, name="producer", daemon=True).start()
@@ -301,7 +318,9 @@ def run(
                     )
                     next_kill = now + kill_every
             if now >= next_fault:
-                kind = rng.choice(["lost_response", "slow", "failing", "reset", "optimize", "vacuum_full"])
+                kind = rng.choice(
+                    ["lost_response", "slow", "failing", "reset", "optimize", "vacuum_full", "recreate_topic"]
+                )
                 if kind == "lost_response":
                     proxy.lose_response("PUT", LOG_ENTRY, times=rng.randint(1, 3))
                 elif kind == "slow":
@@ -335,12 +354,28 @@ def run(
                                 stderr=subprocess.DEVNULL,
                             )
                         )
+                elif kind == "recreate_topic":
+                    busy = any(t.is_alive() for t in recreating)
+                    if "ingest" not in workloads or busy or len(recreating) >= MAX_RECREATES:
+                        kind = "recreate_topic_not_now"
+                    else:
+                        thread = threading.Thread(
+                            target=_recreate_topic,
+                            args=(broker, topic, direct, producing, produce_lock, report, say),
+                            name="recreate-topic",
+                            daemon=True,
+                        )
+                        recreating.append(thread)
+                        thread.start()
                 report.faults[kind] += 1
                 next_fault = now + rng.uniform(*FAULT_GAP_S)
             time.sleep(0.2)
 
         # Drain: no more faults, no more input; each workload catches up and exits 0.
+        for thread in recreating:
+            thread.join(2 * RECREATE_WAIT_S)
         stop.set()
+        producing.set()
         for w in workers:
             w.retire()
         for p in optimizers + vacuums:
@@ -370,6 +405,68 @@ def run(
             report.missing_files += _missing_files(f"s3://lake/{table}", direct)
     report.seconds = time.monotonic() - started
     return report
+
+
+def _recreate_topic(
+    broker: Any,
+    topic: str,
+    options: dict[str, str],
+    producing: threading.Event,
+    produce_lock: threading.Lock,
+    report: Report,
+    say: Callable[[str], None],
+) -> None:
+    """Delete and re-create ``topic`` once the events table holds all of it; production
+    resumes when ingest's progress has moved back to the new topic (or after the wait)."""
+    producing.clear()
+    with produce_lock:  # a round in flight lands before the topic is deleted
+        pass
+    try:
+        latest = _latest_offsets(broker, topic)
+        if not _wait_for(lambda: _progress(topic, options) == {p: o - 1 for p, o in latest.items() if o}):
+            report.faults["recreate_topic_ingest_behind"] += 1
+            return
+        broker.recreate_topic(topic, partitions=PARTITIONS)
+        report.faults["recreate_topic_done"] += 1
+        say(f"re-created {topic} (the table held offsets {latest})")
+
+        def taken_up() -> bool:
+            progress = _progress(topic, options)
+            return all(progress.get(p, -1) < o - 1 for p, o in latest.items() if o)
+
+        if not _wait_for(taken_up):
+            report.faults["recreate_topic_not_taken_up"] += 1
+    finally:
+        producing.set()
+
+
+def _wait_for(condition: Callable[[], bool]) -> bool:
+    deadline = time.monotonic() + RECREATE_WAIT_S
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):  # no table yet, a store hiccup: ask again
+            if condition():
+                return True
+        time.sleep(1.0)
+    return False
+
+
+def _latest_offsets(broker: Any, topic: str) -> dict[int, int]:
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    request = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(PARTITIONS)}
+    admin = broker.admin()  # must outlive the futures
+    answers = admin.list_offsets(request, request_timeout=15)
+    return {tp.partition: int(f.result(timeout=30).offset) for tp, f in answers.items()}
+
+
+def _progress(topic: str, options: dict[str, str]) -> dict[int, int]:
+    """The events table's last offset per partition of ``topic`` (ingest's txns)."""
+    from deltalake import DeltaTable
+
+    table = DeltaTable("s3://lake/events", storage_options=options)
+    versions = {p: table.transaction_version(f"chaos-{topic}-{p}") for p in range(PARTITIONS)}
+    return {p: int(v) for p, v in versions.items() if v is not None}
 
 
 def _drain(argv: list[str], env: dict[str, str], log: Path, report: Report, name: str) -> None:

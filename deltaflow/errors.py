@@ -30,6 +30,7 @@ __all__ = [
     "ExpectationFailedError",
     "FileSchemaMismatchError",
     "KafkaAccessError",
+    "KafkaDataLossError",
     "KafkaUnavailableError",
     "LeaseHeldError",
     "MergeError",
@@ -217,6 +218,12 @@ class KafkaUnavailableError(TransientError):
 class KafkaAccessError(TerminalError):
     """Kafka refused the client (authentication, authorization, an invalid or unsupported
     setting); retrying cannot help until the Kafka settings change."""
+
+
+class KafkaDataLossError(TerminalError):
+    """Offsets the pipeline holds as its progress are not on the broker (beyond its latest
+    offset: the topic was re-created; below its earliest: retention removed them). Continuing
+    would skip messages without a trace; nothing was written (Spark's ``failOnDataLoss``)."""
 
 
 class PostgresUnavailableError(TransientError):

@@ -154,6 +154,13 @@ class Metrics:
             _SOURCE,
             registry=r,
         )
+        self._data_loss = Counter(
+            "deltaflow_source_data_loss",
+            "Kafka partitions a batch restarted at the broker's earliest offset because the broker "
+            "no longer held the next one (fail_on_data_loss false), per topic-partition.",
+            _SOURCE,
+            registry=r,
+        )
         r.register(_RivvenNames(self))
 
     # -- sink ---------------------------------------------------------------------------------
@@ -227,6 +234,16 @@ class Metrics:
                     self._lag.labels(pipeline, key).set(lag)
         except (TypeError, ValueError, AttributeError) as exc:  # a report we do not understand
             logger.debug("progress of %r not copied to metrics: %s", pipeline, exc)
+
+    def restarts_reported(self, pipeline: str, progress: Mapping[str, Any]) -> None:
+        """Count the partitions one progress report's batch restarted at the broker's earliest
+        offset (call it once per report: a counter; never raises)."""
+        try:
+            for source in progress.get("sources") or []:
+                for key in source_restarts(source):
+                    self._data_loss.labels(pipeline, key).inc()
+        except (TypeError, ValueError, AttributeError) as exc:
+            logger.debug("progress of %r not counted for restarts: %s", pipeline, exc)
 
     # -- endpoint -----------------------------------------------------------------------------
 
@@ -370,6 +387,20 @@ def source_lags(source: Mapping[str, Any]) -> dict[str, int]:
             if done is not None:
                 out[f"{topic}:{p}"] = max(0, int(newest) - int(done))
     return out
+
+
+def source_restarts(source: Mapping[str, Any]) -> list[str]:
+    """``topic:partition`` of each partition the batch of a report restarted at the broker's
+    earliest offset (the Kafka source's record beside its end offsets: ``$data_loss``,
+    ``delta.progress.DATA_LOSS_KEY``, spelled out here below the layers that may import it)."""
+    import json
+
+    end = source.get("endOffset")
+    end = json.loads(end) if isinstance(end, str) else end
+    lost = end.get("$data_loss") if isinstance(end, dict) else None
+    if not isinstance(lost, dict):
+        return []
+    return [f"{topic}:{p}" for topic, parts in lost.items() if isinstance(parts, dict) for p in parts]
 
 
 #: The process's metrics.

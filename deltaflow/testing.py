@@ -89,6 +89,17 @@ class Broker:
         )
         return name
 
+    def recreate_topic(self, name: str, partitions: int = 1) -> None:
+        """Delete topic ``name`` and create it again: its offsets start again at 0."""
+        admin = self.admin()
+        admin.delete_topics([name])[name].result(timeout=10)
+        deadline = time.monotonic() + 10
+        while name in admin.list_topics(timeout=10).topics:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"topic {name!r} still listed 10 s after its deletion")
+            time.sleep(0.1)
+        self.create_topic(partitions, name)
+
     def produce(
         self,
         topic: str,

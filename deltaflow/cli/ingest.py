@@ -240,6 +240,19 @@ STOP_POLL_S = 1
     help="Basic-auth password of the --avro schema registry (with --schema-registry-username).",
 )
 @click.option(
+    "--fail-on-data-loss",
+    "--fail_on_data_loss",
+    type=click.BOOL,
+    default=True,
+    show_default=True,
+    envvar="FAIL_ON_DATA_LOSS",
+    show_envvar=True,
+    help="Offsets of the table's progress the broker no longer holds (a re-created topic, "
+    "messages removed by retention) stop ingest naming them, before anything is written "
+    "(Spark's failOnDataLoss). false: restart those partitions at the broker's earliest offset, "
+    "logged and recorded in the commit.",
+)
+@click.option(
     "--decompress-gzip",
     "--decompress_gzip",
     is_flag=True,
@@ -413,6 +426,7 @@ def ingest(
     schema_registry_password: str | None,
     json_registry: str | None,
     soe_avro: str | None,
+    fail_on_data_loss: bool,
     decompress_gzip: bool,
     dlq_table_location: str | None,
     dlq_transforms: tuple[str, ...],
@@ -505,6 +519,7 @@ def ingest(
         schema_registry_password=schema_registry_password,
         json_registry=json_registry,
         soe_avro=soe_avro,
+        fail_on_data_loss=fail_on_data_loss,
         decompress_gzip=decompress_gzip,
         dlq_table_location=dlq_table_location,
         dlq_transforms=dlq_transforms,

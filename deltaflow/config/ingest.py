@@ -69,6 +69,9 @@ class IngestConfig(BaseModel):
             come from the file, or the folder's last file in name order).
         dlq_format: The dead-letter rows' shape (``--dlq_format``): ``deltaflow`` or
             ``kafka-delta-ingest`` (see :mod:`deltaflow.pipeline.dead_letters`).
+        fail_on_data_loss: Offsets of the table's progress the broker no longer holds stop
+            ingest (``--fail_on_data_loss``, Spark's ``failOnDataLoss``); with false those
+            partitions restart at the broker's earliest offset (:mod:`deltaflow.sources.kafka_data_loss`).
         table_options / dlq_table_options: Further sink options of the main / dead-letter
             table (:class:`~deltaflow.config.sink.SinkOptions` names: ``compression``,
             ``storage_options``, ``table_properties``, ...), as a YAML pipeline's sink sets them.
@@ -100,6 +103,7 @@ class IngestConfig(BaseModel):
     min_bytes_per_file: int | None = Field(default=None, ge=1)
     schema_evolution: bool = False
     ends_at_latest_offsets: bool = False
+    fail_on_data_loss: bool = True
     checkpoint_location: str | None = None
     partition_by: tuple[str, ...] = ()
     kafka_settings: dict[str, SecretStr] = Field(default_factory=dict)

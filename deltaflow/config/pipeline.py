@@ -207,6 +207,8 @@ class KafkaSourceSpec(_Model):
     schema_registry_url: str | None = None
     decompress_gzip: bool = False
     kafka_settings: dict[str, SecretStr] = Field(default_factory=dict)
+    #: Spark's ``failOnDataLoss``: stored offsets the broker no longer holds stop the pipeline.
+    fail_on_data_loss: bool = True
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
@@ -657,6 +659,7 @@ class PipelineSpec(_Model):
             "avro": src.schema_registry_url,
             "avro_schema": src.avro_schema,
             "decompress_gzip": src.decompress_gzip,
+            "fail_on_data_loss": src.fail_on_data_loss,
             "ends_at_latest_offsets": available_now,
             "checkpoint_location": normalize_uri(self.checkpoint_location)
             if self.checkpoint_location

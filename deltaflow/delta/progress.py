@@ -21,16 +21,24 @@ if TYPE_CHECKING:
     from deltalake import DeltaTable
 
 __all__ = [
+    "AGED_OUT",
+    "DATA_LOSS_KEY",
+    "DATA_LOSS_METADATA",
     "TXN_RETENTION",
+    "WENT_BACK",
+    "DataLoss",
     "advancing_txns",
     "batch_txns",
     "checkpoint_mark",
     "checkpoint_txn_id",
+    "data_loss_metadata",
     "is_committed",
     "kafka_delta_ingest_progress",
     "kafka_progress",
     "kafka_txn_id",
     "resumed_progress",
+    "split_offsets",
+    "stale_progress",
     "transaction_version",
     "warn_on_txn_retention",
 ]
@@ -43,6 +51,64 @@ CHECKPOINT_TXN_PREFIX = "deltaflow-checkpoint:"
 
 #: Under this table property delta-rs hides txns older than its span (Delta's txn expiry).
 TXN_RETENTION = "delta.setTransactionRetentionDuration"
+
+#: Beside the topics in a Kafka source's offsets (Spark's offset log): the partitions a batch
+#: restarted at the broker's earliest offset with ``fail_on_data_loss`` false, as
+#: ``{topic: {partition: DataLoss}}`` (:mod:`deltaflow.sources.kafka_data_loss`). No topic
+#: name can hold a ``$``.
+DATA_LOSS_KEY = "$data_loss"
+#: The stored offset lies beyond the broker's latest: the offsets went back (a re-created topic).
+WENT_BACK = "went_back"
+#: The stored offset lies below the broker's earliest: the messages aged out (retention).
+AGED_OUT = "aged_out"
+
+#: One partition's record: ``reason`` (:data:`WENT_BACK` or :data:`AGED_OUT`), ``stored`` (the
+#: next offset the pipeline held), ``restart`` (where it read on), ``earliest``, ``latest``.
+DataLoss = dict[str, Any]
+
+
+#: The commit metadata key listing a batch's restarted partitions (JSON text).
+DATA_LOSS_METADATA = "deltaflow.kafka_data_loss"
+
+
+def data_loss_metadata(lost: Mapping[str, Mapping[str, DataLoss]]) -> dict[str, str]:
+    """Commit metadata recording the partitions a batch restarted (none: empty): a JSON list of
+    ``{"topic", "partition", "reason", "stored", "restart", "earliest", "latest"}``."""
+    import json
+
+    if not lost:
+        return {}
+    rows = [
+        {"topic": t, "partition": int(p), **r}
+        for t, parts in sorted(lost.items())
+        for p, r in sorted(parts.items())
+    ]
+    return {DATA_LOSS_METADATA: json.dumps(rows)}
+
+
+def split_offsets(
+    offsets: Mapping[str, Any],
+) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, DataLoss]]]:
+    """A Kafka source's offsets as ``(next offset per topic and partition, data-loss records)``."""
+    positions = {
+        str(t): {str(p): int(o) for p, o in parts.items()}
+        for t, parts in offsets.items()
+        if t != DATA_LOSS_KEY
+    }
+    lost = offsets.get(DATA_LOSS_KEY) or {}
+    return positions, {str(t): {str(p): dict(r) for p, r in parts.items()} for t, parts in lost.items()}
+
+
+def stale_progress(record: DataLoss | None, held: int | None) -> bool:
+    """Whether ``held`` (the last offset a table holds for a partition) is the progress a batch
+    restarted from because the partition's offsets went back (``record``): it names offsets
+    the broker no longer has, and the batch's own progress replaces it, moving back."""
+    return (
+        record is not None
+        and record.get("reason") == WENT_BACK
+        and held is not None
+        and held + 1 >= int(record["stored"])
+    )
 
 
 def transaction_version(table: DeltaTable | None, app_id: str) -> int | None:
@@ -119,17 +185,25 @@ def resumed_progress(
 
 
 def advancing_txns(
-    table: DeltaTable | None, app_id: str, end: Mapping[str, Mapping[str, int]]
+    table: DeltaTable | None,
+    app_id: str,
+    end: Mapping[str, Mapping[str, int]],
+    lost: Mapping[str, Mapping[str, DataLoss]] | None = None,
 ) -> dict[str, int]:
     """Txns ``<app_id>-<topic>-<partition>`` = last offset of a batch ending at ``end`` (next
-    offsets), for the partitions it advances beyond what ``table`` holds (never back)."""
+    offsets), for the partitions it advances beyond what ``table`` holds. Versions never move
+    back, except where the batch restarted a partition whose offsets went back (``lost``, from
+    the batch's offsets) and the table still holds the progress it restarted from."""
     done = kafka_progress(table, app_id, {t: list(parts) for t, parts in end.items()})
-    return {
-        kafka_txn_id(app_id, topic, p): stop - 1
-        for topic, parts in end.items()
-        for p, stop in parts.items()
-        if stop > 0 and stop - 1 > done.get(topic, {}).get(p, -1)
-    }
+    out = {}
+    for topic, parts in end.items():
+        for p, stop in parts.items():
+            held = done.get(topic, {}).get(p)
+            if stale_progress((lost or {}).get(topic, {}).get(p), held) or (
+                stop > 0 and stop - 1 > (-1 if held is None else held)
+            ):
+                out[kafka_txn_id(app_id, topic, p)] = stop - 1
+    return out
 
 
 def checkpoint_txn_id(app_id: str) -> str:

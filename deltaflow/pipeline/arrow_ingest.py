@@ -22,6 +22,7 @@ from deltaflow.errors import ConfigError
 from deltaflow.io import arrow_transforms
 from deltaflow.metrics import metrics
 from deltaflow.pipeline.dead_letters import log_failed, log_unknown_fields
+from deltaflow.sinks.spark_checkpoint import restarts_offsets_went_back
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -174,7 +175,7 @@ class ArrowIngestWriter:
                 restart_if_table_gained(self._main.options, names, batch_id)
             if self._evolve:
                 self._evolve_schema(batch.sparkSession, results, batch_id)  # raises if it added columns
-            if failed and self._dlq is not None:
+            if self._dlq is not None and (failed or restarts_offsets_went_back(self._main.options, batch_id)):
                 dlq = self._dlq.options.pipeline_id or ""
                 metrics.batch_written(pipeline=dlq, table=self._dlq.table_uri, seconds=written)
                 dlq_attempted = True

@@ -36,6 +36,7 @@ from deltaflow.pipeline.evolution import (
     sample_text,
 )
 from deltaflow.pipeline.transforms import apply_transforms
+from deltaflow.sinks.spark_checkpoint import restarts_offsets_went_back
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -309,6 +310,7 @@ def source_options(spark: SparkSession, config: IngestConfig) -> dict[str, str]:
         "delta_table_uri": normalize_uri(config.table_uri),
         "pipeline_id": config.pipeline_id,
         "kafka_delta_ingest_txns": "true",  # a table kafka-delta-ingest wrote resumes
+        "fail_on_data_loss": str(config.fail_on_data_loss).lower(),
     }
     storage = config.table_options.get("storage_options")
     if storage:  # the source reads the table's progress with them
@@ -554,6 +556,8 @@ class IngestWriter:
                 self.failed_total += stats["failed"]
                 metrics.records_failed(pipeline=pipeline, table=table, count=stats["failed"])
                 self._dead_letter(batch, batch_id, stats["failed"], stats["first_error"])
+            elif self._dlq is not None and restarts_offsets_went_back(self._main_options, batch_id):
+                self._dead_letter(batch, batch_id, 0, "")  # its progress moves back too
         except BaseException:
             self._main.discard(pending)
             raise
@@ -598,7 +602,8 @@ class IngestWriter:
         rows = ingest_letters(
             source if seen is None else source.filter(~seen), self._dlq_transforms, self._dlq_format
         )
-        log_failed(batch_id, failed, first_error, dead_letter_table=True)
+        if failed:
+            log_failed(batch_id, failed, first_error, dead_letter_table=True)
         pending = self._dlq.write_files(rows, batch_id)
         if pending is None:
             return
@@ -622,13 +627,19 @@ def _already_dead_lettered(options: SinkOptions, batch_id: int) -> Column | None
     from pyspark.sql import functions as F  # noqa: N812
 
     from deltaflow.delta import log as delta_log
-    from deltaflow.delta.progress import kafka_progress
-    from deltaflow.sinks.spark_checkpoint import read_batch_offsets
+    from deltaflow.delta.progress import kafka_progress, stale_progress
+    from deltaflow.sinks.spark_checkpoint import read_batch_source
 
     table = delta_log.load(normalize_uri(options.table_uri), options.storage_options)
-    layout = {t: list(parts) for t, parts in read_batch_offsets(options, batch_id).items()}
-    done = kafka_progress(table, options.pipeline_id or "", layout)
-    last = {f"{topic}:{p}": v for topic, parts in done.items() for p, v in parts.items()}
+    end, lost = read_batch_source(options, batch_id)
+    done = kafka_progress(table, options.pipeline_id or "", {t: list(parts) for t, parts in end.items()})
+    # A partition restarted because its offsets went back: progress from before is the old topic's.
+    last = {
+        f"{topic}:{p}": v
+        for topic, parts in done.items()
+        for p, v in parts.items()
+        if not stale_progress(lost.get(topic, {}).get(p), v)
+    }
     if not last:
         return None
     # One map lookup per row (not an OR per partition), on the message's own coordinates.

@@ -187,6 +187,7 @@ def _kafka_options(src: KafkaSourceSpec) -> dict[str, str]:
         if isinstance(src.starting_offsets, str)
         else json.dumps(src.starting_offsets),
         "keep_value": "false",
+        "fail_on_data_loss": str(src.fail_on_data_loss).lower(),
     }
     if src.topic_pattern:
         options["topic_pattern"] = src.topic_pattern

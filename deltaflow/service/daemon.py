@@ -368,6 +368,7 @@ class _Tally:
             if stamp > self._reported:  # every report once, even those between two polls
                 self._reported = stamp
                 board.progress(self.name, progress)
+                metrics.restarts_reported(self.name, progress)
             rows = progress_messages(progress)
             run, batch = str(progress["runId"]), int(progress["batchId"])
             # Idle triggers report the next batch id with no rows: count only batches with rows.

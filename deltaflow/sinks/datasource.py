@@ -44,7 +44,7 @@ from deltaflow.io.faults import maybe_crash
 from deltaflow.io.parquet import PartitionedFileWriter, WrittenFile, delete_files, writer_process
 from deltaflow.io.storage import filesystem
 from deltaflow.metrics import metrics
-from deltaflow.sinks.spark_checkpoint import read_batch_offsets
+from deltaflow.sinks.spark_checkpoint import read_batch_source
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -244,10 +244,12 @@ class _DeltaSink:
         # The checkpoint the batch runs on (its query id, as the tasks saw it): a batch the table
         # holds from another checkpoint is a lost checkpoint, not a replay.
         checkpoint = _query_id(messages) if streaming else None
-        end = read_batch_offsets(opts, batch_id) if opts.kafka_offsets and batch_id is not None else None
+        end, lost = (
+            read_batch_source(opts, batch_id) if opts.kafka_offsets and batch_id is not None else (None, {})
+        )
 
         def kafka_txns(table: Any) -> dict[str, int]:
-            return self._kafka_txns(table, end) if end is not None else {}
+            return self._kafka_txns(table, end, lost) if end is not None else {}
 
         def already_done(table: Any) -> bool:
             if end is not None:
@@ -304,7 +306,10 @@ class _DeltaSink:
                 schema=self.schema,
                 partition_by=opts.partition_columns,
                 mode="overwrite" if self.overwrite else "append",
-                metadata=self._commit_metadata(messages, batch_id, rows),
+                metadata={
+                    **self._commit_metadata(messages, batch_id, rows),
+                    **progress.data_loss_metadata(lost),
+                },
                 storage_options=opts.storage_options,
                 policy=commit.RetryPolicy(max_retries=opts.max_commit_retries),
                 create_if_missing=opts.auto_create_table,
@@ -439,10 +444,13 @@ class _DeltaSink:
             return self.options.pipeline_id, self.options.txn_version
         return None, None
 
-    def _kafka_txns(self, table: Any, end: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
+    def _kafka_txns(
+        self, table: Any, end: Mapping[str, Mapping[str, int]], lost: Mapping[str, Mapping[str, Any]]
+    ) -> dict[str, int]:
         """Txns ``<pipeline_id>-<topic>-<partition>`` = last offset of the batch ending at ``end``,
-        for the partitions it advances beyond what the log holds (versions never move back)."""
-        return progress.advancing_txns(table, self.options.pipeline_id or "", end)
+        for the partitions it advances beyond what the log holds (versions never move back, but
+        for a partition the batch restarted because its offsets went back: ``lost``)."""
+        return progress.advancing_txns(table, self.options.pipeline_id or "", end, lost)
 
     def _check(self, table: Any, files: Sequence[WrittenFile]) -> None:
         from deltaflow.delta import commit

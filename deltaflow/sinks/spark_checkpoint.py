@@ -17,13 +17,20 @@ import pyarrow as pa
 
 from deltaflow.config.locations import normalize_uri
 from deltaflow.config.sink import SinkOptions
+from deltaflow.delta.progress import WENT_BACK, DataLoss, split_offsets
 from deltaflow.errors import ConfigError, storage_error
 from deltaflow.io.storage import filesystem
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["read_batch_offsets", "read_checkpoint_file", "streaming_query_id"]
+__all__ = [
+    "read_batch_offsets",
+    "read_batch_source",
+    "read_checkpoint_file",
+    "restarts_offsets_went_back",
+    "streaming_query_id",
+]
 
 #: The local property Spark's stream execution sets to the query's id (the ``id`` of the
 #: checkpoint's ``metadata`` file) on the thread that runs a micro-batch, and so on its tasks.
@@ -46,7 +53,16 @@ def streaming_query_id(batch: DataFrame) -> str | None:
 
 
 def read_batch_offsets(options: SinkOptions, batch_id: int) -> dict[str, dict[str, int]]:
-    """The end offsets of the query's single source for ``batch_id``, from Spark's offset log.
+    """The end offsets of the query's single source for ``batch_id``, from Spark's offset log."""
+    return read_batch_source(options, batch_id)[0]
+
+
+def read_batch_source(
+    options: SinkOptions, batch_id: int
+) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, DataLoss]]]:
+    """The end offsets of the query's single source for ``batch_id``, from Spark's offset log,
+    and the partitions the batch restarted at the broker's earliest offset (``fail_on_data_loss``
+    false: :mod:`deltaflow.delta.progress`'s ``DATA_LOSS_KEY``).
 
     Spark writes ``<checkpoint>/offsets/<batch_id>`` (a write-ahead log) before it runs the
     batch: ``v1``, a metadata line, then one line of offsets per source.
@@ -62,8 +78,16 @@ def read_batch_offsets(options: SinkOptions, batch_id: int) -> dict[str, dict[st
             f"{len(sources)} source offset(s)",
             table_uri=options.table_uri,
         )
-    parsed = json.loads(sources[0])
-    return {str(t): {str(p): int(o) for p, o in parts.items()} for t, parts in parsed.items()}
+    return split_offsets(json.loads(sources[0]))
+
+
+def restarts_offsets_went_back(options: SinkOptions, batch_id: int) -> bool:
+    """Whether ``batch_id`` restarted a partition whose offsets went back (a re-created topic):
+    every table holding the pipeline's progress must then commit the batch, so that its
+    progress from the old topic moves back too (a dead-letter table commits only batches with
+    dead letters otherwise, and would keep skipping the new topic's offsets below it)."""
+    _, lost = read_batch_source(options, batch_id)
+    return any(r.get("reason") == WENT_BACK for parts in lost.values() for r in parts.values())
 
 
 def read_checkpoint_file(location: str, relative: str, options: SinkOptions) -> str:

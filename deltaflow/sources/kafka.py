@@ -33,6 +33,7 @@ from pyspark.sql.streaming.datasource import (
 from deltaflow.config.identity import PipelineId
 from deltaflow.config.models import problems
 from deltaflow.config.secrets import MASK, masked
+from deltaflow.delta.progress import DATA_LOSS_KEY, DataLoss, split_offsets, stale_progress
 from deltaflow.errors import (
     ConfigError,
     DeltaflowError,
@@ -42,6 +43,7 @@ from deltaflow.errors import (
 )
 from deltaflow.io import logs
 from deltaflow.sources.decode import JsonDecoder, SchemaRegistry, avro_to_spark_ddl, decompress
+from deltaflow.sources.kafka_data_loss import check_partition, log_restarts
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -160,6 +162,12 @@ class KafkaSourceOptions(BaseModel):
         value_compression: ``gzip`` to decompress each value before decoding.
         keep_value: With decoding, keep every message's bytes in ``value`` (default: only the
             failed ones'), for pipelines that may reject a decoded row later.
+        fail_on_data_loss: Spark's ``failOnDataLoss`` (that option name is accepted too): a
+            partition whose next offset the broker no longer holds (beyond its latest offset:
+            the topic was re-created; below its earliest: retention removed the messages) stops
+            the query with :class:`~deltaflow.errors.KafkaDataLossError` before anything is
+            written. With false it restarts at the broker's earliest offset, with a warning, a
+            metric and a record in the batch's commit (:mod:`deltaflow.sources.kafka_data_loss`).
         metadata: Which of the columns ``key``, ``timestamp`` (with ``timestamp_type``) and
             ``headers`` to fill for every message (comma-separated; default all). The others
             are null, except on messages that failed to decode (dead letters keep them):
@@ -191,6 +199,7 @@ class KafkaSourceOptions(BaseModel):
     schema_registry_auth: SecretStr | None = None
     value_compression: Literal["none", "gzip"] = "none"
     keep_value: bool = False
+    fail_on_data_loss: bool = True
     metadata: tuple[Literal["key", "timestamp", "headers"], ...] = METADATA_COLUMNS
 
     @field_validator("avro_writer_schemas", mode="before")
@@ -263,6 +272,8 @@ class KafkaSourceOptions(BaseModel):
             values["kafka_settings"] = merged
         if "delta_app_id" in values:  # the option's earlier name
             values.setdefault("pipeline_id", values.pop("delta_app_id"))
+        if "failondataloss" in values:  # Spark's Kafka source's name (options arrive lower-cased)
+            values.setdefault("fail_on_data_loss", values.pop("failondataloss"))
         unknown = set(values) - set(cls.model_fields)
         if unknown:
             from deltaflow.errors import UnknownOptionError
@@ -387,6 +398,7 @@ class KafkaPartitionRange(InputPartition):
     end: int
     config: dict[str, Any] = field(default_factory=dict)
     decoding: Decoding | None = None
+    fail_on_data_loss: bool = True
 
     def __repr__(self) -> str:  # the config holds credentials
         return f"KafkaPartitionRange({self.topic}[{self.partition}] {self.start}..{self.end})"
@@ -526,7 +538,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return ReadMaxRows(self._options.max_messages_per_batch)
         return ReadAllAvailable()
 
-    def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:  # noqa: N802
+    def latestOffset(self, start: Offsets, limit: ReadLimit) -> dict[str, Any]:  # noqa: N802
+        start, _ = split_offsets(start)  # the previous batch's restarts are its own
         layout = self._topic_partitions()
         latest = self._target or self._watermarks(layout, "latest")
         self._latest = latest
@@ -543,24 +556,64 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     begin = earliest[topic][key]
                 begins[topic][key] = begin
                 end[topic][key] = max(begin, latest.get(topic, {}).get(key, begin))
+        # Offsets the broker no longer holds: stop, or restart those partitions at the earliest.
+        # The earliest offsets are asked for only when a batch would start (or offsets went back).
+        moved = any(begins[t][k] > latest.get(t, {}).get(k, begins[t][k]) for t in begins for k in begins[t])
+        lost: dict[str, dict[str, DataLoss]] = {}
+        if moved or end != _known(start, end):
+            earliest = earliest or self._watermarks(layout, "earliest")
+            lost = self._data_loss(begins, earliest, latest)
+            for topic, records in lost.items():
+                for key, record in records.items():
+                    begins[topic][key] = record["restart"]
+                    end[topic][key] = max(record["restart"], record["latest"])
         available = end
         if isinstance(limit, ReadMaxRows):
             end = _admit(begins, end, limit.max_rows)
         if self._target is not None:
-            return end  # availableNow: Spark stops once the target is read
+            return self._planned(end, lost)  # availableNow: Spark stops once the target is read
         now = time.monotonic()
         if end == _known(start, end):
             time.sleep(IDLE_POLL_S)  # nothing new: answer after a while, not 100 times a second
             return end
         interval = self._options.batch_interval
         full = isinstance(limit, ReadMaxRows) and _count(begins, end) >= limit.max_rows
-        if interval and now < self._due and not (full or self._left_behind or self._sized(begins, end)):
+        if (
+            interval
+            and now < self._due
+            and not (full or lost or self._left_behind or self._sized(begins, end))
+        ):
             time.sleep(min(IDLE_POLL_S, self._due - now))
             return _known(start, end)  # held back: "no new data" until due
         self._due = now + interval
         self._left_behind = end != available
         self._estimate_due = 0.0
-        return end
+        return self._planned(end, lost)
+
+    def _data_loss(
+        self, begins: Offsets, earliest: Offsets, latest: Offsets
+    ) -> dict[str, dict[str, DataLoss]]:
+        """The partitions whose next offset the broker no longer holds, to restart at the earliest
+        (raises :class:`~deltaflow.errors.KafkaDataLossError` with ``fail_on_data_loss``)."""
+        lost: dict[str, dict[str, DataLoss]] = {}
+        for topic, parts in begins.items():
+            for key, begin in parts.items():
+                low, high = earliest.get(topic, {}).get(key), latest.get(topic, {}).get(key)
+                if low is None or high is None:
+                    continue
+                record = check_partition(topic, key, begin, low, high, fail=self._options.fail_on_data_loss)
+                if record is not None:
+                    lost.setdefault(topic, {})[key] = record
+        return lost
+
+    @staticmethod
+    def _planned(end: Offsets, lost: Mapping[str, Mapping[str, DataLoss]]) -> dict[str, Any]:
+        """The end offsets of a batch about to be planned, with its restarts recorded beside them
+        (Spark writes them to its offset log, where ``partitions()`` and the sinks read them)."""
+        if not lost:
+            return end
+        log_restarts(lost)
+        return {**end, DATA_LOSS_KEY: {t: dict(records) for t, records in lost.items()}}
 
     def _sized(self, begins: Offsets, end: Offsets) -> bool:
         """Whether the messages from ``begins`` to ``end`` would make files of
@@ -632,8 +685,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: Offsets, end: Offsets) -> list[KafkaPartitionRange]:
         config = self._options.client_config()
+        start, _ = split_offsets(start)
+        end, lost = split_offsets(end)
         # Never read what the table already holds: a batch replayed after its commit landed, or
-        # planned from a checkpoint older than the table, reads only the rest.
+        # planned from a checkpoint older than the table, reads only the rest. A partition the
+        # batch restarts (its offsets went back) ignores the stale progress it restarted from.
         committed = self._committed({t: list(parts) for t, parts in end.items()})
         # A partition absent from ``start`` appeared after the last batch: read it from its
         # earliest offset, as latestOffset() planned it.
@@ -644,12 +700,25 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ranges = []
         for topic, parts in end.items():
             for key, stop in parts.items():
-                begin = start.get(topic, {}).get(key)
+                record = lost.get(topic, {}).get(key)
+                begin = record["restart"] if record is not None else start.get(topic, {}).get(key)
                 if begin is None:
                     begin = earliest.get(topic, {}).get(key, stop)
-                begin = max(begin, committed.get(topic, {}).get(key, begin))
+                held = committed.get(topic, {}).get(key)
+                if held is not None and not stale_progress(record, held - 1):
+                    begin = max(begin, held)
                 if stop > begin:
-                    ranges.append(KafkaPartitionRange(topic, int(key), begin, stop, config, self._decoding))
+                    ranges.append(
+                        KafkaPartitionRange(
+                            topic,
+                            int(key),
+                            begin,
+                            stop,
+                            config,
+                            self._decoding,
+                            self._options.fail_on_data_loss,
+                        )
+                    )
         return ranges
 
     def commit(self, end: Offsets) -> None:
@@ -820,7 +889,9 @@ def _read_range(task: KafkaPartitionRange) -> Iterator[pa.RecordBatch]:
     assert decoding is not None
     arrow_schema = decoding.arrow_schema
     decoder = _decoder(decoding)
-    conf = {**_FAST_CONSUMER, **task.config}
+    # A range below the broker's log start (retention ran between planning and reading) is an
+    # error, never librdkafka's default reset to the latest offset, which skips the range whole.
+    conf = {**_FAST_CONSUMER, **task.config, "auto.offset.reset": "error"}
     conf.setdefault("group.id", "deltaflow-reader")
     consumer = Consumer(conf)
     # Messages and Arrow buffers are freed by reference counting; the cyclic collector finds
@@ -844,6 +915,9 @@ def _read_range(task: KafkaPartitionRange) -> Iterator[pa.RecordBatch]:
                     if err is not None:
                         if err.code() == KafkaError._PARTITION_EOF:
                             continue
+                        if err.code() == KafkaError._AUTO_OFFSET_RESET:
+                            _aged_out_while_reading(consumer, task, next_offset, err)
+                            break  # read on from the earliest offset (fail_on_data_loss false)
                         raise KafkaException(err)
                     offset = m.offset()
                     if offset is None or offset >= task.end:
@@ -869,6 +943,30 @@ def _read_range(task: KafkaPartitionRange) -> Iterator[pa.RecordBatch]:
         if collecting:
             gc.enable()
         consumer.close()
+
+
+def _aged_out_while_reading(consumer: Any, task: KafkaPartitionRange, offset: int, err: Any) -> None:
+    """The range's next offset is gone from the broker (retention ran after the batch was
+    planned): stop the task (``fail_on_data_loss``), or seek the consumer to the earliest offset.
+
+    Raises:
+        KafkaDataLossError: with ``fail_on_data_loss``, naming the offsets.
+    """
+    from confluent_kafka import TopicPartition
+
+    low, high = consumer.get_watermark_offsets(
+        TopicPartition(task.topic, task.partition), timeout=METADATA_TIMEOUT_S
+    )
+    record = check_partition(task.topic, task.partition, offset, low, high, fail=task.fail_on_data_loss)
+    if record is None:  # the broker holds it after all: librdkafka's reset was for something else
+        raise TransientError(
+            f"reading {task.topic}[{task.partition}] at offset {offset}: {err.str()}",
+            topic=task.topic,
+            partition=task.partition,
+            offset=offset,
+        )
+    log_restarts({task.topic: {str(task.partition): record}}, planned=False)
+    consumer.seek(TopicPartition(task.topic, task.partition, max(low, offset)))
 
 
 def _decoder(decoding: Decoding) -> Any:

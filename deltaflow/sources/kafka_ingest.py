@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
 from deltaflow.config.transforms import parse_transform
+from deltaflow.delta.progress import split_offsets, stale_progress
 from deltaflow.errors import storage_error
 from deltaflow.io import arrow_transforms
 from deltaflow.io.faults import maybe_crash
@@ -239,8 +240,17 @@ class KafkaIngestReader(KafkaStreamReader):
 
     def partitions(self, start: Offsets, end: Offsets) -> list[IngestRange]:  # type: ignore[override]
         ranges = super().partitions(start, end)
-        done = self._dead_lettered({t: [r.partition for r in ranges if r.topic == t] for t in end})
-        return [IngestRange(r, self._plan, done.get(r.topic, {}).get(str(r.partition), -1)) for r in ranges]
+        positions, lost = split_offsets(end)
+        done = self._dead_lettered({t: [r.partition for r in ranges if r.topic == t] for t in positions})
+        out = []
+        for r in ranges:
+            held = done.get(r.topic, {}).get(str(r.partition))
+            # A partition restarted because its offsets went back: the dead-letter table's
+            # progress from before names offsets of the old topic, not these.
+            if held is None or stale_progress(lost.get(r.topic, {}).get(str(r.partition)), held):
+                held = -1
+            out.append(IngestRange(r, self._plan, held))
+        return out
 
     def _dead_lettered(self, layout: Mapping[str, list[int]]) -> dict[str, dict[str, int]]:
         """The dead-letter table's progress: a batch planned from a lost checkpoint can start
