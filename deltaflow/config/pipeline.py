@@ -68,6 +68,8 @@ __all__ = [
     "load_pipelines",
 ]
 
+#: Spark's functions of the file a row was read from (empty outside the file scan).
+_INPUT_FILE = re.compile(r"\binput_file_(?:name|block_start|block_length)\s*\(", re.IGNORECASE)
 #: ``${NAME}`` or ``${NAME:-default}``; ``$${`` is a literal ``${``.
 _ENV = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -516,6 +518,7 @@ class PipelineSpec(_Model):
                 )
         problems += self._postgres_problems()
         problems += self._parquet_files_problems()
+        problems += self._input_file_problems()
         if self.dead_letter is not None and normalize_uri(self.dead_letter.table_uri) in tables:
             problems.append("dead_letter.table_uri must be another table than the sinks'")
         if self.query and (self.transforms or self.filter or self.select):
@@ -568,6 +571,22 @@ class PipelineSpec(_Model):
             out.append(
                 f"mirror tables take the events as the source reads them: {', '.join(used)} cannot apply"
             )
+        return out
+
+    def _input_file_problems(self) -> list[str]:
+        """``input_file_name()`` in an expectation or a sink's ``when``: those see the batch's
+        rows after they were cached for the sinks, where Spark knows no file and gives ''."""
+        checks = [(f"expectations[{i}]", e.expr) for i, e in enumerate(self.expectations)]
+        checks += [(f"sinks[{i}].when", s.when) for i, s in enumerate(self.sinks) if s.when]
+        out = []
+        for where, expr in checks:
+            found = _INPUT_FILE.search(expr)
+            if found:
+                out.append(
+                    f"{where}: {found.group(0)}) gives '' there (it sees the rows after the transforms, "
+                    "cached for the sinks): take the file name in transforms "
+                    '(file: "sql: input_file_name()") or with the files source\'s source_file_column'
+                )
         return out
 
     def _parquet_files_problems(self) -> list[str]:

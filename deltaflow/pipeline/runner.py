@@ -374,19 +374,30 @@ class PipelineWriter:
         self._kafka = isinstance(spec.source, KafkaSourceSpec)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        reused = len(self._sinks) + len(self._mirrors) > 1 or bool(self._spec.expectations) or self._kafka
-        if reused:
-            batch = batch.persist()
-        try:
-            self._run(batch, batch_id)
-        finally:
-            if reused:
-                batch.unpersist()
+        held: list[DataFrame] = []
 
-    def _run(self, batch: DataFrame, batch_id: int) -> None:
+        def hold(frame: DataFrame) -> DataFrame:
+            """``frame``, cached until the batch is done (it is read more than once)."""
+            frame = frame.persist()
+            held.append(frame)
+            return frame
+
+        try:
+            self._run(batch, batch_id, hold)
+        finally:
+            for frame in held:
+                frame.unpersist()
+
+    def _run(self, batch: DataFrame, batch_id: int, hold: Callable[[DataFrame], DataFrame]) -> None:
         from pyspark.sql import functions as F  # noqa: N812
 
         spec = self._spec
+        reused = len(self._sinks) + len(self._mirrors) > 1 or bool(spec.expectations)
+        # The source's rows are cached when steps before the transforms read them again (Kafka's
+        # split, mirrors); otherwise the rows after the transforms are: a transform such as
+        # input_file_name() must be evaluated in the scan of the files, not over a cache.
+        if self._kafka or (self._mirrors and reused):
+            batch = hold(batch)
         if self._mirrors:
             # Mirrors first (their commit order: see _cdc_sinks_in_order), from one collection,
             # side by side (each is its own table; delta-rs works outside the GIL).
@@ -421,6 +432,8 @@ class PipelineWriter:
                 )
             batch = batch.filter(F.col(_ERROR).isNull()).drop(_ERROR, _RAW)
         rows = process(batch, spec)
+        if reused and not (self._kafka or self._mirrors):
+            rows = hold(rows)
         rows = self._check_expectations(rows, batch_id, letters)
         if letters:
             self._dead_letter(letters, batch_id)

@@ -163,6 +163,26 @@ def test_unreadable_files_say_why(tmp_path, text, problem):
         load_pipelines(_write(tmp_path, text), env={})
 
 
+def test_input_file_name_where_the_rows_are_cached_is_refused_with_a_pointer(tmp_path):
+    text = """
+        pipelines:
+          - id: a
+            source: {type: files, path: /landing}
+            transforms: {file: "sql: input_file_name()"}
+            expectations: [{name: from_eu, expr: "input_file_name() LIKE '%eu%'"}]
+            sinks:
+              - {table_uri: /t, when: "INPUT_FILE_NAME () LIKE '%x%'"}
+              - {table_uri: /u, when: "file LIKE '%x%'"}
+    """
+    with pytest.raises(PipelineConfigError) as info:
+        load_pipelines(_write(tmp_path, text), env={})
+    problems = str(info.value)
+    assert "expectations[0]: input_file_name() gives '' there" in problems
+    assert "sinks[0].when: INPUT_FILE_NAME () gives '' there" in problems
+    assert "source_file_column" in problems
+    assert "sinks[1]" not in problems and "transforms.file" not in problems
+
+
 def test_durations():
     assert parse_seconds(5) == 5.0
     assert parse_seconds("500ms") == 0.5

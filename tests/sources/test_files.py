@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -154,3 +156,45 @@ def test_avro_files_decoded_without_a_jar_schema_from_the_first_file(spark, tmp_
         (9, None, at, [], '{"unit": "C"}'),
     ]
     assert [Path(r["file"]).name for r in rows] == ["1.avro", "1.avro", "1.avro", "2.avro"]
+
+
+def test_input_file_name_in_a_transform_with_expectations_and_two_sinks(spark, tmp_path):
+    """Issue 29, case 8: the README's shape (expectations, two sinks) cached the source's rows, and
+    input_file_name() gave '' in every row; it is evaluated in the file scan now."""
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    for name, ids in (("eu.json", range(0, 4)), ("us.json", range(4, 8))):
+        region = name.split(".")[0]
+        rows = [{"id": i, "region": region, "amount": i - 1} for i in ids]
+        _landed(landing / name, "".join(json.dumps(r) + "\n" for r in rows))
+    specs = _pipelines(
+        tmp_path,
+        """
+        pipelines:
+          - id: file-names
+            source: {type: files, path: "${DIR}/landing", format: json,
+                     schema: "id INT, region STRING, amount INT"}
+            transforms: {"meta.file": "sql: input_file_name()"}
+            expectations: [{name: positive, expr: "amount > 0", action: drop}]
+            dead_letter: {table_uri: "${DIR}/dlq"}
+            sinks:
+              - {name: eu, table_uri: "${DIR}/eu", when: "region = 'eu'"}
+              - {name: rest, table_uri: "${DIR}/rest", when: "region <> 'eu'"}
+        """,
+    )
+    run_pipelines(spark, specs, available_now=True)
+    got = [
+        (r["id"], Path(r["meta"]["file"]).name)
+        for t in ("eu", "rest")
+        for r in DeltaTable(str(tmp_path / t)).to_pyarrow_table().to_pylist()
+    ]
+    assert sorted(got) == [(i, "eu.json") for i in (2, 3)] + [(i, "us.json") for i in range(4, 8)]
+    letters = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().to_pylist()
+    assert sorted(Path(json.loads(r["record"])["meta"]["file"]).name for r in letters) == ["eu.json"] * 2
+
+
+def _landed(path: Path, text: str) -> None:
+    """A file written a minute ago (older than the files source's min_file_age)."""
+    path.write_text(text)
+    at = time.time() - 60
+    os.utime(path, (at, at))
