@@ -20,6 +20,8 @@ systemd or Kubernetes would. Faults, at random (``--seed``):
   offset). Production pauses until the tables hold every message of the old topic, so the
   deletion itself loses nothing, and resumes once ingest has taken up the new topic (a new
   topic that passes the old offsets first cannot be told from the old one).
+* a slow file write: a landing file written in place, half a line flushed, the rest
+  ``SLOW_WRITE_PAUSE_S`` later (the files source waits for its ``min_file_age``).
 
 Then the faults stop, each workload drains (``--ends_at_latest_offsets`` / ``--available-now``)
 and two independent readers (DuckDB's delta extension over S3, and delta-rs) check that every
@@ -69,6 +71,9 @@ PRODUCE_EVERY_S = 0.5
 BAD_EVERY = 20
 ROWS_PER_FILE = 50
 LAND_EVERY_S = 1.0
+#: A slow write's pause between its two halves (uniform): below the files source's default
+#: min_file_age (10 s), as a writer that flushes as it goes.
+SLOW_WRITE_PAUSE_S = (3.0, 8.0)
 #: Seconds between two non-kill faults (uniform).
 FAULT_GAP_S = (2.0, 6.0)
 #: The vacuum beside a stream: never-referenced files of any age (a batch's before its commit).
@@ -233,6 +238,9 @@ def run(
 
         landing = work / "landing"
         pipeline = work / "pipeline.yaml"
+        #: Pauses of the slow writes the faults asked for, taken by the lander in turn.
+        slow_writes: list[float] = []
+        lander: threading.Thread | None = None
         if "yaml" in workloads:
             landing.mkdir(parents=True)
             pipeline.write_text(
@@ -256,14 +264,25 @@ def run(
                 n = 0
                 while not stop.is_set():
                     rows = range(n * ROWS_PER_FILE, (n + 1) * ROWS_PER_FILE)
-                    tmp = landing / f".f{n:06d}.json.tmp"  # Spark skips dot files
-                    tmp.write_text("".join(json.dumps({"id": i, "name": f"n{i}"}) + "\n" for i in rows))
-                    tmp.rename(landing / f"f{n:06d}.json")
+                    text = "".join(json.dumps({"id": i, "name": f"n{i}"}) + "\n" for i in rows)
+                    if slow_writes:
+                        # In place, as a writer that flushes as it goes: half a line, then a pause.
+                        cut = len(text) // 2 + 3
+                        with (landing / f"f{n:06d}.json").open("w") as out:
+                            out.write(text[:cut])
+                            out.flush()
+                            time.sleep(slow_writes.pop(0))
+                            out.write(text[cut:])
+                    else:
+                        tmp = landing / f".f{n:06d}.json.tmp"  # names starting with . are skipped
+                        tmp.write_text(text)
+                        tmp.rename(landing / f"f{n:06d}.json")
                     landed.extend(rows)
                     n += 1
                     stop.wait(LAND_EVERY_S)
 
-            threading.Thread(target=land, name="lander", daemon=True).start()
+            lander = threading.Thread(target=land, name="lander", daemon=True)
+            lander.start()
 
         for w in workers:
             w.start()
@@ -319,7 +338,16 @@ def run(
                     next_kill = now + kill_every
             if now >= next_fault:
                 kind = rng.choice(
-                    ["lost_response", "slow", "failing", "reset", "optimize", "vacuum_full", "recreate_topic"]
+                    [
+                        "lost_response",
+                        "slow",
+                        "failing",
+                        "reset",
+                        "optimize",
+                        "vacuum_full",
+                        "recreate_topic",
+                        "slow_write",
+                    ]
                 )
                 if kind == "lost_response":
                     proxy.lose_response("PUT", LOG_ENTRY, times=rng.randint(1, 3))
@@ -329,6 +357,8 @@ def run(
                     proxy.fail("*", "", rng.choice([500, 503]), times=rng.randint(2, 12))
                 elif kind == "reset":
                     proxy.reset("*", "", times=rng.randint(1, 6), after_forward=rng.random() < 0.5)
+                elif kind == "slow_write" and "yaml" in workloads:
+                    slow_writes.append(rng.uniform(*SLOW_WRITE_PAUSE_S))
                 elif kind == "optimize" and "ingest" in workloads:
                     optimizers = [p for p in optimizers if p.poll() is None]
                     if not optimizers:
@@ -376,6 +406,8 @@ def run(
             thread.join(2 * RECREATE_WAIT_S)
         stop.set()
         producing.set()
+        if lander is not None:
+            lander.join()  # a slow write under way is finished first
         for w in workers:
             w.retire()
         for p in optimizers + vacuums:

@@ -68,6 +68,8 @@ __all__ = [
     "load_pipelines",
 ]
 
+#: Spark's functions of the file a row was read from (empty outside the file scan).
+_INPUT_FILE = re.compile(r"\binput_file_(?:name|block_start|block_length)\s*\(", re.IGNORECASE)
 #: ``${NAME}`` or ``${NAME:-default}``; ``$${`` is a literal ``${``.
 _ENV = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -76,11 +78,30 @@ class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+#: A file is taken once it was last modified this long ago (StreamSets' directory origin waits
+#: 5 s; twice that leaves a writer that pauses between flushes time to finish).
+DEFAULT_MIN_FILE_AGE_S = 10.0
+#: Options of Spark's file stream source: deltaflow lists files itself, so they would do nothing.
+_STREAM_ONLY_OPTIONS = frozenset(
+    {
+        "latestfirst",
+        "maxfileage",
+        "cleansource",
+        "sourcearchivedir",
+        "filenameonly",
+        "maxfilespertrigger",
+        "maxbytespertrigger",
+    }
+)
+
+
 class FilesSourceSpec(_Model):
     """A landing directory of files, read with Spark's file stream source.
 
     Attributes:
-        path: The directory (new files are picked up; files must not change once written).
+        path: The directory (new files are picked up; a file is read once, so it must be
+            complete when it is taken: write it elsewhere and rename it into the directory, or
+            let ``min_file_age`` pass between its last write and its reading).
         format: ``json`` (one object per line), ``csv``, ``parquet``, ``avro`` (object container
             files, decoded with fastavro in the tasks: no spark-avro jar) or ``text``.
         schema: Spark DDL of the columns (``id BIGINT, ts TIMESTAMP``); when left out it is
@@ -92,7 +113,11 @@ class FilesSourceSpec(_Model):
             wrong type or that cannot be parsed, a CSV line: the whole record). ``null`` drops
             that information.
         source_file_column: A column with the path of the file each row came from.
-        options: Further options of Spark's reader (``header``, ``sep``, ``dateFormat``, ...).
+        min_file_age: A file is taken only once it was last modified at least this long ago
+            (``"10 seconds"``, the default; ``0`` takes files at once): a file still being
+            written is left until its writer is done.
+        options: Further options of Spark's reader (``header``, ``sep``, ``dateFormat``, ...;
+            ``pathGlobFilter`` and ``recursiveFileLookup`` also choose the files).
     """
 
     type: Literal["files"]
@@ -103,6 +128,7 @@ class FilesSourceSpec(_Model):
     max_bytes_per_trigger: Annotated[int | None, Field(ge=1)] = None
     rescued_data_column: str | None = "_rescued_data"
     source_file_column: str | None = None
+    min_file_age: float = Field(default=DEFAULT_MIN_FILE_AGE_S, ge=0)
     options: dict[str, str] = Field(default_factory=dict)
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
@@ -113,12 +139,26 @@ class FilesSourceSpec(_Model):
 
         return parse_size(value) if isinstance(value, str) else value
 
+    @field_validator("min_file_age", mode="before")
+    @classmethod
+    def _age(cls, value: Any) -> Any:
+        return parse_seconds(value)
+
     @model_validator(mode="after")
     def _check(self) -> FilesSourceSpec:
         if self.max_files_per_trigger and self.max_bytes_per_trigger:
             raise ValueError("set max_files_per_trigger or max_bytes_per_trigger, not both (Spark takes one)")
         if self.format == "json" and self.options.get("multiLine", "").lower() == "true":
             raise ValueError("json files are read one object per line; multiLine is not supported")
+        if any(c in self.path for c in "*?[{"):
+            raise ValueError("path is the folder the files land in (no glob); pathGlobFilter chooses names")
+        listing = sorted(k for k in self.options if k.lower() in _STREAM_ONLY_OPTIONS)
+        if listing:
+            raise ValueError(
+                f"options {', '.join(listing)} are of Spark's file stream source, which deltaflow does not "
+                "use (its listing takes each file once, min_file_age old; set max_files_per_trigger or "
+                "max_bytes_per_trigger here)"
+            )
         return self
 
     @field_validator("options", mode="before")
@@ -518,6 +558,7 @@ class PipelineSpec(_Model):
                 )
         problems += self._postgres_problems()
         problems += self._parquet_files_problems()
+        problems += self._input_file_problems()
         if self.dead_letter is not None and normalize_uri(self.dead_letter.table_uri) in tables:
             problems.append("dead_letter.table_uri must be another table than the sinks'")
         if self.query and (self.transforms or self.filter or self.select):
@@ -570,6 +611,22 @@ class PipelineSpec(_Model):
             out.append(
                 f"mirror tables take the events as the source reads them: {', '.join(used)} cannot apply"
             )
+        return out
+
+    def _input_file_problems(self) -> list[str]:
+        """``input_file_name()`` in an expectation or a sink's ``when``: those see the batch's
+        rows after they were cached for the sinks, where Spark knows no file and gives ''."""
+        checks = [(f"expectations[{i}]", e.expr) for i, e in enumerate(self.expectations)]
+        checks += [(f"sinks[{i}].when", s.when) for i, s in enumerate(self.sinks) if s.when]
+        out = []
+        for where, expr in checks:
+            found = _INPUT_FILE.search(expr)
+            if found:
+                out.append(
+                    f"{where}: {found.group(0)}) gives '' there (it sees the rows after the transforms, "
+                    "cached for the sinks): take the file name in transforms "
+                    '(file: "sql: input_file_name()") or with the files source\'s source_file_column'
+                )
         return out
 
     def _parquet_files_problems(self) -> list[str]:

@@ -3,7 +3,8 @@
 Per pipeline, one streaming query reads the source; each micro-batch goes to
 :class:`PipelineWriter` (``foreachBatch``), which
 
-1. splits off the messages the source could not decode (Kafka),
+1. splits off the messages the source could not decode (Kafka); reads the batch's files and,
+   with a dead-letter table, splits off the JSON lines that are no record (files),
 2. applies ``transforms`` -> ``filter`` -> ``select`` (:func:`process`),
 3. evaluates the ``expectations`` in one aggregation: any ``fail`` violation raises
    :class:`~deltaflow.errors.ExpectationFailedError` before anything is committed,
@@ -46,7 +47,7 @@ from deltaflow.errors import ConfigError, ExpectationFailedError
 from deltaflow.metrics import metrics
 from deltaflow.pipeline.dead_letters import PIPELINE_SCHEMA, pipeline_letters
 from deltaflow.pipeline.transforms import apply_transforms
-from deltaflow.sources.files import files_stream
+from deltaflow.sources.files import BatchFiles, files_stream, read_files, source_schema
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -360,6 +361,7 @@ class PipelineWriter:
         sinks: Sequence[_Sink],
         dead_letter: SinkOptions | None,
         mirrors: Sequence[MirrorWriter] = (),
+        files: BatchFiles | None = None,
     ) -> None:
         from deltaflow.sinks.batch_writer import SparkBatchWriter
         from deltaflow.sinks.merge import MergeWriter
@@ -373,21 +375,34 @@ class PipelineWriter:
         }
         self._dlq = SparkBatchWriter(dead_letter) if dead_letter else None
         self._kafka = isinstance(spec.source, KafkaSourceSpec)
+        #: A files source: the batch is the files it takes, read here.
+        self._files = files
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        reused = len(self._sinks) + len(self._mirrors) > 1 or bool(self._spec.expectations) or self._kafka
-        if reused:
-            batch = batch.persist()
-        try:
-            self._run(batch, batch_id)
-        finally:
-            if reused:
-                batch.unpersist()
+        held: list[DataFrame] = []
 
-    def _run(self, batch: DataFrame, batch_id: int) -> None:
+        def hold(frame: DataFrame) -> DataFrame:
+            """``frame``, cached until the batch is done (it is read more than once)."""
+            frame = frame.persist()
+            held.append(frame)
+            return frame
+
+        try:
+            self._run(batch, batch_id, hold)
+        finally:
+            for frame in held:
+                frame.unpersist()
+
+    def _run(self, batch: DataFrame, batch_id: int, hold: Callable[[DataFrame], DataFrame]) -> None:
         from pyspark.sql import functions as F  # noqa: N812
 
         spec = self._spec
+        reused = len(self._sinks) + len(self._mirrors) > 1 or bool(spec.expectations)
+        # The source's rows are cached when steps before the transforms read them again (Kafka's
+        # split, mirrors); otherwise the rows after the transforms are: a transform such as
+        # input_file_name() must be evaluated in the scan of the files, not over a cache.
+        if self._kafka or (self._mirrors and reused):
+            batch = hold(batch)
         if self._mirrors:
             # Mirrors first (their commit order: see _cdc_sinks_in_order), from one collection,
             # side by side (each is its own table; delta-rs works outside the GIL).
@@ -421,13 +436,52 @@ class PipelineWriter:
                     undecodable,
                 )
             batch = batch.filter(F.col(_ERROR).isNull()).drop(_ERROR, _RAW)
+        if self._files is not None:
+            batch = self._files(batch)
+            if self._files.dead_letters:
+                batch = self._split_malformed(batch, batch_id, hold, letters)
         rows = process(batch, spec)
+        if reused and not (self._kafka or self._mirrors):
+            rows = hold(rows)
         rows = self._check_expectations(rows, batch_id, letters)
         if letters:
             self._dead_letter(letters, batch_id)
         for sink in self._sinks:
             routed = rows.filter(F.expr(sink.when)) if sink.when else rows
             self._writers[sink.name](sink.rows(routed), batch_id)
+
+    def _split_malformed(
+        self, rows: DataFrame, batch_id: int, hold: Callable[[DataFrame], DataFrame], letters: list[DataFrame]
+    ) -> DataFrame:
+        """A files source's lines that are no record, to the dead-letter table (the files are
+        read twice: once for these, once for the rows, which must come from the file scan)."""
+        from pyspark.sql import functions as F  # noqa: N812
+
+        from deltaflow.sources.files import ERROR_COLUMN, RECORD_COLUMN
+
+        spec = self._spec
+        failed = hold(rows.filter(F.col(ERROR_COLUMN).isNotNull()))
+        malformed = failed.count()
+        if malformed:
+            metrics.records_failed(
+                pipeline=spec.pipeline_id, table=self._sinks[0].options.table_uri, count=malformed
+            )
+            letters.append(
+                pipeline_letters(
+                    failed,
+                    spec.pipeline_id,
+                    batch_id,
+                    reason=F.col(ERROR_COLUMN),
+                    record=F.col(RECORD_COLUMN),
+                )
+            )
+            logger.warning(
+                "pipeline %r batch %s: %d line(s) of its files are no JSON object; to the dead-letter table",
+                spec.pipeline_id,
+                batch_id,
+                malformed,
+            )
+        return rows.filter(F.col(ERROR_COLUMN).isNull()).drop(ERROR_COLUMN, RECORD_COLUMN)
 
     def _check_expectations(self, rows: DataFrame, batch_id: int, letters: list[DataFrame]) -> DataFrame:
         """Count every expectation's violations in one pass; raise on ``fail``; split off ``drop``."""
@@ -628,6 +682,13 @@ def start_pipeline(
     location = checkpoint_location(spec)
     source = read_source(spark, spec, location)
     good = source.drop(_ERROR, _RAW) if isinstance(spec.source, KafkaSourceSpec) else source
+    files = None
+    if isinstance(spec.source, FilesSourceSpec):
+        # The stream is the files each batch takes; the rows are read from them in the batch.
+        schema = source_schema(spark, spec.source, location)
+        dead_letters = spec.dead_letter is not None and spec.source.format == "json"
+        files = BatchFiles(spec.source, schema, dead_letters=dead_letters)
+        good = read_files(spark, spec.source, schema, [])
     if spec.query:
         # The columns the query makes, from an empty frame in a session of its own (a temp
         # view in the shared session would race with other pipelines starting).
@@ -665,7 +726,7 @@ def start_pipeline(
     # Every table this pipeline writes: an earlier process running it can no longer commit.
     sinks = [dataclasses.replace(s, options=_claim(s.options)) for s in sinks]
     mirrors = [m.with_options(_claim(m.options)) for m in mirrors]
-    writer = PipelineWriter(spec, sinks, dead_letter, mirrors)
+    writer = PipelineWriter(spec, sinks, dead_letter, mirrors, files)
     if on_engine is not None:
         on_engine("spark")
     stream = (

@@ -1,9 +1,11 @@
 """Files in a folder as a Spark streaming source: json, csv, parquet, avro and text.
 
-Spark's own file sources, with what pipelines need on top: JSON with a rescued-data column
-for unknown fields, wrong types and bad lines; CSV by header names; Avro through Spark's
-``binaryFile`` and fastavro (no jar); a schema given or inferred once and kept in the
-pipeline's checkpoint; limits per trigger.
+Which files a micro-batch takes is decided by :mod:`deltaflow.sources.file_listing` (a file is
+taken once, whole: only when it is ``min_file_age`` old); the batch then reads them with Spark's
+readers, with what pipelines need on top: JSON with a rescued-data column for unknown fields,
+wrong types and bad lines (or, with a dead-letter table, lines that are no JSON object split
+off); CSV by header names; Avro through Spark's ``binaryFile`` and fastavro (no jar); a schema
+given or inferred once and kept in the pipeline's checkpoint; limits per trigger.
 """
 
 from __future__ import annotations
@@ -21,7 +23,16 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["BINARY_FILE_SCHEMA", "SOURCE_SCHEMA_FILE", "files_stream", "source_schema"]
+__all__ = [
+    "BINARY_FILE_SCHEMA",
+    "ERROR_COLUMN",
+    "RECORD_COLUMN",
+    "SOURCE_SCHEMA_FILE",
+    "BatchFiles",
+    "files_stream",
+    "read_files",
+    "source_schema",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -41,15 +52,68 @@ _FILE_ONLY_OPTIONS = frozenset(
         "fileNameOnly",
     }
 )
+#: With dead letters: why a line is no record (null for records), and the file and line as JSON.
+ERROR_COLUMN = "_deltaflow_error"
+RECORD_COLUMN = "_deltaflow_record"
+#: The reason of a JSON line that is not one JSON object.
+MALFORMED_LINE = "malformed JSON: the line is not one JSON object"
 #: The rows of Spark's ``binaryFile`` source (Avro files are read through it).
 BINARY_FILE_SCHEMA = "path STRING, modificationTime TIMESTAMP, length BIGINT, content BINARY"
 
 
 def files_stream(spark: SparkSession, src: FilesSourceSpec, checkpoint: str) -> DataFrame:
-    """A folder of files (json, csv, parquet, avro, text) as a streaming DataFrame.
+    """The files each micro-batch takes, one row (``path``) per file
+    (:mod:`deltaflow.sources.file_listing`); :class:`BatchFiles` reads their rows.
 
-    ``checkpoint`` is the pipeline's Spark checkpoint, where an inferred schema is kept.
+    ``checkpoint`` is the pipeline's Spark checkpoint, where the files taken are recorded.
     """
+    from deltaflow.sources.file_listing import FORMAT_NAME, FileListingDataSource
+
+    spark.dataSource.register(FileListingDataSource)
+    options = {k.lower(): v for k, v in src.options.items()}
+    reader = (
+        spark.readStream.format(FORMAT_NAME)
+        .option("path", src.path)
+        .option("checkpoint", checkpoint)
+        .option("min_file_age_s", str(src.min_file_age))
+        .option("recursive", options.get("recursivefilelookup", "false").lower())
+    )
+    glob = options.get("pathglobfilter") or ("*.avro" if src.format == "avro" else None)
+    if glob:
+        reader = reader.option("path_glob_filter", glob)
+    if src.max_files_per_trigger:
+        reader = reader.option("max_files_per_trigger", str(src.max_files_per_trigger))
+    if src.max_bytes_per_trigger:
+        reader = reader.option("max_bytes_per_trigger", str(src.max_bytes_per_trigger))
+    return reader.load()
+
+
+class BatchFiles:
+    """A micro-batch of :func:`files_stream` (its files) as the rows of those files.
+
+    With ``dead_letters`` (a JSON source of a pipeline with a dead-letter table) the rows carry
+    :data:`ERROR_COLUMN` (why a line is no record: it does not parse as one JSON object; null for
+    the others) and :data:`RECORD_COLUMN` (the file and the line, as JSON).
+    """
+
+    def __init__(self, src: FilesSourceSpec, schema: StructType, *, dead_letters: bool) -> None:
+        self.src, self.schema, self.dead_letters = src, schema, dead_letters
+
+    def __call__(self, listing: DataFrame) -> DataFrame:
+        paths = sorted({row[0] for row in listing.collect()})
+        return read_files(listing.sparkSession, self.src, self.schema, paths, dead_letters=self.dead_letters)
+
+
+def read_files(
+    spark: SparkSession,
+    src: FilesSourceSpec,
+    schema: StructType,
+    paths: list[str],
+    *,
+    dead_letters: bool = False,
+) -> DataFrame:
+    """The rows of the files ``paths`` (no path: an empty frame of the rows' columns), read with
+    Spark's readers and ``src``'s options."""
     from pyspark.sql import functions as F  # noqa: N812
 
     options = dict(src.options)
@@ -57,35 +121,28 @@ def files_stream(spark: SparkSession, src: FilesSourceSpec, checkpoint: str) -> 
         options.setdefault("header", "true")
         # Columns by their header names, not by position (files with reordered columns).
         options.setdefault("enforceSchema", "false")
-    reader = spark.readStream.options(**options)
-    if src.max_files_per_trigger:
-        reader = reader.option("maxFilesPerTrigger", src.max_files_per_trigger)
-    if src.max_bytes_per_trigger:
-        reader = reader.option("maxBytesPerTrigger", src.max_bytes_per_trigger)
+    reader = spark.read.options(**options)
     if src.format == "text":
-        df = reader.format("text").load(src.path)
+        df = reader.format("text").load(paths)
     elif src.format == "avro":
-        if "pathGlobFilter" not in options:
-            reader = reader.option("pathGlobFilter", "*.avro")
-        files = reader.schema(BINARY_FILE_SCHEMA).format("binaryFile").load(src.path)
-        return _avro_files(files, source_schema(spark, src, checkpoint), src)
-    else:
-        schema = source_schema(spark, src, checkpoint)
-        if src.format == "json":
-            df = _json_lines(reader.format("text").load(src.path), schema, src.rescued_data_column, options)
-        elif src.format == "csv" and src.rescued_data_column:
-            from pyspark.sql.types import StringType, StructField, StructType
+        files = reader.schema(BINARY_FILE_SCHEMA).format("binaryFile").load(paths)
+        return _avro_files(files, schema, src)
+    elif src.format == "json":
+        lines = reader.format("text").load(paths)
+        df = _json_lines(lines, schema, src.rescued_data_column, options, dead_letters=dead_letters)
+    elif src.format == "csv" and src.rescued_data_column:
+        from pyspark.sql.types import StringType, StructField, StructType
 
-            full = StructType([*schema.fields, StructField(src.rescued_data_column, StringType())])
-            df = (
-                reader.schema(full)
-                .option("mode", "PERMISSIVE")
-                .option("columnNameOfCorruptRecord", src.rescued_data_column)
-                .format("csv")
-                .load(src.path)
-            )
-        else:
-            df = reader.schema(schema).format(src.format).load(src.path)
+        full = StructType([*schema.fields, StructField(src.rescued_data_column, StringType())])
+        df = (
+            reader.schema(full)
+            .option("mode", "PERMISSIVE")
+            .option("columnNameOfCorruptRecord", src.rescued_data_column)
+            .format("csv")
+            .load(paths)
+        )
+    else:
+        df = reader.schema(schema).format(src.format).load(paths)
     if src.source_file_column:
         df = df.withColumn(src.source_file_column, F.col("_metadata.file_path"))
     return df
@@ -202,10 +259,16 @@ def _avro_files(files: DataFrame, schema: StructType, src: FilesSourceSpec) -> D
 
 
 def _json_lines(
-    lines: DataFrame, schema: StructType, rescued: str | None, options: Mapping[str, str]
+    lines: DataFrame,
+    schema: StructType,
+    rescued: str | None,
+    options: Mapping[str, str],
+    *,
+    dead_letters: bool = False,
 ) -> DataFrame:
     """JSON objects (one per line) parsed to ``schema`` with the reader ``options``
-    (``timestampFormat``, ``allowComments``, ...); ``rescued`` holds what did not fit."""
+    (``timestampFormat``, ``allowComments``, ...); ``rescued`` holds what did not fit. With
+    ``dead_letters`` a line that is not one JSON object is marked (see :class:`BatchFiles`)."""
     from pyspark.sql import functions as F  # noqa: N812
     from pyspark.sql.types import StringType, StructField, StructType
 
@@ -214,15 +277,22 @@ def _json_lines(
     parse_options = {k: v for k, v in options.items() if k not in _FILE_ONLY_OPTIONS}
     parse_options.update(mode="PERMISSIVE", columnNameOfCorruptRecord=corrupt)
     parsed = F.from_json(F.col("value"), full, parse_options).alias("r")
-    df = lines.filter(F.trim(F.col("value")) != "").select(F.col("value"), parsed)
+    file = F.col("_metadata.file_path").alias("file")
+    df = lines.filter(F.trim(F.col("value")) != "").select(F.col("value"), parsed, file)
     columns: list[Column] = [F.col(f"r.`{f.name}`").alias(f.name) for f in schema.fields]
+    # Null for a line that is not one JSON object (cut short, an array, a bare value).
+    as_map = F.from_json(F.col("value"), "map<string,string>")
     if rescued:
         names = F.array(*(F.lit(f.name) for f in schema.fields))
-        as_map = F.from_json(F.col("value"), "map<string,string>")
         unknown = F.map_filter(as_map, lambda k, _v: ~F.array_contains(names, k))
         columns.append(
             F.when(F.col(f"r.{corrupt}").isNotNull(), F.col("value"))
             .when(F.size(unknown) > 0, F.to_json(unknown))
             .alias(rescued)
         )
+    if dead_letters:
+        malformed = as_map.isNull()
+        columns.append(F.when(malformed, F.lit(MALFORMED_LINE)).alias(ERROR_COLUMN))
+        record = F.to_json(F.struct(F.col("file"), F.col("value").alias("line")))
+        columns.append(F.when(malformed, record).alias(RECORD_COLUMN))
     return df.select(*columns)

@@ -163,6 +163,47 @@ def test_unreadable_files_say_why(tmp_path, text, problem):
         load_pipelines(_write(tmp_path, text), env={})
 
 
+def test_files_source_min_file_age_and_options_of_sparks_file_stream_source(tmp_path):
+    text = """
+        pipelines:
+          - id: a
+            source: {type: files, path: /landing}
+            sinks: [{table_uri: /t}]
+          - id: b
+            source: {type: files, path: /landing, min_file_age: 2 min}
+            sinks: [{table_uri: /u}]
+    """
+    a, b = load_pipelines(_write(tmp_path, text), env={}).pipelines
+    assert isinstance(a.source, FilesSourceSpec) and isinstance(b.source, FilesSourceSpec)
+    assert (a.source.min_file_age, b.source.min_file_age) == (10.0, 120.0)
+    refused = text.replace("min_file_age: 2 min", "options: {latestFirst: true, cleanSource: delete}")
+    with pytest.raises(PipelineConfigError, match=r"options cleanSource, latestFirst are of Spark"):
+        load_pipelines(_write(tmp_path, refused), env={})
+    globbed = text.replace("path: /landing, min", "path: /landing/*.json, min")
+    with pytest.raises(PipelineConfigError, match="no glob"):
+        load_pipelines(_write(tmp_path, globbed), env={})
+
+
+def test_input_file_name_where_the_rows_are_cached_is_refused_with_a_pointer(tmp_path):
+    text = """
+        pipelines:
+          - id: a
+            source: {type: files, path: /landing}
+            transforms: {file: "sql: input_file_name()"}
+            expectations: [{name: from_eu, expr: "input_file_name() LIKE '%eu%'"}]
+            sinks:
+              - {table_uri: /t, when: "INPUT_FILE_NAME () LIKE '%x%'"}
+              - {table_uri: /u, when: "file LIKE '%x%'"}
+    """
+    with pytest.raises(PipelineConfigError) as info:
+        load_pipelines(_write(tmp_path, text), env={})
+    problems = str(info.value)
+    assert "expectations[0]: input_file_name() gives '' there" in problems
+    assert "sinks[0].when: INPUT_FILE_NAME () gives '' there" in problems
+    assert "source_file_column" in problems
+    assert "sinks[1]" not in problems and "transforms.file" not in problems
+
+
 def test_durations():
     assert parse_seconds(5) == 5.0
     assert parse_seconds("500ms") == 0.5

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -154,3 +156,124 @@ def test_avro_files_decoded_without_a_jar_schema_from_the_first_file(spark, tmp_
         (9, None, at, [], '{"unit": "C"}'),
     ]
     assert [Path(r["file"]).name for r in rows] == ["1.avro", "1.avro", "1.avro", "2.avro"]
+
+
+def test_a_file_still_being_written_is_read_whole_once_its_writer_is_done(spark, tmp_path):
+    """Issue 29, case 4: 50 lines and half of the 51st, the rest 5 s later. The file is taken only
+    once it is min_file_age old (10 s by default): every row once, no NULL row of a cut line."""
+    from deltaflow.pipeline.runner import start_pipeline
+
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    lines = [json.dumps({"id": i, "name": f"n{i}"}) + "\n" for i in range(100)]
+    (spec,) = _pipelines(
+        tmp_path,
+        """
+        pipelines:
+          - id: slow-writer
+            source: {type: files, path: "${DIR}/landing", format: json, schema: "id BIGINT, name STRING"}
+            sinks: [{table_uri: "${DIR}/t"}]
+        """,
+    )
+    out = (landing / "f.json").open("w")
+    out.write("".join(lines[:50]) + lines[50][:8])
+    out.flush()
+    query = start_pipeline(spark, spec)
+    try:
+        # The writer's pause (5 s), cut short if a batch commits the half file meanwhile.
+        pause_until = time.monotonic() + 5
+        while time.monotonic() < pause_until and not _committed_rows(tmp_path / "t"):
+            time.sleep(0.2)
+        out.write(lines[50][8:] + "".join(lines[51:]))
+        out.close()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(_committed_rows(tmp_path / "t")) < 100:
+            time.sleep(0.5)
+    finally:
+        out.close()
+        query.stop()
+    got = sorted(_committed_rows(tmp_path / "t"), key=lambda r: (r["id"] is None, r["id"] or 0))
+    assert [(r["id"], r["_rescued_data"]) for r in got] == [(i, None) for i in range(100)]
+
+
+def _landed(path: Path, text: str) -> None:
+    """A file written a minute ago (older than the files source's min_file_age)."""
+    path.write_text(text)
+    at = time.time() - 60
+    os.utime(path, (at, at))
+
+
+def _committed_rows(table: Path) -> list[dict]:
+    return DeltaTable(str(table)).to_pyarrow_table().to_pylist()
+
+
+def test_lines_that_are_no_json_object_go_to_the_dead_letter_table(spark, tmp_path):
+    """Issue 29, case 4: with a dead-letter table, a cut or non-object line is a dead letter (as a
+    bad Kafka message is), not an id-NULL row of the main table; a wrong type is still rescued."""
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    _landed(
+        landing / "a.json",
+        '{"id": 1, "score": 1.5}\n{"id": 2, "score": "high"}\n{"id": \n[1, 2]\n{"id": 3, "score": 3.5}\n',
+    )
+    specs = _pipelines(
+        tmp_path,
+        """
+        pipelines:
+          - id: bad-lines
+            source: {type: files, path: "${DIR}/landing", format: json, schema: "id INT, score DOUBLE"}
+            dead_letter: {table_uri: "${DIR}/dlq"}
+            sinks: [{table_uri: "${DIR}/t"}]
+        """,
+    )
+    run_pipelines(spark, specs, available_now=True)
+    main = DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pylist()
+    assert [r["_rescued_data"] for r in main if r["id"] is None] == []
+    assert _rows(tmp_path / "t", "id", "score", "_rescued_data") == [
+        (1, 1.5, None),
+        (2, None, '{"id": 2, "score": "high"}'),
+        (3, 3.5, None),
+    ]
+    letters = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().to_pylist()
+    letters.sort(key=lambda r: r["record"])
+    assert [(r["pipeline_id"], r["batch_id"], r["reason"]) for r in letters] == [
+        ("bad-lines", 0, "malformed JSON: the line is not one JSON object")
+    ] * 2
+    records = [json.loads(r["record"]) for r in letters]
+    assert [r["line"] for r in records] == ["[1, 2]", '{"id": ']
+    assert {Path(r["file"]).name for r in records} == {"a.json"}
+
+
+def test_input_file_name_in_a_transform_with_expectations_and_two_sinks(spark, tmp_path):
+    """Issue 29, case 8: the README's shape (expectations, two sinks) cached the source's rows, and
+    input_file_name() gave '' in every row; it is evaluated in the file scan now."""
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    for name, ids in (("eu.json", range(0, 4)), ("us.json", range(4, 8))):
+        region = name.split(".")[0]
+        rows = [{"id": i, "region": region, "amount": i - 1} for i in ids]
+        _landed(landing / name, "".join(json.dumps(r) + "\n" for r in rows))
+    specs = _pipelines(
+        tmp_path,
+        """
+        pipelines:
+          - id: file-names
+            source: {type: files, path: "${DIR}/landing", format: json,
+                     schema: "id INT, region STRING, amount INT"}
+            transforms: {"meta.file": "sql: input_file_name()"}
+            expectations: [{name: positive, expr: "amount > 0", action: drop}]
+            dead_letter: {table_uri: "${DIR}/dlq"}
+            sinks:
+              - {name: eu, table_uri: "${DIR}/eu", when: "region = 'eu'"}
+              - {name: rest, table_uri: "${DIR}/rest", when: "region <> 'eu'"}
+        """,
+    )
+    run_pipelines(spark, specs, available_now=True)
+    got = [
+        (r["id"], Path(r["meta"]["file"]).name)
+        for t in ("eu", "rest")
+        for r in DeltaTable(str(tmp_path / t)).to_pyarrow_table().to_pylist()
+    ]
+    assert sorted(got) == [(i, "eu.json") for i in (2, 3)] + [(i, "us.json") for i in range(4, 8)]
+    letters = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().to_pylist()
+    assert sorted(Path(json.loads(r["record"])["meta"]["file"]).name for r in letters) == ["eu.json"] * 2
