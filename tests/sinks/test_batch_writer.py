@@ -241,7 +241,10 @@ def run():
         spark.readStream.schema("id LONG, name STRING").json(landing),
         uri, pipeline_id="p1", trigger={"availableNow": True}, write_path="spark",
     )
-    query.awaitTermination(180)
+    try:
+        query.awaitTermination(180)
+    except Exception as exc:  # Spark Connect raises the query's failure here
+        return exc
     return query.exception()
 
 assert run() is None
