@@ -109,7 +109,7 @@ class SparkBatchWriter:
 
         opts = self._options
         sink = _DeltaSink(opts, batch.schema, self._overwrite)
-        query_id = streaming_query_id(batch)  # the checkpoint the batch runs on
+        query_id = streaming_query_id(batch, opts)  # the checkpoint the batch runs on
 
         # Step 0. Replay check before writing anything (with kafka_offsets the source has already
         # left out every offset the table holds: a replayed batch is empty, and step 2 of the

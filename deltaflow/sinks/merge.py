@@ -176,7 +176,7 @@ class MergeWriter:
 
         opts = self._options
         app = opts.pipeline_id or ""
-        query_id = streaming_query_id(batch)  # the checkpoint the batch runs on
+        query_id = streaming_query_id(batch, opts)  # the checkpoint the batch runs on
         table = delta_log.load(self._uri, opts.storage_options)
         # A writer another process took the pipeline from stops here, also before it skips.
         commit.check_fence(table, self._uri, sink_fence(opts))

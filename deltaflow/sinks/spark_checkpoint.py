@@ -35,21 +35,36 @@ __all__ = [
 #: The local property Spark's stream execution sets to the query's id (the ``id`` of the
 #: checkpoint's ``metadata`` file) on the thread that runs a micro-batch, and so on its tasks.
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
+#: The checkpoint's file holding the query id (``{"id": ...}``).
+QUERY_METADATA_FILE = "metadata"
 
 logger = logging.getLogger(__name__)
 
 
-def streaming_query_id(batch: DataFrame) -> str | None:
+def streaming_query_id(batch: DataFrame, options: SinkOptions | None = None) -> str | None:
     """The id of the streaming query whose micro-batch ``batch`` is, from a ``foreachBatch``
-    function on the driver (``None`` outside a stream, or where the session has no
-    ``SparkContext``: Spark Connect). Stable across restarts of one checkpoint, new for a new one.
+    function on the driver. Stable across restarts of one checkpoint, new for a new one.
+
+    Read from the driver's local property; where the session has no ``SparkContext`` (a Spark
+    Connect ``foreachBatch`` worker), from the ``id`` of the checkpoint's ``metadata`` file at
+    ``options.checkpoint_location`` (the same id: Spark reads it from there). ``None`` outside
+    a stream with neither.
     """
     try:
         context: Any = batch.sparkSession.sparkContext
         value = context.getLocalProperty(QUERY_ID_PROPERTY)
-    except Exception:  # noqa: BLE001 - Spark Connect has no SparkContext: the id is unknown
+    except Exception:  # noqa: BLE001 - Spark Connect has no SparkContext: read the checkpoint
+        value = None
+    if value:
+        return str(value)
+    if options is None or not options.checkpoint_location:
         return None
-    return str(value) if value else None
+    try:  # Spark writes it when the query starts, before its first batch
+        text = read_checkpoint_file(options.checkpoint_location, QUERY_METADATA_FILE, options)
+    except FileNotFoundError:  # no query has run on this checkpoint: called outside a stream
+        return None
+    query_id = json.loads(text.splitlines()[0]).get("id") if text.strip() else None
+    return str(query_id) if query_id else None
 
 
 def read_batch_offsets(options: SinkOptions, batch_id: int) -> dict[str, dict[str, int]]:
