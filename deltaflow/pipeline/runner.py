@@ -374,6 +374,11 @@ class PipelineWriter:
             for s in sinks
         }
         self._dlq = SparkBatchWriter(dead_letter) if dead_letter else None
+        #: The tables whose commits carry the pipeline's batch-id txn, and the query whose
+        #: checkpoint they were found to match (:meth:`_check_checkpoint`).
+        tables = [*(s.options for s in sinks), *([dead_letter] if dead_letter else [])]
+        self._batch_tables = [o for o in tables if not o.kafka_offsets]
+        self._checked_query: str | None = None
         self._kafka = isinstance(spec.source, KafkaSourceSpec)
         #: A files source: the batch is the files it takes, read here.
         self._files = files
@@ -397,6 +402,7 @@ class PipelineWriter:
         from pyspark.sql import functions as F  # noqa: N812
 
         spec = self._spec
+        self._check_checkpoint(batch, batch_id)
         reused = len(self._sinks) + len(self._mirrors) > 1 or bool(spec.expectations)
         # The source's rows are cached when steps before the transforms read them again (Kafka's
         # split, mirrors); otherwise the rows after the transforms are: a transform such as
@@ -449,6 +455,31 @@ class PipelineWriter:
         for sink in self._sinks:
             routed = rows.filter(F.expr(sink.when)) if sink.when else rows
             self._writers[sink.name](sink.rows(routed), batch_id)
+
+    def _check_checkpoint(self, batch: DataFrame, batch_id: int) -> None:
+        """Before a query's first batch writes anything: every table holding the pipeline's
+        batch-id txn must hold it from this query's checkpoint (or the batch id must be at or
+        beyond it). Each writer checks its own table before it commits, but the dead-letter
+        table commits first: a lost checkpoint's replacement would leave its mark there (and
+        its dead letters), and the restored checkpoint would then be refused by that table.
+
+        Raises:
+            CheckpointMismatchError: a table holds batches of another checkpoint, or later ones.
+        """
+        from deltaflow.delta import log as delta_log
+        from deltaflow.delta.progress import is_committed
+        from deltaflow.sinks.spark_checkpoint import streaming_query_id
+
+        if not self._batch_tables:
+            return
+        query_id = streaming_query_id(batch, self._batch_tables[0])
+        if query_id is None or query_id == self._checked_query:
+            return
+        for options in self._batch_tables:
+            uri = normalize_uri(options.table_uri)
+            table = delta_log.load(uri, options.storage_options)
+            is_committed(table, uri, options.pipeline_id, batch_id, streaming=True, checkpoint=query_id)
+        self._checked_query = query_id
 
     def _split_malformed(
         self, rows: DataFrame, batch_id: int, hold: Callable[[DataFrame], DataFrame], letters: list[DataFrame]

@@ -38,6 +38,7 @@ from deltaflow.errors import (
     DeltaflowError,
     WriterFencedError,
     WriteValidationError,
+    WrittenFilesLostError,
     storage_error,
 )
 from deltaflow.io.faults import maybe_crash
@@ -500,6 +501,16 @@ class _DeltaSink:
         except OSError as exc:
             raise storage_error(exc, self.table_uri, "checking the data files of") from exc
         for f, info in zip(files, infos, strict=True):
+            if info.size is None:
+                # Deleted under the writer (vacuum --full with a retention shorter than a batch):
+                # writing the batch again heals it, so the daemon restarts rather than stops.
+                raise WrittenFilesLostError(
+                    f"data file {f.path!r} of table {self.table_uri!r} is missing: it was deleted "
+                    "before its commit (vacuum --full with a retention shorter than a batch takes?); "
+                    "nothing was committed, and the batch is written again",
+                    table_uri=self.table_uri,
+                    path=f.path,
+                )
             if info.size != f.size:
                 raise WriteValidationError(
                     f"data file {f.path!r} of table {self.table_uri!r} is "

@@ -366,3 +366,45 @@ def test_postgres_changes_as_debezium_events_keep_the_delta_table_equal_to_postg
         assert [r[0] for r in delta] == [r[0] for r in want], f"round {number}: keys differ"
         assert delta == want, f"round {number}: the Delta table differs from PostgreSQL"
     conn.close()
+
+
+def test_a_refused_checkpoint_leaves_no_mark_that_refuses_the_restored_one(spark, tmp_path):
+    # Review 29: a pipeline writes its dead letters before its sinks. A dead-letter table that
+    # never held a batch of the pipeline carries no mark, so a lost checkpoint's replacement
+    # commits its first batch's dead letters there (with its own mark) and is refused only at
+    # the sink. The error says "Restore the checkpoint"; the restored checkpoint is then refused
+    # by the dead-letter table for good (its mark is the refused query's), and the refused
+    # query's dead letters stay in it.
+    landing = tmp_path / "landing"
+    specs = _spec(
+        tmp_path,
+        """
+        pipelines:
+          - id: dl
+            source:
+              type: files
+              path: "${DIR}/landing"
+              format: json
+              schema: "id INT, name STRING"
+              rescued_data_column: null
+            expectations:
+              - {name: positive, expr: "id > 0", action: drop}
+            dead_letter: {table_uri: "${DIR}/rejected"}
+            sinks:
+              - table_uri: "${DIR}/t"
+        """,
+    )
+    _land(landing, "1.json", [{"id": i, "name": f"n{i}"} for i in range(1, 4)])
+    run_pipelines(spark, specs, available_now=True)
+    assert DeltaTable(str(tmp_path / "t")).transaction_version("dl") == 0
+    checkpoints = tmp_path / "t" / "_deltaflow" / "checkpoints"
+    shutil.move(checkpoints, tmp_path / "saved")  # lost (the operator still has a copy)
+    _land(landing, "2.json", [{"id": 9, "name": "new"}, {"id": -1, "name": "bad"}])
+    with pytest.raises(CheckpointMismatchError, match="another Spark checkpoint"):
+        run_pipelines(spark, specs, available_now=True)
+
+    shutil.rmtree(checkpoints)
+    shutil.move(tmp_path / "saved", checkpoints)  # what the error says: restore the checkpoint
+    run_pipelines(spark, specs, available_now=True)
+    assert _table(tmp_path / "t", "id", "name") == [(1, "n1"), (2, "n2"), (3, "n3"), (9, "new")]
+    assert _table(tmp_path / "rejected", "batch_id", "record") == [(1, '{"id":-1,"name":"bad"}')]
