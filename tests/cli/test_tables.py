@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from deltaflow.cli import cli
 from tests.fixtures.tables import small_file_table as _small_file_table
+from tests.fixtures.tables import vacuumed_table as _vacuumed_table
 
 
 def test_cli_commands_print_text_and_json_and_map_errors_to_exit_codes(tmp_path):
@@ -52,3 +53,29 @@ def test_cli_commands_print_text_and_json_and_map_errors_to_exit_codes(tmp_path)
         with pytest.raises(SystemExit) as exit_info:
             main(args)
         assert exit_info.value.code == 2
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["read", "--version", "1"],
+        ["read", "--version", "0", "--json"],
+        ["changes", "--from-version", "0"],
+        ["restore", "--version", "1"],
+    ],
+    ids=["read", "read-json", "changes", "restore"],
+)
+def test_a_vacuumed_version_is_a_terminal_error_with_exit_2_not_a_traceback(tmp_path, capsys, args):
+    # read and changes ended in a raw traceback of delta-rs' "Object at location ... not found"
+    # with exit 1, which the README defines as "may pass on retry".
+    from deltaflow.cli import main
+
+    table = tmp_path / "t"
+    _vacuumed_table(table)
+    with pytest.raises(SystemExit) as exit_info:
+        main([args[0], str(table), *args[1:]])
+    out = capsys.readouterr()
+    assert exit_info.value.code == 2, out
+    assert out.err.startswith(f"error: cannot {'restore' if args[0] == 'restore' else 'read'} "), out.err
+    assert "data files of th" in out.err and "are gone (vacuumed?)" in out.err
+    assert "Traceback" not in out.err and out.out == ""
