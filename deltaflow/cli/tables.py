@@ -255,6 +255,17 @@ def restore(
             f"restored {result.table_uri} to version {result.restored_to}: now version {result.version}"
         ),
     )
+    if result.version != result.version_before:
+        # On stderr, also with --json: the rows are gone for the running pipelines too.
+        click.echo(
+            f"warning: the rows added after version {result.restored_to} (up to version "
+            f"{result.version_before}) are gone from the table and will NOT be written again by the "
+            "pipelines that wrote them: a "
+            "restore does not roll back their progress (txn), so they continue after what they had "
+            "committed. To have those rows again, replay them from the source (a new pipeline_id "
+            "and checkpoint) or restore a newer version",
+            err=True,
+        )
 
 
 @click.command()
