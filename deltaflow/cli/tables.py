@@ -154,7 +154,13 @@ def checkpoint(table_uri: str, cleanup: bool, storage_options: dict[str, str], a
     from deltaflow import ops
 
     result = ops.checkpoint(table_uri, cleanup=cleanup, storage_options=storage_options)
-    emit(as_json, result, lambda: click.echo(f"checkpoint written at version {result['version']}"))
+    removed = (
+        f"; {result['log_files_removed']} expired log file(s) removed (older than "
+        "delta.logRetentionDuration and before the checkpoint)"
+        if cleanup
+        else ""
+    )
+    emit(as_json, result, lambda: click.echo(f"checkpoint written at version {result['version']}{removed}"))
 
 
 @click.command()
