@@ -25,6 +25,7 @@ __all__ = [
     "CheckpointMismatchError",
     "CommitError",
     "ConfigError",
+    "DataFilesGoneError",
     "DeltaSourceError",
     "DeltaflowError",
     "ExpectationFailedError",
@@ -161,6 +162,21 @@ class WrittenFilesLostError(TransientError):
     ``vacuum --full`` with a retention shorter than a batch takes): the rows the write tasks
     reported are not all in the files found. Nothing of the batch was committed and its files
     that remain are deleted; the batch is written again (Spark never recorded it as done)."""
+
+
+class DataFilesGoneError(TerminalError):
+    """Data files a version of the table references are gone from storage (vacuumed, or deleted
+    by hand): that version cannot be read or restored. Retrying cannot bring them back; the
+    message names one file, and says what can be read (or restored) instead."""
+
+    def __init__(
+        self, table_uri: str, doing: str, missing: Sequence[str], total: int, *, of: str, instead: str
+    ) -> None:
+        message = (
+            f"cannot {doing}: {len(missing)} of {total} data files of {of} are gone (vacuumed?), "
+            f"e.g. {missing[0]!r}. {instead}, or recover the files first"
+        )
+        super().__init__(message, table_uri=table_uri, missing=len(missing), files=total)
 
 
 class CheckpointMismatchError(TerminalError):

@@ -154,7 +154,13 @@ def checkpoint(table_uri: str, cleanup: bool, storage_options: dict[str, str], a
     from deltaflow import ops
 
     result = ops.checkpoint(table_uri, cleanup=cleanup, storage_options=storage_options)
-    emit(as_json, result, lambda: click.echo(f"checkpoint written at version {result['version']}"))
+    removed = (
+        f"; {result['log_files_removed']} expired log file(s) removed (older than "
+        "delta.logRetentionDuration and before the checkpoint)"
+        if cleanup
+        else ""
+    )
+    emit(as_json, result, lambda: click.echo(f"checkpoint written at version {result['version']}{removed}"))
 
 
 @click.command()
@@ -255,6 +261,17 @@ def restore(
             f"restored {result.table_uri} to version {result.restored_to}: now version {result.version}"
         ),
     )
+    if result.version != result.version_before:
+        # On stderr, also with --json: the rows are gone for the running pipelines too.
+        click.echo(
+            f"warning: the rows added after version {result.restored_to} (up to version "
+            f"{result.version_before}) are gone from the table and will NOT be written again by the "
+            "pipelines that wrote them: a "
+            "restore does not roll back their progress (txn), so they continue after what they had "
+            "committed. To have those rows again, replay them from the source (a new pipeline_id "
+            "and checkpoint) or restore a newer version",
+            err=True,
+        )
 
 
 @click.command()

@@ -215,6 +215,8 @@ class LogEntry:
     #: Paths of the files added / removed, as on disk (the log percent-encodes them).
     added: frozenset[str]
     removed: frozenset[str]
+    #: Paths of its change data files (``cdc`` actions), as on disk.
+    changes: frozenset[str] = frozenset()
 
 
 def new_token() -> str:
@@ -279,6 +281,7 @@ def read_entries(
         txns: dict[str, int] = {}
         added: set[str] = set()
         removed: set[str] = set()
+        changes: set[str] = set()
         for line in text.splitlines():
             if not line.strip():
                 continue
@@ -291,7 +294,11 @@ def read_entries(
                 added.add(unquote(action["add"]["path"]))
             elif "remove" in action:
                 removed.add(unquote(action["remove"]["path"]))
-        entries.append(LogEntry(version, info, txns, frozenset(added), frozenset(removed)))
+            elif "cdc" in action:
+                changes.add(unquote(action["cdc"]["path"]))
+        entries.append(
+            LogEntry(version, info, txns, frozenset(added), frozenset(removed), frozenset(changes))
+        )
     return entries
 
 

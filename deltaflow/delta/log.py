@@ -11,21 +11,25 @@ Every write goes through :mod:`deltaflow.delta.commit`. Facts from measurements 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from urllib.parse import unquote
 
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 from deltalake.exceptions import TableNotFoundError as _DeltaTableNotFound
 
-from deltaflow.errors import ConfigError, storage_error
+from deltaflow.config.locations import join
+from deltaflow.errors import ConfigError, DataFilesGoneError, storage_error
+from deltaflow.io.storage import filesystem
 
 __all__ = [
     "active_paths",
     "bytes_per_row",
+    "check_files_present",
     "is_delta_rs_error",
     "indexed_columns",
     "load",
+    "missing_files",
     "timestamp_millis",
     "version_as_of",
 ]
@@ -76,6 +80,52 @@ def active_paths(table: DeltaTable | None) -> set[str]:
 
     paths = pa.table(table.get_add_actions(flatten=False))["path"].to_pylist()
     return {unquote(p) for p in paths}
+
+
+def missing_files(table_uri: str, storage_options: Mapping[str, str], paths: Iterable[str]) -> list[str]:
+    """Those of ``paths`` (relative to the table root, as the log holds them) that storage does
+    not have, in their order. A path is there when it exists as written or percent-decoded (the
+    log encodes paths; a file another tool wrote may hold a ``%`` in its name on disk).
+
+    Raises:
+        StorageUnavailableError / StorageAccessError: storage could not be asked.
+    """
+    import pyarrow.fs as pafs
+
+    fs, root = filesystem(table_uri, storage_options)
+    wanted = list(dict.fromkeys(paths))
+    candidates = [[join(root, p)] + ([join(root, unquote(p))] if unquote(p) != p else []) for p in wanted]
+    try:
+        infos = iter(fs.get_file_info([c for group in candidates for c in group]))
+    except OSError as exc:
+        raise storage_error(exc, table_uri, "looking for the data files of") from exc
+    missing = []
+    for path, group in zip(wanted, candidates, strict=True):
+        if all(next(infos).type == pafs.FileType.NotFound for _ in group):
+            missing.append(path)
+    return missing
+
+
+def check_files_present(
+    table_uri: str,
+    storage_options: Mapping[str, str],
+    paths: Iterable[str],
+    *,
+    doing: str,
+    of: str,
+    instead: str,
+) -> None:
+    """Stop with :class:`~deltaflow.errors.DataFilesGoneError` when any of ``paths`` is gone.
+
+    Reading or restoring a version whose files were vacuumed fails deep inside a reader (delta-rs,
+    DataFusion, pyarrow) with a storage error that reads like an outage; this says what it is.
+    ``doing`` ("read version 3 of 't'"), ``of`` ("that version") and ``instead`` ("Read a newer
+    version") make the message.
+    """
+    wanted = list(paths)
+    missing = missing_files(table_uri, storage_options, wanted)
+    if missing:
+        raise DataFilesGoneError(table_uri, doing, missing, len(set(wanted)), of=of, instead=instead)
 
 
 def bytes_per_row(table: DeltaTable | None, files: int = 50) -> float | None:

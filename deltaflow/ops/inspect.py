@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Any
 from deltaflow.config.locations import normalize_uri
 from deltaflow.config.units import parse_size
 from deltaflow.errors import ConfigError
-from deltaflow.ops.table import open_table
+from deltaflow.ops.table import logged_paths, open_table
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from deltalake import DeltaTable
 
 __all__ = ["SMALL_FILE_SIZE", "changes", "describe", "history", "read"]
 
@@ -155,8 +156,29 @@ def read(
     try:
         reader = QueryBuilder().register("t", table).execute(sql)
     except Exception as exc:  # noqa: BLE001 - DataFusion errors (bad column, bad SQL)
+        _check_version_files(table, uri, storage_options)
         raise ConfigError(f"cannot read {normalize_uri(uri)!r} with {sql!r}: {exc}") from None
-    return _plain_types(pa.table(reader.read_all()))
+    try:
+        rows = reader.read_all()
+    except Exception:
+        _check_version_files(table, uri, storage_options)  # vacuumed files fail here, as an I/O error
+        raise
+    return _plain_types(pa.table(rows))
+
+
+def _check_version_files(table: DeltaTable, uri: str, storage_options: Mapping[str, str] | None) -> None:
+    """After a read failed: stop with :class:`~deltaflow.errors.DataFilesGoneError` when files of
+    the version read are gone. Looked for only then: a read that works costs no extra request."""
+    from deltaflow.delta import log as delta_log
+
+    delta_log.check_files_present(
+        normalize_uri(uri),
+        storage_options or {},
+        logged_paths(table),
+        doing=f"read version {table.version()} of {normalize_uri(uri)!r}",
+        of="that version",
+        instead="Read a newer version",
+    )
 
 
 def _quote_ident(name: str) -> str:
@@ -195,8 +217,39 @@ def changes(
     try:
         reader = table.load_cdf(starting_version=from_version, ending_version=to_version)
     except Exception as exc:  # noqa: BLE001
+        _check_change_files(
+            uri, storage_options, from_version, table.version() if to_version is None else to_version
+        )
         raise ConfigError(f"cannot read the changes of {normalize_uri(uri)!r}: {exc}") from None
-    out = pa.table(reader.read_all())
+    try:
+        rows = reader.read_all()
+    except Exception:
+        _check_change_files(
+            uri, storage_options, from_version, table.version() if to_version is None else to_version
+        )
+        raise
+    out = pa.table(rows)
     if limit is not None:
         out = out.slice(0, limit)
     return _plain_types(out)
+
+
+def _check_change_files(uri: str, storage_options: Mapping[str, str] | None, first: int, last: int) -> None:
+    """After reading the change data feed failed: stop with
+    :class:`~deltaflow.errors.DataFilesGoneError` when files it reads are gone (a version's
+    change data files, or without them its data files added and removed)."""
+    from deltaflow.delta import commit
+    from deltaflow.delta import log as delta_log
+
+    table_uri = normalize_uri(uri)
+    paths: list[str] = []
+    for entry in commit.read_entries(table_uri, storage_options or {}, first, last):
+        paths += sorted(entry.changes or (entry.added | entry.removed))
+    delta_log.check_files_present(
+        table_uri,
+        storage_options or {},
+        paths,
+        doing=f"read the changes of {table_uri!r} from version {first} to {last}",
+        of="those versions",
+        instead="Read the changes from a later version",
+    )

@@ -13,7 +13,7 @@ from deltaflow.errors import ConfigError, TableNotFoundError
 if TYPE_CHECKING:
     from deltalake import DeltaTable
 
-__all__ = ["open_table", "to_jsonable"]
+__all__ = ["logged_paths", "open_table", "to_jsonable"]
 
 
 def open_table(
@@ -47,6 +47,13 @@ def open_table(
                 table_uri=table_uri,
             ) from None
     return table
+
+
+def logged_paths(table: DeltaTable) -> list[str]:
+    """The data files of ``table`` at its loaded version, as the log holds their paths."""
+    import pyarrow as pa
+
+    return [str(p) for p in pa.table(table.get_add_actions(flatten=False))["path"].to_pylist()]
 
 
 def to_jsonable(value: Any) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -107,19 +108,31 @@ def _prepare_table(df: DataFrame, options: SinkOptions) -> None:
     )
 
 
+#: The writer epoch this process claimed per (table, pipeline id): a query the daemon restarts
+#: (or a job started again in the same process) keeps it, so a process claims a pipeline on a
+#: table once, not once per start. Taken over meanwhile, it is fenced at its next batch as before.
+_CLAIMS: dict[tuple[str, str], int] = {}
+_CLAIMS_LOCK = threading.Lock()
+
+
 def _claim(options: SinkOptions) -> StreamSinkOptions:
-    """Become the pipeline's only writer of the table (see :func:`deltaflow.delta.commit.claim_writer`):
-    the options with the writer epoch every commit of this stream carries."""
+    """Become the pipeline's only writer of the table (see :func:`deltaflow.delta.commit.claim_writer`),
+    once per process: the options with the writer epoch every commit of this stream carries."""
     from deltaflow.delta import commit
 
     options = for_stream(options)
-    fence = commit.claim_writer(
-        normalize_uri(options.table_uri),
-        options.storage_options,
-        options.pipeline_id,
-        policy=commit.RetryPolicy(max_retries=options.max_commit_retries),
-    )
-    return options.model_copy(update={"writer_epoch": fence.epoch})
+    key = (normalize_uri(options.table_uri), options.pipeline_id)
+    with _CLAIMS_LOCK:
+        epoch = _CLAIMS.get(key)
+        if epoch is None:
+            fence = commit.claim_writer(
+                key[0],
+                options.storage_options,
+                options.pipeline_id,
+                policy=commit.RetryPolicy(max_retries=options.max_commit_retries),
+            )
+            epoch = _CLAIMS[key] = fence.epoch
+    return options.model_copy(update={"writer_epoch": epoch})
 
 
 def write_stream(

@@ -9,8 +9,9 @@ import pytest
 from deltalake import DeltaTable
 
 from deltaflow import ops
-from deltaflow.errors import ConfigError
+from deltaflow.errors import ConfigError, DataFilesGoneError
 from tests.fixtures.tables import small_file_table as _small_file_table
+from tests.fixtures.tables import vacuumed_table as _vacuumed_table
 
 
 def test_describe_history_read_and_changes(tmp_path):
@@ -49,3 +50,28 @@ def test_describe_history_read_and_changes(tmp_path):
     feed = ops.changes(str(table), from_version=start).to_pylist()
     kinds = sorted((r["_change_type"], r["id"]) for r in feed)
     assert kinds == [("delete", 0), ("delete", 1), ("update_postimage", 5), ("update_preimage", 5)]
+
+
+def test_reading_a_vacuumed_version_or_its_changes_says_the_files_are_gone(tmp_path):
+    # delta-rs failed deep in DataFusion with an object-store "not found" error (a raw traceback
+    # and exit 1, which reads as "retry later"); restore already said what it was.
+    table = tmp_path / "t"
+    _vacuumed_table(table)
+    with pytest.raises(DataFilesGoneError) as gone:
+        ops.read(str(table), version=1)
+    assert str(gone.value).startswith(
+        f"cannot read version 1 of {str(table)!r}: 2 of 2 data files of that version are gone "
+        "(vacuumed?), e.g. "
+    )
+    assert str(gone.value).endswith(". Read a newer version, or recover the files first")
+    with pytest.raises(DataFilesGoneError, match=r"cannot read version 0 .* 1 of 1 data files"):
+        ops.read(str(table), version=0, where="id > 1")
+    assert sorted(ops.read(str(table), version=2)["id"].to_pylist()) == [10, 11]  # its files are there
+
+    with pytest.raises(DataFilesGoneError) as gone:
+        ops.changes(str(table), from_version=0)
+    assert str(gone.value).startswith(
+        f"cannot read the changes of {str(table)!r} from version 0 to 4: 2 of 3 data files of those versions "
+        "are gone (vacuumed?), e.g. "
+    )
+    assert str(gone.value).endswith(". Read the changes from a later version, or recover the files first")

@@ -79,3 +79,24 @@ def test_cli_restore_before_the_first_commit_exits_2_naming_the_earliest_time(tm
     assert exit_info.value.code == 2, out
     assert "before the earliest version" in out.err and "Use a timestamp at or after" in out.err
     assert "restored" not in out.out and _ids(table) == [1, 2, 3]
+
+
+def test_cli_restore_warns_that_running_pipelines_will_not_replay_the_removed_rows(tmp_path, capsys):
+    # The README explained it; the command said only "restored ... to version 1".
+    from deltaflow.cli import main
+
+    table = tmp_path / "t"
+    _tombstoned_table(table)  # versions 0, 1, 2
+    main(["restore", str(table), "--version", "1", "--json"])
+    out = capsys.readouterr()
+    import json
+
+    assert json.loads(out.out)["version"] == 3  # stdout stays JSON
+    assert out.err.startswith(
+        "warning: the rows added after version 1 (up to version 2) are gone from the table and will "
+        "NOT be written again by the pipelines that wrote them: a restore does not roll back their "
+        "progress (txn)"
+    )
+    assert "replay them from the source" in out.err
+    main(["restore", str(table), "--version", "3"])  # already that content: nothing restored
+    assert "warning" not in capsys.readouterr().err

@@ -21,6 +21,42 @@ def test_write_stream_defaults_checkpoint_inside_the_table(spark, tmp_path):
     assert (tmp_path / "t" / "_deltaflow" / "checkpoints" / "p1" / "offsets").is_dir()
 
 
+@pytest.mark.parametrize("write_path", ["spark", "arrow"])
+def test_a_process_claims_its_pipeline_once_not_at_every_restart(spark, tmp_path, write_path):
+    # Every start committed a writer claim to the table, also the daemon's restarts of a query
+    # in the same process when the stream then had nothing to commit: a job restarting again
+    # and again grew each table's log by one empty commit per restart.
+    from deltalake import DeltaTable
+
+    from deltaflow.delta import commit
+    from deltaflow.pipeline import api
+
+    landing = _landing(tmp_path, 2, 10)
+    uri = str(tmp_path / "t")
+
+    def run():
+        source = spark.readStream.schema("id LONG, name STRING").json(str(landing))
+        query = deltaflow.write_stream(
+            source, uri, pipeline_id="p1", trigger={"availableNow": True}, write_path=write_path
+        )
+        assert query.awaitTermination(180)
+
+    run()
+    assert _ids(uri) == list(range(20))
+    version = DeltaTable(uri).version()
+    for _ in range(3):
+        run()  # started again in the same process (as the daemon restarts it): nothing new
+    assert DeltaTable(uri).version() == version  # nothing committed, no claim again
+    claims = [e for e in commit.read_entries(uri, {}, 0, version) if commit.CLAIM_KEY in e.info]
+    assert len(claims) == 1 and DeltaTable(uri).transaction_version(commit.fence_app_id("p1")) == 1
+
+    # Another process (here: a forgotten claim) still takes the pipeline over at its start.
+    api._CLAIMS.clear()
+    run()
+    assert DeltaTable(uri).version() == version + 1
+    assert DeltaTable(uri).transaction_version(commit.fence_app_id("p1")) == 2
+
+
 def test_write_stream_rejects_a_batch_dataframe_and_vice_versa(spark, tmp_path):
     with pytest.raises(ConfigError, match="needs a streaming DataFrame"):
         deltaflow.write_stream(_df(spark, 0, 1), str(tmp_path / "t"), pipeline_id="p")

@@ -5,31 +5,39 @@ paths, and lands every row once across a restart. pyspark finds the formats by i
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow as pa
 import yaml
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "declarative_pipeline"
 
 
-def _bronze(ids: range) -> pa.Table:
-    return pa.table(
-        {
-            "id": pa.array(list(ids), pa.int64()),
-            "amount": [float(i % 5 - 1) for i in ids],  # every fifth row is filtered out (<= 0)
-            "at": pa.array(
-                [dt.datetime(2026, 11, 20 + i % 3, 8, tzinfo=dt.UTC) for i in ids],
-                pa.timestamp("us", tz="UTC"),
-            ),
-        }
-    )
+def _make_bronze(path: Path, start: int, rows: int) -> None:
+    """The example's own script, as the README runs it."""
+    command = [sys.executable, str(EXAMPLE / "make_bronze.py"), str(path), "--start", str(start)]
+    done = subprocess.run([*command, "--rows", str(rows)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_the_readme_creates_the_bronze_table_and_names_spark_pipelines_on_path():
+    # The README ran spark-pipelines on the example alone: its bronze table did not exist, and
+    # nothing said where spark-pipelines comes from.
+    readme = (EXAMPLE.parents[1] / "README.md").read_text()
+    section = readme[readme.index("### Spark Declarative Pipelines") :]
+    block = section[section.index("```bash") : section.index("```", section.index("```bash") + 7)]
+    lines = [line.split("#")[0].strip() for line in block.splitlines()[1:] if line.strip()]
+    assert lines == [
+        "python examples/declarative_pipeline/make_bronze.py /tmp/deltaflow-example/bronze",
+        'spark-pipelines run --spec examples/declarative_pipeline/spark-pipeline.yml --remote "local[*]"',
+    ]
+    assert "must be on `PATH`" in section[: section.index("```bash")]
+    spec = yaml.safe_load((EXAMPLE / "spark-pipeline.yml").read_text())
+    assert spec["configuration"]["deltaflow.example.source"] == "/tmp/deltaflow-example/bronze"
 
 
 def _run(spec: Path) -> subprocess.CompletedProcess[str]:
@@ -55,12 +63,12 @@ def test_the_example_pipeline_lands_every_row_once_across_a_restart(tmp_path, co
     spec["configuration"] = {"deltaflow.example.source": str(bronze), "deltaflow.example.target": str(silver)}
     spec_path.write_text(yaml.safe_dump(spec))
 
-    write_deltalake(str(bronze), _bronze(range(0, 20)))
+    _make_bronze(bronze, 0, 20)
     first = _run(spec_path)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "Run is COMPLETED" in first.stdout + first.stderr
 
-    write_deltalake(str(bronze), _bronze(range(20, 35)), mode="append")
+    _make_bronze(bronze, 20, 15)
     second = _run(spec_path)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
 

@@ -191,6 +191,31 @@ def test_batch_reads_time_travel_and_change_feed(spark, tmp_path):
         spark.read.format("delta").option("startingVersion", 1).load(path).collect()
 
 
+def test_time_travel_to_a_vacuumed_version_is_a_terminal_error_naming_the_files(spark, tmp_path):
+    # The tasks failed on pyarrow's FileNotFoundError of the first vacuumed file: a raw Spark
+    # job failure instead of what `deltaflow restore` says of the same version.
+    from deltaflow.errors import DataFilesGoneError
+    from deltaflow.service.daemon import classify_failure
+    from tests.fixtures.tables import vacuumed_table
+
+    path = str(tmp_path / "t")
+    vacuumed_table(path)
+    old = (DeltaTable(path).history()[-1]["timestamp"] + 1) / 1000  # in version 0's second
+    for option, value in (
+        ("versionAsOf", "1"),
+        ("timestampAsOf", dt.datetime.fromtimestamp(old, dt.UTC).isoformat()),
+    ):
+        with pytest.raises(Exception) as refused:
+            spark.read.format("delta").option(option, value).load(path).collect()
+        text = str(refused.value)
+        assert "deltaflow.errors.DataFilesGoneError: cannot read version " in text, text
+        assert "data files of that version are gone (vacuumed?)" in text and "Read a newer version" in text
+        assert isinstance(classify_failure(refused.value), DataFilesGoneError)  # terminal: never retried
+    assert sorted(
+        r["id"] for r in spark.read.format("delta").option("versionAsOf", 2).load(path).collect()
+    ) == [10, 11]
+
+
 def test_batch_writes_modes_partitions_idempotence_and_typos(spark, tmp_path):
     path = str(tmp_path / "written")
     df = spark.createDataFrame([(1, "2023-04-18"), (2, "2023-04-19")], "id int, date string")

@@ -276,9 +276,9 @@ def test_a_lost_checkpoint_after_any_number_of_batches_is_refused_never_skipped(
         again.awaitTermination(180)
     assert "Restore the checkpoint" in str(err.value)
     assert _ids(uri) == list(range(committed * 10))
-    # Nothing but the restart's writer claim was committed, and no file was left behind.
-    entries = commit.read_entries(uri, {}, version + 1, DeltaTable(uri).version())
-    assert [bool(e.info.get(commit.CLAIM_KEY)) and not e.added for e in entries] == [True]
+    # Nothing was committed (the process holds its writer claim already: a restart claims
+    # nothing again), and no file was left behind.
+    assert DeltaTable(uri).version() == version
     assert len(_parquet_files(tmp_path / "t")) == len(DeltaTable(uri).file_uris())
 
 
@@ -354,7 +354,6 @@ def test_a_taken_over_writer_stops_also_when_its_batch_is_a_replay_or_empty(tmp_
     from deltalake import CommitProperties, Transaction, write_deltalake
 
     from deltaflow.config.sink import SinkOptions, for_stream
-    from deltaflow.delta import commit
     from deltaflow.errors import WriterFencedError
     from deltaflow.sinks.datasource import _DeltaSink
 
@@ -389,7 +388,6 @@ def test_a_writer_whose_claim_expired_from_the_txns_is_not_fenced(tmp_path):
     from deltalake import CommitProperties, Transaction, write_deltalake
 
     from deltaflow.config.sink import SinkOptions, for_stream
-    from deltaflow.delta import commit
     from deltaflow.io.parquet import WrittenFile
     from deltaflow.sinks.datasource import DeltaCommitMessage, _DeltaSink
 
