@@ -15,9 +15,12 @@ reads exactly the same files. Spark keeps only its last offsets, so every file e
 also recorded in the pipeline's checkpoint, one file per batch (``deltaflow-files/<n>.json``,
 written before the offset is returned); a start loads those up to the batch it resumes from (a
 record past it is a plan Spark never logged, written again). The files of the next batch are
-the listing (top level, or below with ``recursiveFileLookup``; names starting with ``_`` or
-``.`` skipped, as Spark skips them; ``pathGlobFilter`` on the names) minus the files taken, old
-enough, oldest first, at most ``max_files_per_trigger`` or ``max_bytes_per_trigger``.
+the listing minus the files taken, old enough, oldest first, at most ``max_files_per_trigger``
+or ``max_bytes_per_trigger``. The listing is the folder's files and those of its partition
+folders (``key=value``, at any depth, as Spark's file source discovers partitions; every
+subfolder with ``recursiveFileLookup``); names starting with ``_`` or ``.`` (but a
+``_key=value`` folder) and files being copied (``._COPYING_``) are skipped, as Spark skips
+them; ``pathGlobFilter`` applies to the names.
 """
 
 from __future__ import annotations
@@ -62,6 +65,8 @@ TAKEN_DIR = "deltaflow-files"
 IDLE_POLL_S = 1.0
 #: availableNow: how often the files present at its start, not yet old enough, are looked at.
 AGE_POLL_S = 0.5
+#: The name ``hadoop fs -put`` / ``-copyFromLocal`` gives a file while copying it (Spark skips it).
+COPYING_SUFFIX = "._COPYING_"
 
 Offset = dict[str, Any]
 
@@ -97,19 +102,50 @@ class Listed:
         return [self.uri, self.size, self.mtime_ms]
 
 
+def is_partition_folder(name: str) -> bool:
+    """Whether a folder named ``name`` holds a partition (``key=value``, both non-empty), which
+    Spark's partition discovery reads its column from; ``.`` names are hidden."""
+    key, equals, value = name.partition("=")
+    return bool(equals and key and value) and not name.startswith(".")
+
+
+def _hidden(relative: str) -> bool:
+    """Skipped as Spark skips it: a name starting with ``.`` or ``_`` (a ``_key=value`` folder
+    is a partition), or a file ``hadoop fs -put`` is still copying (renamed when complete)."""
+    *folders, name = relative.split("/")
+    if name.startswith(("_", ".")) or name.endswith(COPYING_SUFFIX):
+        return True
+    return any(f.startswith(".") or (f.startswith("_") and not is_partition_folder(f)) for f in folders)
+
+
+def _walk(fs: Any, where: str, *, recursive: bool) -> Iterator[Any]:
+    """The entries of the folder ``where``: below every subfolder when ``recursive``, else below
+    its partition folders only (Spark's file source lists those and no other subfolder)."""
+    import pyarrow.fs as pafs
+
+    if recursive:
+        yield from fs.get_file_info(pafs.FileSelector(where, recursive=True, allow_not_found=True))
+        return
+    pending = [where]
+    while pending:
+        for info in fs.get_file_info(pafs.FileSelector(pending.pop(), allow_not_found=True)):
+            if info.type == pafs.FileType.Directory and is_partition_folder(info.base_name):
+                pending.append(info.path)
+            yield info
+
+
 def list_files(options: FileListingOptions) -> list[Listed]:
     """The files in the folder a batch may take, oldest first (then by path)."""
     import pyarrow.fs as pafs
 
     fs, where = filesystem(options.path, {})
-    selector = pafs.FileSelector(where, recursive=options.recursive, allow_not_found=True)
     root = where.rstrip("/") + "/"
     out = []
-    for info in fs.get_file_info(selector):
+    for info in _walk(fs, where, recursive=options.recursive):
         if info.type != pafs.FileType.File:
             continue
         relative = info.path[len(root) :] if info.path.startswith(root) else info.base_name
-        if any(part.startswith(("_", ".")) for part in relative.split("/")):
+        if _hidden(relative):
             continue
         if options.path_glob_filter and not fnmatch.fnmatchcase(info.base_name, options.path_glob_filter):
             continue

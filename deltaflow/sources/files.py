@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from deltaflow.config.locations import normalize_uri
 from deltaflow.config.pipeline import FilesSourceSpec
 from deltaflow.errors import ConfigError, brief
 
@@ -43,6 +44,7 @@ _FILE_ONLY_OPTIONS = frozenset(
     {
         "pathGlobFilter",
         "recursiveFileLookup",
+        "basePath",
         "modifiedBefore",
         "modifiedAfter",
         "latestFirst",
@@ -113,14 +115,72 @@ def read_files(
     dead_letters: bool = False,
 ) -> DataFrame:
     """The rows of the files ``paths`` (no path: an empty frame of the rows' columns), read with
-    Spark's readers and ``src``'s options."""
+    Spark's readers and ``src``'s options.
+
+    JSON, CSV and Parquet files in partition folders (``landing/country=fr/...``) are read with
+    the landing folder as Spark's ``basePath``, so a column of ``schema`` named as a partition
+    key is filled from the path, as Spark's file source filled it (the path wins over a field of
+    the same name in the file); a key the schema does not name is no column. Files directly in
+    the folder are read apart: Spark drops them from a read that finds partitions.
+    """
+    plain, partitioned, keys = _by_partition(src, paths)
+    frames = []
+    if plain or not partitioned:
+        frames.append(_read(spark, src, schema, plain, keys=[], dead_letters=dead_letters))
+    if partitioned:
+        frames.append(_read(spark, src, schema, partitioned, keys=keys, dead_letters=dead_letters))
+    df = frames[0]
+    for other in frames[1:]:
+        df = df.unionByName(other)
+    return df
+
+
+def _by_partition(src: FilesSourceSpec, paths: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """``paths`` split into those directly in the landing folder and those in its partition
+    folders, with the partition keys (in path order); one group for formats read without
+    partition columns (text, Avro) and with ``recursiveFileLookup`` (Spark infers none)."""
+    from urllib.parse import unquote
+
+    from deltaflow.sources.file_listing import is_partition_folder
+
+    options = {k.lower(): v.lower() for k, v in src.options.items()}
+    if src.format in ("text", "avro") or options.get("recursivefilelookup") == "true":
+        return paths, [], []
+    root = normalize_uri(src.path).rstrip("/") + "/"
+    plain: list[str] = []
+    partitioned: list[str] = []
+    keys: list[str] = []
+    for path in paths:
+        folders = path[len(root) :].split("/")[:-1] if path.startswith(root) else []
+        if folders and all(is_partition_folder(f) for f in folders):
+            partitioned.append(path)
+            keys.extend(k for k in (unquote(f.partition("=")[0]) for f in folders) if k not in keys)
+        else:
+            plain.append(path)
+    return plain, partitioned, keys
+
+
+def _read(
+    spark: SparkSession,
+    src: FilesSourceSpec,
+    schema: StructType,
+    paths: list[str],
+    *,
+    keys: Sequence[str],
+    dead_letters: bool,
+) -> DataFrame:
+    """The rows of ``paths``; with partition ``keys``, read below the landing folder as
+    ``basePath`` and with the columns of ``schema`` only (see :func:`read_files`)."""
     from pyspark.sql import functions as F  # noqa: N812
+    from pyspark.sql.types import StringType, StructField, StructType
 
     options = dict(src.options)
     if src.format == "csv":
         options.setdefault("header", "true")
         # Columns by their header names, not by position (files with reordered columns).
         options.setdefault("enforceSchema", "false")
+    if keys:
+        options.setdefault("basePath", normalize_uri(src.path))
     reader = spark.read.options(**options)
     if src.format == "text":
         df = reader.format("text").load(paths)
@@ -128,21 +188,27 @@ def read_files(
         files = reader.schema(BINARY_FILE_SCHEMA).format("binaryFile").load(paths)
         return _avro_files(files, schema, src)
     elif src.format == "json":
+        # The partition keys as columns of the lines: of the schema's type where it names them
+        # (as Spark's JSON reader types them), else strings (unused).
+        types = {f.name.lower(): f.dataType for f in schema.fields}
+        from_path = {f.name: k for k in keys for f in schema.fields if f.name.lower() == k.lower()}
+        if keys:
+            columns = [StructField(k, types.get(k.lower(), StringType())) for k in keys]
+            reader = reader.schema(StructType([StructField("value", StringType()), *columns]))
         lines = reader.format("text").load(paths)
-        df = _json_lines(lines, schema, src.rescued_data_column, options, dead_letters=dead_letters)
-    elif src.format == "csv" and src.rescued_data_column:
-        from pyspark.sql.types import StringType, StructField, StructType
-
-        full = StructType([*schema.fields, StructField(src.rescued_data_column, StringType())])
-        df = (
-            reader.schema(full)
-            .option("mode", "PERMISSIVE")
-            .option("columnNameOfCorruptRecord", src.rescued_data_column)
-            .format("csv")
-            .load(paths)
+        df = _json_lines(
+            lines, schema, src.rescued_data_column, options, dead_letters=dead_letters, from_path=from_path
         )
     else:
-        df = reader.schema(schema).format(src.format).load(paths)
+        read_as = schema
+        if src.format == "csv" and src.rescued_data_column:
+            read_as = StructType([*schema.fields, StructField(src.rescued_data_column, StringType())])
+            reader = reader.option("mode", "PERMISSIVE").option(
+                "columnNameOfCorruptRecord", src.rescued_data_column
+            )
+        df = reader.schema(read_as).format(src.format).load(paths)
+        if keys:  # Spark adds the keys the schema does not name, and moves those it does last
+            df = df.select(*(F.col(f"`{f.name}`") for f in read_as.fields))
     if src.source_file_column:
         df = df.withColumn(src.source_file_column, F.col("_metadata.file_path"))
     return df
@@ -265,10 +331,13 @@ def _json_lines(
     options: Mapping[str, str],
     *,
     dead_letters: bool = False,
+    from_path: Mapping[str, str] | None = None,
 ) -> DataFrame:
     """JSON objects (one per line) parsed to ``schema`` with the reader ``options``
     (``timestampFormat``, ``allowComments``, ...); ``rescued`` holds what did not fit. With
-    ``dead_letters`` a line that is not one JSON object is marked (see :class:`BatchFiles`)."""
+    ``dead_letters`` a line that is not one JSON object is marked (see :class:`BatchFiles`).
+    ``from_path`` maps columns of ``schema`` to the partition columns of ``lines`` they are
+    taken from."""
     from pyspark.sql import functions as F  # noqa: N812
     from pyspark.sql.types import StringType, StructField, StructType
 
@@ -278,8 +347,13 @@ def _json_lines(
     parse_options.update(mode="PERMISSIVE", columnNameOfCorruptRecord=corrupt)
     parsed = F.from_json(F.col("value"), full, parse_options).alias("r")
     file = F.col("_metadata.file_path").alias("file")
-    df = lines.filter(F.trim(F.col("value")) != "").select(F.col("value"), parsed, file)
-    columns: list[Column] = [F.col(f"r.`{f.name}`").alias(f.name) for f in schema.fields]
+    from_path = from_path or {}
+    partitions = [F.col(f"`{k}`") for k in sorted(set(from_path.values()))]
+    df = lines.filter(F.trim(F.col("value")) != "").select(F.col("value"), parsed, file, *partitions)
+    columns: list[Column] = [
+        F.col(f"`{from_path[f.name]}`" if f.name in from_path else f"r.`{f.name}`").alias(f.name)
+        for f in schema.fields
+    ]
     # Null for a line that is not one JSON object (cut short, an array, a bare value).
     as_map = F.from_json(F.col("value"), "map<string,string>")
     if rescued:

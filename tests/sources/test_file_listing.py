@@ -88,3 +88,31 @@ def test_available_now_waits_for_a_file_present_at_its_start(tmp_path):
     offset = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
     assert _names(offset) == ["a.json"]
     assert time.monotonic() - began >= 0.5  # it waited for the file to age
+
+
+def test_partition_folders_are_listed_other_subfolders_are_not(tmp_path):
+    """As Spark's file source: ``key=value`` folders at any depth (a ``_key=value`` one too), no
+    other subfolder unless ``recursiveFileLookup``; hidden names and ``hadoop fs -put``'s copies
+    in progress skipped."""
+    landing = tmp_path / "landing"
+    for folder in ("y=2026/m=01", "_k=v", ".k=v", "plain", "y=2026/_tmp", "y=", "=x"):
+        (landing / folder).mkdir(parents=True, exist_ok=True)
+        _write(landing / folder / "a.json", "{}\n", age_s=60)
+    _write(landing / "y=2026" / "b.json", "{}\n", age_s=60)
+    _write(landing / "y=2026" / "c.json._COPYING_", "{}\n", age_s=60)
+    _write(landing / "top.json", "{}\n", age_s=60)
+
+    def listed(**options: str) -> list[str]:
+        offset = _reader(tmp_path, **options).latestOffset({"batch": 0, "files": []}, ReadAllAvailable())
+        return sorted(str(Path(f[0]).relative_to(landing)) for f in offset["files"])
+
+    assert listed() == ["_k=v/a.json", "top.json", "y=2026/b.json", "y=2026/m=01/a.json"]
+    assert listed(recursive="true") == [
+        "=x/a.json",
+        "_k=v/a.json",
+        "plain/a.json",
+        "top.json",
+        "y=/a.json",
+        "y=2026/b.json",
+        "y=2026/m=01/a.json",
+    ]

@@ -277,3 +277,75 @@ def test_input_file_name_in_a_transform_with_expectations_and_two_sinks(spark, t
     assert sorted(got) == [(i, "eu.json") for i in (2, 3)] + [(i, "us.json") for i in range(4, 8)]
     letters = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().to_pylist()
     assert sorted(Path(json.loads(r["record"])["meta"]["file"]).name for r in letters) == ["eu.json"] * 2
+
+
+def test_files_in_partition_folders_land_with_their_partition_columns(spark, tmp_path):
+    """Spark's file source read the files of ``key=value`` folders and filled the column the
+    schema names from the path; the files source's own listing took only the top level (those
+    files never landed). A file directly in the folder is read too (Spark's read drops it when it
+    finds partitions), other subfolders are not listed (as Spark's source)."""
+    landing = tmp_path / "landing"
+    for country, ids in (("fr", (1, 2)), ("de", (3,))):
+        (landing / f"country={country}").mkdir(parents=True)
+        _landed(landing / f"country={country}" / "a.json", "".join(json.dumps({"id": i}) + "\n" for i in ids))
+    (landing / "country=it" / "_tmp").mkdir(parents=True)
+    _landed(landing / "country=it" / "_tmp" / "b.json", '{"id": 9}\n')
+    (landing / "archive").mkdir()
+    _landed(landing / "archive" / "c.json", '{"id": 8}\n')
+    _landed(landing / "top.json", '{"id": 4, "country": "pt"}\n')
+    specs = _pipelines(
+        tmp_path,
+        """
+        pipelines:
+          - id: partitioned
+            source: {type: files, path: "${DIR}/landing", format: json, schema: "id BIGINT, country STRING",
+                     source_file_column: file}
+            sinks: [{table_uri: "${DIR}/t"}]
+        """,
+    )
+    run_pipelines(spark, specs, available_now=True)
+    (landing / "country=es").mkdir()
+    _landed(landing / "country=es" / "d.json", '{"id": 5, "country": "xx"}\n')  # the path wins
+    run_pipelines(spark, specs, available_now=True)
+    assert _rows(tmp_path / "t", "id", "country", "_rescued_data") == [
+        (1, "fr", None),
+        (2, "fr", None),
+        (3, "de", None),
+        (4, "pt", None),
+        (5, "es", None),
+    ]
+    files = {Path(f).parent.name for (f,) in _rows(tmp_path / "t", "file")}
+    assert files == {"country=fr", "country=de", "country=es", "landing"}
+
+
+def test_parquet_and_csv_partition_columns_inferred_from_the_folders(spark, tmp_path):
+    import pyarrow.parquet as pq
+
+    for fmt in ("parquet", "csv"):
+        landing = tmp_path / fmt
+        for year, month, ids in (("2025", "12", [1]), ("2026", "01", [2, 3])):
+            folder = landing / f"year={year}" / f"month={month}"
+            folder.mkdir(parents=True)
+            if fmt == "parquet":
+                pq.write_table(pa.table({"id": ids}), folder / "a.parquet")
+            else:
+                (folder / "a.csv").write_text("id\n" + "".join(f"{i}\n" for i in ids))
+            at = time.time() - 60
+            os.utime(next(folder.iterdir()), (at, at))
+    specs = _pipelines(
+        tmp_path,
+        """
+        pipelines:
+          - id: pq
+            source: {type: files, path: "${DIR}/parquet", format: parquet}
+            sinks: [{table_uri: "${DIR}/pq"}]
+          - id: csv
+            source: {type: files, path: "${DIR}/csv", format: csv, schema: "id INT, year INT, month STRING"}
+            sinks: [{table_uri: "${DIR}/csv_t"}]
+        """,
+    )
+    run_pipelines(spark, specs, available_now=True)
+    assert _rows(tmp_path / "pq", "id", "year", "month") == [(1, 2025, 12), (2, 2026, 1), (3, 2026, 1)]
+    # The schema's types: "01" stays a string.
+    csv_rows = _rows(tmp_path / "csv_t", "id", "year", "month")
+    assert csv_rows == [(1, 2025, "12"), (2, 2026, "01"), (3, 2026, "01")]
