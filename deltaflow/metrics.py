@@ -13,6 +13,7 @@ the daemon loop.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -91,6 +92,10 @@ class Metrics:
             registry=r,
         )
         self._extremes: dict[tuple[str, str], tuple[int, int]] = {}
+        #: Rows committed per (pipeline, table) in this process, for run summaries
+        #: (:meth:`rows_committed`); pipelines commit from their own query threads.
+        self._committed: dict[tuple[str, str], int] = {}
+        self._committed_lock = threading.Lock()
         self._failed = Counter(
             "deltaflow_ingest_records_failed",
             "Messages seen failing decoding or a transform (dead-lettered or skipped).",
@@ -180,6 +185,14 @@ class Metrics:
         self._extremes[labels] = low, high = min(low, rows), max(high, rows)
         self._batch_min.labels(*labels).set(low)
         self._batch_max.labels(*labels).set(high)
+        with self._committed_lock:
+            self._committed[labels] = self._committed.get(labels, 0) + rows
+
+    def rows_committed(self, pipeline: str) -> dict[str, int]:
+        """Rows this process committed for ``pipeline`` so far, per table (its sinks' reports
+        through :meth:`batch_committed`; a replayed batch found committed adds nothing)."""
+        with self._committed_lock:
+            return {table: rows for (p, table), rows in self._committed.items() if p == pipeline}
 
     def batch_written(self, *, pipeline: str, table: str, seconds: float) -> None:
         self._flushed.labels(pipeline, table).inc()

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import click
 
-__all__ = ["ProgressLine", "emit", "print_rows", "size", "verbose"]
+if TYPE_CHECKING:
+    from deltaflow.service.daemon import RunSummary
+
+__all__ = ["ProgressLine", "emit", "print_rows", "run_summary", "size", "verbose"]
 
 
 class ProgressLine:
@@ -52,6 +56,20 @@ def emit(as_json: bool, value: object, text: Callable[[], None]) -> None:
         click.echo(json.dumps(to_jsonable(value), indent=2, default=str))
     else:
         text()
+
+
+def run_summary(name: str, summary: RunSummary) -> str:
+    """A pipeline's closing line: what its sinks committed, per table, then what it read.
+
+    ``pages: 27 row(s) committed to /lake/pages (30 row(s) read in 1 batch(es))``; a files
+    source reads files: ``(2 file(s) read in 2 batch(es))``.
+    """
+    unit = summary.committed_unit
+    tables = [f"{rows:,} {unit} committed to {table}" for table, rows in summary.committed.items()]
+    committed = ", ".join(tables) or f"0 {unit} committed"
+    restarts = f", {summary.restarts} restart(s)" if summary.restarts else ""
+    read = f"{summary.messages:,} {summary.unit} read in {summary.batches} batch(es)"
+    return f"{name}: {committed} ({read}{restarts})"
 
 
 def size(n: int | None) -> str:

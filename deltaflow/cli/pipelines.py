@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from deltaflow.cli.options import METRICS_PORT, STATUS_PORT, serve
+from deltaflow.cli.output import run_summary
 
 __all__ = ["run", "sql", "validate"]
 
@@ -172,11 +173,8 @@ def _run_file(
         summaries = run_pipelines(spark, selected, available_now=available_now)
     finally:
         spark.stop()
-    # A files source's stream is the files each batch takes (its rows are read in the batch).
-    units = {s.pipeline_id: "file(s)" if s.source.type == "files" else "row(s)" for s in selected}
     for pipeline, summary in summaries.items():
-        note = f", {summary.restarts} restart(s)" if summary.restarts else ""
-        click.echo(f"{pipeline}: {summary.messages:,} {units[pipeline]} in {summary.batches} batch(es){note}")
+        click.echo(run_summary(pipeline, summary))
     stopped = {s.signal for s in summaries.values() if s.signal}
     if stopped:
         click.echo(f"stopped by {', '.join(signal.Signals(s).name for s in sorted(stopped))}", err=True)

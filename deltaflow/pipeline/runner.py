@@ -882,3 +882,19 @@ def describe_source(spec: PipelineSpec) -> str:
     if isinstance(src, PostgresCdcSourceSpec):
         return f"postgres-cdc publication {src.publication} (slot {src.slot_name}) @ {src.where()}"
     return f"kafka {','.join(src.topics) or src.topic_pattern} @ {src.bootstrap_servers}"
+
+
+def source_units(spec: PipelineSpec) -> tuple[str, str]:
+    """What the pipeline's streaming query counts as input rows, and what its sinks commit.
+
+    A files source's stream is the files each batch takes (their rows are read in the batch);
+    a parquet-files source's is the files it registers; a CDC source's are changes.
+    """
+    src = spec.source
+    if isinstance(src, (FilesSourceSpec, ParquetFilesSourceSpec)):
+        return "file(s)", "row(s)"
+    if isinstance(src, PostgresCdcSourceSpec):
+        return "change(s)", "change(s)"
+    if isinstance(src, KafkaSourceSpec):
+        return "message(s)", "row(s)"
+    return "row(s)", "row(s)"

@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +48,15 @@ if TYPE_CHECKING:
 
     from deltaflow.config.pipeline import PipelineSpec
 
-__all__ = ["RunSummary", "classify_failure", "run_all", "run_pipelines", "run_until_stopped"]
+__all__ = [
+    "KAFKA_UNITS",
+    "RunSummary",
+    "SourceUnits",
+    "classify_failure",
+    "run_all",
+    "run_pipelines",
+    "run_until_stopped",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -79,16 +87,27 @@ class RunSummary:
     """What :func:`run_until_stopped` did, summed over every incarnation of the query.
 
     Attributes:
-        messages: Input rows of the micro-batches that completed.
+        messages: What the source's stream delivered to the micro-batches that completed, in
+            ``unit`` (Spark's input rows: messages, rows, changes, or the files a files source
+            takes, whose rows are read inside the batch).
         batches: Micro-batches that completed with at least one input row.
         restarts: Times the query was started again after a transient failure.
         signal: The signal that stopped the loop, or ``None`` when the query ended on its own.
+        unit: What ``messages`` counts, e.g. ``file(s)``.
+        committed: Per table, what the sinks committed in this run, in ``committed_unit`` (as
+            they reported it through :meth:`~deltaflow.metrics.Metrics.batch_committed`; a
+            replayed batch found committed counts nothing). Empty when the commits ran in
+            another process (a Spark Python worker).
+        committed_unit: What ``committed`` counts: ``row(s)``, or ``change(s)`` of a CDC source.
     """
 
     messages: int
     batches: int
     restarts: int
     signal: int | None
+    unit: str = "message(s)"
+    committed: Mapping[str, int] = field(default_factory=dict)
+    committed_unit: str = "row(s)"
 
 
 def classify_failure(error: BaseException) -> DeltaflowError:
@@ -134,6 +153,7 @@ def run_until_stopped(
     max_backoff_s: float = DEFAULT_MAX_BACKOFF_S,
     poll_s: int = POLL_S,
     on_progress: Callable[[int, int, float], None] | None = None,
+    units: SourceUnits | None = None,
 ) -> RunSummary:
     """Run the query ``start_query()`` starts until it ends, a signal stops it, or it fails for good.
 
@@ -148,6 +168,8 @@ def run_until_stopped(
         poll_s: Seconds per ``awaitTermination`` call (and the longest a signal waits).
         on_progress: Called after each new progress report with the messages ingested so far,
             the messages behind the newest offsets, and the processing rate (rows/s).
+        units: What the query's input rows are and what its sinks commit [default: messages,
+            rows].
 
     Returns:
         Messages and batches ingested over all restarts, restarts, and the stopping signal.
@@ -161,7 +183,7 @@ def run_until_stopped(
             f"max_backoff_s must be at least {INITIAL_BACKOFF_S} s, got {max_backoff_s}",
             max_backoff_s=max_backoff_s,
         )
-    tally = _Tally(name, on_progress)
+    tally = _Tally(name, on_progress, units or KAFKA_UNITS)
     try:
         with _stop_signals() as received:
             return _loop(start_query, received, tally, name, poll_s, max_backoff_s)
@@ -184,6 +206,7 @@ def run_all(
     *,
     max_backoff_s: float = DEFAULT_MAX_BACKOFF_S,
     poll_s: int = POLL_S,
+    units: Mapping[str, SourceUnits] | None = None,
 ) -> dict[str, RunSummary]:
     """Run several queries in one application, each as :func:`run_until_stopped` runs one.
 
@@ -191,6 +214,9 @@ def run_all(
     calling (main) thread handles SIGTERM/SIGINT, which stop them all. When one query fails for
     good, the others are stopped cleanly (their current batch committed whole or not at all)
     and its error is raised.
+
+    ``units``: per query, what its input rows are and what its sinks commit [default: messages,
+    rows].
 
     Returns:
         Each query's summary by name.
@@ -205,7 +231,8 @@ def run_all(
 
             def watch(name: str, start: Callable[[], StreamingQuery]) -> None:
                 try:
-                    results[name] = _loop(start, received, _Tally(name), name, poll_s, max_backoff_s)
+                    tally = _Tally(name, units=(units or {}).get(name, KAFKA_UNITS))
+                    results[name] = _loop(start, received, tally, name, poll_s, max_backoff_s)
                 except BaseException as exc:  # noqa: BLE001 - re-raised by the main thread
                     board.set_state(name, "failed", error=f"{type(exc).__name__}: {exc}")
                     errors[name] = exc
@@ -344,11 +371,33 @@ def _stop_signals() -> Iterator[list[int]]:
             signal.signal(sig, handler)
 
 
-class _Tally:
-    """Counts completed micro-batches over every run of a query, each batch once."""
+@dataclass(frozen=True)
+class SourceUnits:
+    """What a query's input rows are (``file(s)`` of a files source) and what its sinks commit
+    (``row(s)``, ``change(s)``), as log lines and summaries name them."""
 
-    def __init__(self, name: str, on_progress: Callable[[int, int, float], None] | None = None) -> None:
+    read: str
+    committed: str = "row(s)"
+
+
+#: A Kafka query's units (``deltaflow ingest``).
+KAFKA_UNITS = SourceUnits("message(s)")
+
+
+class _Tally:
+    """Counts completed micro-batches over every run of a query, each batch once, and what the
+    sinks of the query's pipeline committed meanwhile."""
+
+    def __init__(
+        self,
+        name: str,
+        on_progress: Callable[[int, int, float], None] | None = None,
+        units: SourceUnits = KAFKA_UNITS,
+    ) -> None:
         self.name = name
+        self.units = units
+        #: What the process had committed for the pipeline before: the summary is of this run.
+        self._committed_before = metrics.rows_committed(name)
         self._on_progress = on_progress
         self._reported = ""  # timestamp of the newest progress report given to the board
         self.messages = 0
@@ -395,8 +444,21 @@ class _Tally:
         if self._on_progress is not None:
             self._on_progress(self.messages, lag, rate)
 
+    def committed(self) -> dict[str, int]:
+        """Per table, what the pipeline's sinks committed since this tally began."""
+        before = self._committed_before
+        return {t: n - before.get(t, 0) for t, n in metrics.rows_committed(self.name).items()}
+
     def summary(self, restarts: int, signum: int | None) -> RunSummary:
-        return RunSummary(self.messages, self.batches, restarts, signum)
+        return RunSummary(
+            self.messages,
+            self.batches,
+            restarts,
+            signum,
+            unit=self.units.read,
+            committed=self.committed(),
+            committed_unit=self.units.committed,
+        )
 
 
 def _python_chain(error: BaseException) -> Iterator[BaseException]:
@@ -471,7 +533,7 @@ def run_pipelines(
     Raises:
         TerminalError: a pipeline failed for good (the others were stopped cleanly first).
     """
-    from deltaflow.pipeline.runner import describe_source, start_pipeline
+    from deltaflow.pipeline.runner import describe_source, source_units, start_pipeline
 
     for spec in pipelines:
         board.register(spec.pipeline_id, table_uri=spec.sinks[0].table_uri, source=describe_source(spec))
@@ -489,4 +551,7 @@ def run_pipelines(
 
         return start
 
-    return run_all({spec.pipeline_id: starter(spec) for spec in pipelines})
+    return run_all(
+        {spec.pipeline_id: starter(spec) for spec in pipelines},
+        units={spec.pipeline_id: SourceUnits(*source_units(spec)) for spec in pipelines},
+    )

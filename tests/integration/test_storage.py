@@ -117,7 +117,8 @@ def test_the_cli_takes_credentials_from_the_aws_environment(s3, tmp_path):
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "env-creds: 1,000 row(s) in 2 batch(es)" in done.stdout
+    assert "env-creds: 1,000 row(s) committed to " in done.stdout
+    assert "(1,000 row(s) read in 2 batch(es))" in done.stdout
     table = DeltaTable(uri, storage_options=s3.storage_options)
     assert sorted(table.to_pyarrow_table(columns=["id"]).column("id").to_pylist()) == list(range(1000))
 

@@ -22,7 +22,7 @@ from deltaflow.errors import (
     SchemaMismatchError,
     TransientError,
 )
-from deltaflow.service.daemon import classify_failure, run_until_stopped
+from deltaflow.service.daemon import classify_failure, run_pipelines, run_until_stopped
 
 
 def _worker_failure(exception_line: str, where: str = "latestOffset") -> RuntimeError:
@@ -272,3 +272,32 @@ def test_sigterm_stops_the_query(spark, tmp_path):
     # Batch 1 was abandoned by the stop (not counted) or finished first (counted).
     assert (summary.messages, summary.batches) in {(5, 1), (6, 2)}
     assert not spark.streams.active
+
+
+def test_the_summary_counts_the_rows_committed_per_table_not_the_rows_read(spark, tmp_path, caplog):
+    from tests.fixtures.pipelines import pipelines
+
+    specs = pipelines(
+        tmp_path,
+        """
+        pipelines:
+          - id: checked
+            source: {type: generator, total_rows: 30, rows_per_batch: 10, rows_per_second: 100000}
+            expectations: [{name: no_threes, expr: "id % 10 <> 3", action: drop}]
+            dead_letter: {table_uri: "${DIR}/rejected"}
+            sinks:
+              - {name: all, table_uri: "${DIR}/all"}
+              - {name: big, table_uri: "${DIR}/big", when: "id >= 20"}
+        """,
+    )
+    summary = run_pipelines(spark, specs, available_now=True)["checked"]
+    assert (summary.messages, summary.unit, summary.batches) == (30, "row(s)", 3)
+    assert summary.committed_unit == "row(s)"
+    assert summary.committed == {
+        str(tmp_path / "rejected"): 3,
+        str(tmp_path / "all"): 27,
+        str(tmp_path / "big"): 9,
+    }
+    # Run again: nothing new is read or committed (the counts are of this run only).
+    again = run_pipelines(spark, specs, available_now=True)["checked"]
+    assert (again.messages, sum(again.committed.values())) == (0, 0)

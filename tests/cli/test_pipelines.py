@@ -1,0 +1,65 @@
+"""``deltaflow run`` and ``sql``: the closing lines say what was committed, in the source's unit.
+
+The commands run in this process on the session's Spark (their ``spark.stop()`` made harmless).
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+from deltalake import DeltaTable
+
+import deltaflow
+from deltaflow.cli.main import cli
+
+
+@pytest.fixture
+def session(spark, monkeypatch):
+    """The session the commands start (and stop) is the test process's own."""
+    monkeypatch.setattr(deltaflow, "spark_session", lambda *args, **conf: spark)
+    monkeypatch.setattr(spark, "stop", lambda: None)
+    return spark
+
+
+def _invoke(*args: str) -> str:
+    result = CliRunner().invoke(cli, list(args))
+    assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
+    return result.output
+
+
+def _yaml(tmp_path, text: str):
+    path = tmp_path / "p.yaml"
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def _land(folder, name: str, ids: range) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder.parent / f".{name}.tmp"
+    pq.write_table(pa.table({"id": pa.array(ids, pa.int64())}), tmp)
+    os.replace(tmp, folder / name)
+
+
+def test_run_of_a_files_pipeline_reports_the_rows_committed_and_the_files_read(session, tmp_path):
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    (landing / "a.json").write_text("".join(f'{{"id": {i}}}\n' for i in range(6)))
+    (landing / "b.json").write_text("".join(f'{{"id": {i}}}\n' for i in range(6, 15)))
+    table = tmp_path / "t"
+    path = _yaml(
+        tmp_path,
+        f"""
+        pipelines:
+          - id: ingest
+            source: {{type: files, path: "{landing}", format: json, max_files_per_trigger: 1}}
+            sinks: [{{table_uri: "{table}"}}]
+        """,
+    )
+    out = _invoke("run", path, "--once")
+    assert DeltaTable(str(table)).to_pyarrow_table().num_rows == 15
+    assert f"ingest: 15 row(s) committed to {table} (2 file(s) read in 2 batch(es))" in out, out
