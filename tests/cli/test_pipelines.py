@@ -63,3 +63,18 @@ def test_run_of_a_files_pipeline_reports_the_rows_committed_and_the_files_read(s
     out = _invoke("run", path, "--once")
     assert DeltaTable(str(table)).to_pyarrow_table().num_rows == 15
     assert f"ingest: 15 row(s) committed to {table} (2 file(s) read in 2 batch(es))" in out, out
+
+
+def test_sql_reports_the_rows_written_not_the_rows_read(session, tmp_path):
+    table = tmp_path / "pages"
+    path = tmp_path / "p.sql"
+    path.write_text(
+        f"""
+        CREATE TABLE clicks WITH (connector = 'generator', total_rows = 30, rows_per_second = 100000);
+        CREATE TABLE pages WITH (connector = 'delta', path = '{table}');
+        INSERT INTO pages SELECT id FROM clicks WHERE id % 10 <> 3;
+        """
+    )
+    out = _invoke("sql", str(path), "--once")
+    assert DeltaTable(str(table)).to_pyarrow_table().num_rows == 27
+    assert "27 row(s) committed to" in out and f"{table} (30 row(s) read in " in out, out
