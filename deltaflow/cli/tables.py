@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from deltaflow.cli.options import JSON, STORAGE, key_values
-from deltaflow.cli.output import emit, print_rows, size, verbose
+from deltaflow.cli.output import emit, print_rows, run_summary, size, verbose
 from deltaflow.io.footers import FOOTER_THREADS
 
 if TYPE_CHECKING:
@@ -470,7 +470,7 @@ def _watch(
     finally:
         spark.stop()
     summary = summaries[spec.pipeline_id]
-    click.echo(f"{spec.pipeline_id}: {summary.messages:,} file(s) taken in {summary.batches} batch(es)")
+    click.echo(run_summary(spec.pipeline_id, summary))
 
 
 @click.command("add-files")

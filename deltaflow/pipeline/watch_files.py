@@ -19,10 +19,12 @@ registration records name are never offered again, so a lost checkpoint re-regis
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from deltaflow.config.locations import normalize_uri
+from deltaflow.metrics import metrics
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -60,6 +62,7 @@ class FileRegistrar:
         paths = sorted({row[0] for row in batch.select("path").collect()})
         if not paths:
             return
+        started = time.monotonic()
         result = ops.add_files(
             self.table_uri,
             paths,
@@ -77,6 +80,19 @@ class FileRegistrar:
             result.version,
             result.files_skipped,
         )
+        if result.version is not None and result.files_added:
+            # As the sinks report their commits: rows are what the pipeline's summary counts.
+            metrics.batch_committed(
+                pipeline=self.pipeline_id,
+                table=self.table_uri,
+                rows=result.rows_added,
+                files=result.files_added,
+                bytes_=result.bytes_added,
+                seconds=time.monotonic() - started,
+                retries=0,
+            )
+        elif not result.files_added:
+            metrics.batch_skipped(pipeline=self.pipeline_id, table=self.table_uri)
         if self.compaction is not None and result.files_added:
             from deltaflow.ops.compaction import compactor_for
 

@@ -445,9 +445,11 @@ class _Tally:
             self._on_progress(self.messages, lag, rate)
 
     def committed(self) -> dict[str, int]:
-        """Per table, what the pipeline's sinks committed since this tally began."""
+        """Per table, what the pipeline's sinks committed since this tally began (a table a
+        pipeline of the same id wrote earlier in the process, and this run did not, is left out)."""
         before = self._committed_before
-        return {t: n - before.get(t, 0) for t, n in metrics.rows_committed(self.name).items()}
+        now = metrics.rows_committed(self.name)
+        return {t: n - before.get(t, 0) for t, n in now.items() if n != before.get(t, 0)}
 
     def summary(self, restarts: int, signum: int | None) -> RunSummary:
         return RunSummary(

@@ -65,6 +65,25 @@ def test_run_of_a_files_pipeline_reports_the_rows_committed_and_the_files_read(s
     assert f"ingest: 15 row(s) committed to {table} (2 file(s) read in 2 batch(es))" in out, out
 
 
+def test_run_of_a_parquet_files_pipeline_reports_the_rows_registered(session, tmp_path):
+    landing = tmp_path / "landing"
+    _land(landing, "a.parquet", range(0, 5))
+    _land(landing, "b.parquet", range(5, 15))
+    table = tmp_path / "t"
+    path = _yaml(
+        tmp_path,
+        f"""
+        pipelines:
+          - id: landed
+            source: {{type: parquet-files, path: "{landing}", copy: true, max_files_per_trigger: 1}}
+            sinks: [{{table_uri: "{table}"}}]
+        """,
+    )
+    out = _invoke("run", path, "--once")
+    assert DeltaTable(str(table)).to_pyarrow_table().num_rows == 15
+    assert f"landed: 15 row(s) committed to {table} (2 file(s) read in 2 batch(es))" in out, out
+
+
 def test_sql_reports_the_rows_written_not_the_rows_read(session, tmp_path):
     table = tmp_path / "pages"
     path = tmp_path / "p.sql"

@@ -112,6 +112,8 @@ pipelines:
     summaries = run_pipelines(spark, specs, available_now=True)
 
     assert summaries["landed"].batches == 2  # one file per trigger
+    assert (summaries["landed"].messages, summaries["landed"].unit) == (2, "file(s)")
+    assert summaries["landed"].committed == {str(table): 10}  # rows registered, not files
     delta = DeltaTable(str(table))
     assert delta.version() == 2
     assert sorted(delta.to_pyarrow_table()["id"].to_pylist()) == list(range(15))
