@@ -430,16 +430,21 @@ class _Tally:
         if new_batches:
             self.batches += new_batches
             self.messages += new_messages
+            read, committed = self.units.read, self.units.committed
             logger.info(
-                "query %r: %d message(s) in %d batch(es); %d message(s) in %d batch(es) in all; "
+                "query %r: %d %s in %d batch(es); %d %s in %d batch(es) in all, %d %s committed; "
                 "%d behind the newest offsets%s",
                 self.name,
                 new_messages,
+                read,
                 new_batches,
                 self.messages,
+                read,
                 self.batches,
+                sum(self.committed().values()),
+                committed,
                 lag,
-                f" (~{lag / rate:.0f} s at {rate:,.0f} msgs/s)" if lag and rate else "",
+                f" (~{lag / rate:.0f} s at {rate:,.0f}/s)" if lag and rate else "",
             )
         if self._on_progress is not None:
             self._on_progress(self.messages, lag, rate)

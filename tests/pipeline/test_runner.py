@@ -315,3 +315,29 @@ def test_killed_between_two_sinks_commits_then_run_until_sigterm_is_exactly_once
             h["deltaflow.epoch"] for h in DeltaTable(str(tmp_path / name)).history() if "deltaflow.epoch" in h
         ]
         assert sorted(epochs) == [0, 1, 2]  # one commit per batch in each table, none twice
+
+
+@pytest.mark.parametrize(
+    ("source", "units"),
+    [
+        pytest.param("{type: files, path: /in, format: json}", ("file(s)", "row(s)"), id="files"),
+        pytest.param("{type: parquet-files, path: /in}", ("file(s)", "row(s)"), id="parquet-files"),
+        pytest.param("{type: generator}", ("row(s)", "row(s)"), id="generator"),
+        pytest.param("{type: delta, table_uri: /src}", ("row(s)", "row(s)"), id="delta"),
+        pytest.param(
+            "{type: kafka, bootstrap_servers: 'b:9092', topic: t, schema: 'id INT'}",
+            ("message(s)", "row(s)"),
+            id="kafka",
+        ),
+        pytest.param(
+            "{type: postgres-cdc, host: db, dbname: shop, publication: pub, snapshot: never}",
+            ("change(s)", "change(s)"),
+            id="postgres-cdc",
+        ),
+    ],
+)
+def test_each_source_names_the_unit_it_reads_and_commits(tmp_path, source, units):
+    from deltaflow.pipeline.runner import source_units
+
+    (spec,) = _pipelines(tmp_path, f"pipelines: [{{id: p, source: {source}, sinks: [{{table_uri: /t}}]}}]")
+    assert source_units(spec) == units

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 
@@ -301,3 +302,35 @@ def test_the_summary_counts_the_rows_committed_per_table_not_the_rows_read(spark
     # Run again: nothing new is read or committed (the counts are of this run only).
     again = run_pipelines(spark, specs, available_now=True)["checked"]
     assert (again.messages, sum(again.committed.values())) == (0, 0)
+
+
+def test_progress_lines_name_the_unit_of_the_source_and_the_rows_committed(spark, tmp_path, caplog):
+    import logging
+
+    from tests.fixtures.pipelines import pipelines
+
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    (landing / "a.json").write_text("".join(f'{{"id": {i}}}\n' for i in range(4)))
+    (landing / "b.json").write_text("".join(f'{{"id": {i}}}\n' for i in range(4, 7)))
+    specs = pipelines(
+        tmp_path,
+        """
+        pipelines:
+          - id: files
+            source: {type: files, path: "${DIR}/landing", format: json, max_files_per_trigger: 1}
+            sinks: [{table_uri: "${DIR}/files"}]
+          - id: gen
+            source: {type: generator, total_rows: 20, rows_per_batch: 10, rows_per_second: 100000}
+            sinks: [{table_uri: "${DIR}/gen"}]
+        """,
+    )
+    with caplog.at_level(logging.INFO, logger="deltaflow.service.daemon"):
+        run_pipelines(spark, specs, available_now=True)
+    lines = [r.getMessage() for r in caplog.records if r.name == "deltaflow.service.daemon"]
+    assert not [line for line in lines if "message(s)" in line], lines
+    # Batches finished between two polls are reported in one line.
+    files = r"query 'files': \d file\(s\) in \d batch\(es\); 2 file\(s\) in 2 batch\(es\) in all, 7 row\(s\) "
+    gen = r"query 'gen': \d+ row\(s\) in \d batch\(es\); 20 row\(s\) in 2 batch\(es\) in all, 20 row\(s\) "
+    assert any(re.match(files + "committed;", line) for line in lines), lines
+    assert any(re.match(gen + "committed;", line) for line in lines), lines
