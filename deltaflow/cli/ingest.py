@@ -536,7 +536,7 @@ def ingest(
     import deltaflow
     from deltaflow.service.status import board
 
-    board.register(pipeline_id, table_uri=table_uri, source=f"kafka {topic} @ {brokers}")
+    board.register(pipeline_id, table_uri=table_uri, source=f"kafka {topic} @ {brokers}", unit="message(s)")
     serve(metrics_port, status_port)
     from deltaflow.pipeline.arrow_ingest import choose_engine
 

@@ -543,7 +543,14 @@ def run_pipelines(
     from deltaflow.pipeline.runner import describe_source, source_units, start_pipeline
 
     for spec in pipelines:
-        board.register(spec.pipeline_id, table_uri=spec.sinks[0].table_uri, source=describe_source(spec))
+        read, committed = source_units(spec)
+        board.register(
+            spec.pipeline_id,
+            table_uri=spec.sinks[0].table_uri,
+            source=describe_source(spec),
+            unit=read,
+            committed_unit=committed,
+        )
 
     def starter(spec: PipelineSpec) -> Callable[[], StreamingQuery]:
         def start() -> StreamingQuery:

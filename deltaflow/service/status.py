@@ -50,6 +50,10 @@ class _Pipeline:
     health_at: float = 0.0
     #: ``arrow`` or ``spark``: the engine the pipeline's query runs on (None: not known yet).
     engine: str | None = None
+    #: What Spark's input rows of the query are (``file(s)`` of a files source; the ``rows``
+    #: of the progress points count them), and what its sinks commit.
+    unit: str = "row(s)"
+    committed_unit: str = "row(s)"
 
 
 class StatusBoard:
@@ -60,10 +64,22 @@ class StatusBoard:
         self._pipelines: dict[str, _Pipeline] = {}
         self._window_s = window_minutes * 60
 
-    def register(self, name: str, *, table_uri: str | None = None, source: str | None = None) -> None:
+    def register(
+        self,
+        name: str,
+        *,
+        table_uri: str | None = None,
+        source: str | None = None,
+        unit: str = "row(s)",
+        committed_unit: str = "row(s)",
+    ) -> None:
+        """A pipeline; ``unit``: what its query's input rows are, ``committed_unit``: what its
+        sinks commit (the page shows both; committed counts come from the metrics facade)."""
         with self._lock:
             if name not in self._pipelines:
-                self._pipelines[name] = _Pipeline(name, table_uri, source)
+                self._pipelines[name] = _Pipeline(
+                    name, table_uri, source, unit=unit, committed_unit=committed_unit
+                )
 
     def set_engine(self, name: str, engine: str) -> None:
         """The engine the pipeline's query took (``arrow`` or ``spark``)."""
@@ -118,6 +134,8 @@ class StatusBoard:
 
     def snapshot(self) -> dict[str, Any]:
         """Everything the page shows, JSON-ready."""
+        from deltaflow.metrics import metrics
+
         with self._lock:
             pipelines = list(self._pipelines.values())
         now = time.time()
@@ -141,6 +159,10 @@ class StatusBoard:
                     "source": p.source,
                     "engine": p.engine,
                     "last_batch": p.last_batch,
+                    "unit": p.unit,
+                    # What the sinks committed in this process, per table (their own reports).
+                    "committed": metrics.rows_committed(p.name),
+                    "committed_unit": p.committed_unit,
                     "rows_last_minute": sum(x["rows"] for x in recent),
                     "lag": points[-1]["lag"] if points else None,
                     "series": [{**x, "t": _iso(x["t"])} for x in points],

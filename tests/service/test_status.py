@@ -181,3 +181,27 @@ def test_unknown_paths_are_404(path):
     port = StatusBoard().serve(0)
     with pytest.raises(urllib.error.HTTPError, match="404"):
         urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10)
+
+
+def test_the_board_names_what_a_files_pipeline_reads_and_shows_what_it_committed(spark, tmp_path):
+    from deltaflow.service.daemon import run_pipelines
+    from deltaflow.service.status import board
+    from tests.fixtures.pipelines import pipelines
+
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    (landing / "a.json").write_text("".join(f'{{"id": {i}}}\n' for i in range(5)))
+    (landing / "b.json").write_text("".join(f'{{"id": {i}}}\n' for i in range(5, 12)))
+    specs = pipelines(
+        tmp_path,
+        """
+        pipelines:
+          - id: board-files
+            source: {type: files, path: "${DIR}/landing", format: json}
+            sinks: [{table_uri: "${DIR}/t"}]
+        """,
+    )
+    run_pipelines(spark, specs, available_now=True)
+    (p,) = [p for p in board.snapshot()["pipelines"] if p["name"] == "board-files"]
+    assert (p["last_batch"]["rows"], p["unit"]) == (2, "file(s)")  # Spark's input rows: the files
+    assert (p["committed"], p["committed_unit"]) == ({str(tmp_path / "t"): 12}, "row(s)")
