@@ -428,7 +428,11 @@ def run(
             expected_ids = [json.loads(m)["id"] for m in good]
             _check(report, "events", expected_ids, _ids("s3://lake/events", direct, endpoint, "id"))
             dead = _ids("s3://lake/dlq", direct, endpoint, "value_base64")
-            _check(report, "dlq", bad, {k: [base64.b64decode(v) for v in vs] for k, vs in dead.items()})
+            decoded = {
+                reader: values if isinstance(values, str) else [base64.b64decode(v) for v in values]
+                for reader, values in dead.items()
+            }
+            _check(report, "dlq", bad, decoded)
         if "yaml" in workloads:
             _check(report, "files", landed, _ids("s3://lake/files", direct, endpoint, "id"))
         for table in [
@@ -510,26 +514,42 @@ def _drain(argv: list[str], env: dict[str, str], log: Path, report: Report, name
         report.unexpected_exits.append(f"{name} drain exited {done.returncode}: " + " | ".join(tail))
 
 
-def _ids(uri: str, options: dict[str, str], endpoint: str, column: str) -> dict[str, list[Any]]:
-    """``column`` of every row, read by DuckDB's delta extension and by delta-rs."""
+def _ids(uri: str, options: dict[str, str], endpoint: str, column: str) -> dict[str, list[Any] | str]:
+    """``column`` of every row, read by DuckDB's delta extension and by delta-rs (a reader that
+    fails, e.g. on a file the log references and the bucket lacks, gives its error instead)."""
     from deltalake import DeltaTable
 
     from tests.fixtures.readers import duckdb_delta
 
+    out: dict[str, list[Any] | str] = {}
     con = duckdb_delta(endpoint)
     try:
-        by_duck = [r[0] for r in con.execute(f"SELECT {column} FROM delta_scan('{uri}')").fetchall()]
+        out["duckdb"] = [r[0] for r in con.execute(f"SELECT {column} FROM delta_scan('{uri}')").fetchall()]
+    except Exception as exc:  # noqa: BLE001 - reported, the run is then not ok
+        out["duckdb"] = f"{type(exc).__name__}: {exc}"
     finally:
         con.close()
-    by_delta_rs = (
-        DeltaTable(uri, storage_options=options).to_pyarrow_table(columns=[column])[column].to_pylist()
-    )
-    return {"duckdb": by_duck, "delta-rs": by_delta_rs}
+    try:
+        table = DeltaTable(uri, storage_options=options).to_pyarrow_table(columns=[column])
+        out["delta-rs"] = table[column].to_pylist()
+    except Exception as exc:  # noqa: BLE001 - reported, the run is then not ok
+        out["delta-rs"] = f"{type(exc).__name__}: {exc}"
+    return out
 
 
-def _check(report: Report, table: str, expected: list[Any], found: dict[str, list[Any]]) -> None:
+def _check(report: Report, table: str, expected: list[Any], found: dict[str, list[Any] | str]) -> None:
     want = collections.Counter(expected)
     for reader, values in found.items():
+        if isinstance(values, str):  # unreadable: no row could be checked
+            report.found[f"{table} ({reader})"] = {
+                "rows": 0,
+                "expected": len(expected),
+                "duplicates": 0,
+                "lost": len(set(expected)),
+                "unexpected": 0,
+                "error": values,
+            }
+            continue
         got = collections.Counter(values)
         report.found[f"{table} ({reader})"] = {
             "rows": len(values),

@@ -130,6 +130,13 @@ def vacuum(
                 "table (a running stream's batch in progress)",
                 err=True,
             )
+        if result.kept_in_flight:
+            click.echo(
+                f"kept {result.kept_in_flight} never-referenced file(s) younger than an hour: the "
+                "table was committed to within the hour, and a writer's files wait unreferenced "
+                "until their commit",
+                err=True,
+            )
         if result.dry_run:
             click.echo(
                 f"dry run: {count} file(s) would be deleted (retention {result.retention_hours} h); "

@@ -48,6 +48,15 @@ logger = logging.getLogger(__name__)
 #: Delta's default ``delta.deletedFileRetentionDuration``: vacuum never goes below it unforced.
 DEFAULT_RETENTION = dt.timedelta(days=7)
 
+#: ``full`` keeps never-referenced files younger than this while the table was committed to
+#: within it, whatever the (forced) retention: a writer's files wait unreferenced between their
+#: write and their commit (a micro-batch's tasks write into the table root, the driver commits
+#: them together), and a file deleted in that window is either a failed batch or, deleted after
+#: the writer checked its files, a commit referencing a missing file (measured by the soak:
+#: ``vacuum --full --retention-hours 0 --force`` beside a stream). A writer that takes longer
+#: than this from writing a file to committing it is not protected.
+IN_FLIGHT = dt.timedelta(hours=1)
+
 
 _INTERVAL = re.compile(
     r"^\s*(?:interval\s+)?(\d+(?:\.\d+)?)\s*"
@@ -87,6 +96,9 @@ class VacuumResult:
     #: Staging files older than the retention kept because their writer holds a live claim on
     #: the table (``full`` only).
     kept_staging: int = 0
+    #: Never-referenced files younger than :data:`IN_FLIGHT` kept because the table was
+    #: committed to within it: a writer's files waiting for their commit (``full`` only).
+    kept_in_flight: int = 0
 
 
 def vacuum(
@@ -126,11 +138,25 @@ def vacuum(
             table_uri=normalize_uri(uri),
         )
     records = registered.load(normalize_uri(uri), storage_options or {})
-    kept_registered = kept_unreferenced = 0
-    if include_registered or not records.exists:
+    kept_registered = kept_unreferenced = kept_in_flight = 0
+    guard = full and dt.timedelta(hours=hours) < IN_FLIGHT and _written_within(table, IN_FLIGHT)
+    if (include_registered or not records.exists) and not guard:
         files = table.vacuum(
             retention_hours=hours, dry_run=dry_run, enforce_retention_duration=False, full=full
         )
+    elif include_registered or not records.exists:
+        # Step 1. What delta-rs would delete: tombstoned files, and never-referenced ones.
+        tombstoned = set(table.vacuum(retention_hours=hours, dry_run=True, enforce_retention_duration=False))
+        candidates = set(
+            table.vacuum(retention_hours=hours, dry_run=True, enforce_retention_duration=False, full=True)
+        )
+        # Step 2. Keep the never-referenced files a writer may still be about to commit.
+        young = _younger_than(uri, storage_options or {}, sorted(candidates - tombstoned), IN_FLIGHT)
+        kept_in_flight = len(young)
+        files = sorted(candidates - young)
+        # Step 3. Delete the rest ourselves (as below: commit info entries are not written).
+        if not dry_run:
+            _delete(uri, storage_options or {}, files)
     else:
         # Step 1. What delta-rs would delete: tombstoned files (and, for full, unreferenced ones).
         tombstoned = set(table.vacuum(retention_hours=hours, dry_run=True, enforce_retention_duration=False))
@@ -162,7 +188,17 @@ def vacuum(
         kept_registered,
         kept_unreferenced,
         kept_staging,
+        kept_in_flight,
     )
+    if kept_in_flight:
+        logger.warning(
+            "vacuum of %s kept %d never-referenced file(s) younger than %s: the table was committed "
+            "to within that time, and a writer's files wait unreferenced until their commit "
+            "(deleting them could leave a commit referencing a missing file)",
+            result.table_uri,
+            kept_in_flight,
+            IN_FLIGHT,
+        )
     logger.info(
         "vacuum of %s%s: %d file(s)%s; kept %d registered and %d never-referenced file(s) of the "
         "user, and %d staged file(s) of writers holding a live claim",
@@ -175,6 +211,35 @@ def vacuum(
         kept_staging,
     )
     return result
+
+
+def _written_within(table: DeltaTable, span: dt.timedelta) -> bool:
+    """Whether the table's newest commit is younger than ``span`` (a writer may be active)."""
+    newest = table.history(1)
+    stamp = newest[0].get("timestamp") if newest else None
+    if stamp is None:
+        return True  # unknown: assume a writer
+    age_ms = dt.datetime.now(dt.UTC).timestamp() * 1000 - int(stamp)
+    return age_ms < span.total_seconds() * 1000
+
+
+def _younger_than(
+    uri: str, storage_options: Mapping[str, str], paths: list[str], span: dt.timedelta
+) -> set[str]:
+    """Which of ``paths`` (relative to the table root) were modified less than ``span`` ago."""
+    if not paths:
+        return set()
+    fs, root = filesystem(normalize_uri(uri), storage_options)
+    cutoff = dt.datetime.now(dt.UTC) - span
+    young = set()
+    for path, info in zip(paths, fs.get_file_info([join(root, p) for p in paths]), strict=True):
+        mtime = info.mtime
+        if mtime is None:
+            continue  # gone already
+        mtime = mtime if mtime.tzinfo else mtime.replace(tzinfo=dt.UTC)
+        if mtime > cutoff:
+            young.add(path)
+    return young
 
 
 def _delete(uri: str, storage_options: Mapping[str, str], paths: list[str]) -> None:

@@ -98,3 +98,34 @@ def test_vacuum_full_keeps_the_staged_files_of_a_writer_holding_a_live_claim(tmp
     commit.claim_writer(str(table), {}, "p")  # the writer of epoch 2 was taken over in turn
     done = ops.vacuum(str(table), retention_hours=0, force=True, full=True, dry_run=False)
     assert done.staging_files == [str(live.relative_to(table))] and not live.exists()
+
+
+def test_vacuum_full_keeps_files_a_writer_may_still_commit_in_a_table_written_within_the_hour(tmp_path):
+    # The soak's vacuum --full --retention-hours 0 --force beside an arrow-path stream deleted a
+    # batch's files after its writer had checked them, and the commit then referenced a missing
+    # file. In a table committed to within the hour, never-referenced files younger than an hour
+    # are a writer's files waiting for their commit: kept, whatever the forced retention.
+    from click.testing import CliRunner
+
+    from deltaflow.cli.main import cli
+
+    table = tmp_path / "t"
+    old, _live = _tombstoned_table(table)
+    in_flight = table / "part-b000007-p00000-a0-0000-in-flight.snappy.parquet"
+    in_flight.write_bytes(b"a batch's file, its commit on the way")
+    orphan = table / "part-b000003-p00000-a0-0000-failed-long-ago.snappy.parquet"
+    orphan.write_bytes(b"left by a crash two hours ago")
+    long_ago = time.time() - 2 * 3600
+    os.utime(orphan, (long_ago, long_ago))
+
+    dry = ops.vacuum(str(table), retention_hours=0, force=True, full=True)
+    assert set(dry.files) == {*old, orphan.name}
+    assert dry.kept_in_flight == 1
+    out = CliRunner().invoke(
+        cli, ["vacuum", str(table), "--retention-hours", "0", "--force", "--full", "--execute"]
+    )
+    assert out.exit_code == 0, out.output
+    assert "kept 1 never-referenced file(s) younger than an hour" in out.output
+    assert in_flight.exists() and not orphan.exists()
+    assert not any((table / f).exists() for f in old)
+    assert _ids(table) == [10, 11]
