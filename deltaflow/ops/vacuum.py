@@ -38,6 +38,7 @@ from deltaflow.io.storage import filesystem
 from deltaflow.ops.table import open_table
 
 if TYPE_CHECKING:
+    import pyarrow.fs as pafs
     from deltalake import DeltaTable
 
 __all__ = ["DEFAULT_RETENTION", "VacuumResult", "retention", "vacuum"]
@@ -139,24 +140,12 @@ def vacuum(
         )
     records = registered.load(normalize_uri(uri), storage_options or {})
     kept_registered = kept_unreferenced = kept_in_flight = 0
+    keep_unreferenced = records.exists and not include_registered
     guard = full and dt.timedelta(hours=hours) < IN_FLIGHT and _written_within(table, IN_FLIGHT)
-    if (include_registered or not records.exists) and not guard:
+    if not keep_unreferenced and not guard:
         files = table.vacuum(
             retention_hours=hours, dry_run=dry_run, enforce_retention_duration=False, full=full
         )
-    elif include_registered or not records.exists:
-        # Step 1. What delta-rs would delete: tombstoned files, and never-referenced ones.
-        tombstoned = set(table.vacuum(retention_hours=hours, dry_run=True, enforce_retention_duration=False))
-        candidates = set(
-            table.vacuum(retention_hours=hours, dry_run=True, enforce_retention_duration=False, full=True)
-        )
-        # Step 2. Keep the never-referenced files a writer may still be about to commit.
-        young = _younger_than(uri, storage_options or {}, sorted(candidates - tombstoned), IN_FLIGHT)
-        kept_in_flight = len(young)
-        files = sorted(candidates - young)
-        # Step 3. Delete the rest ourselves (as below: commit info entries are not written).
-        if not dry_run:
-            _delete(uri, storage_options or {}, files)
     else:
         # Step 1. What delta-rs would delete: tombstoned files (and, for full, unreferenced ones).
         tombstoned = set(table.vacuum(retention_hours=hours, dry_run=True, enforce_retention_duration=False))
@@ -165,11 +154,17 @@ def vacuum(
             candidates = set(
                 table.vacuum(retention_hours=hours, dry_run=True, enforce_retention_duration=False, full=True)
             )
-        # Step 2. Leave out the user's files: registered ones, and never-referenced ones.
-        protected = records.paths
-        files = sorted(tombstoned - protected)
+        # Step 2. Leave out the user's files (registered ones, and in such a table every
+        # never-referenced one), and the never-referenced files a writer may still commit.
+        protected = records.paths if keep_unreferenced else set()
+        unreferenced = candidates - tombstoned - protected
         kept_registered = len(candidates & protected)
-        kept_unreferenced = len(candidates - tombstoned - protected)
+        if keep_unreferenced:
+            kept_unreferenced, unreferenced = len(unreferenced), set()
+        elif guard:
+            young = _younger_than(uri, storage_options or {}, sorted(unreferenced), IN_FLIGHT)
+            kept_in_flight, unreferenced = len(young), unreferenced - young
+        files = sorted((tombstoned - protected) | unreferenced)
         # Step 3. Delete the rest ourselves (delta-rs' VACUUM START/END entries are not written:
         # commit info only, nothing a reader or a writer of the table needs).
         if not dry_run:
@@ -233,13 +228,18 @@ def _younger_than(
     cutoff = dt.datetime.now(dt.UTC) - span
     young = set()
     for path, info in zip(paths, fs.get_file_info([join(root, p) for p in paths]), strict=True):
-        mtime = info.mtime
-        if mtime is None:
-            continue  # gone already
-        mtime = mtime if mtime.tzinfo else mtime.replace(tzinfo=dt.UTC)
-        if mtime > cutoff:
+        mtime = _mtime(info)
+        if mtime is not None and mtime > cutoff:  # None: gone already
             young.add(path)
     return young
+
+
+def _mtime(info: pafs.FileInfo) -> dt.datetime | None:
+    """A listed file's modification time, in UTC (``None`` when storage gives none)."""
+    mtime: dt.datetime | None = info.mtime
+    if mtime is None:
+        return None
+    return mtime if mtime.tzinfo else mtime.replace(tzinfo=dt.UTC)
 
 
 def _delete(uri: str, storage_options: Mapping[str, str], paths: list[str]) -> None:
@@ -290,10 +290,8 @@ def _vacuum_staging(
     old = []
     kept = 0
     for info in infos:
-        if info.type != pafs.FileType.File or info.mtime is None:
-            continue
-        mtime = info.mtime if info.mtime.tzinfo else info.mtime.replace(tzinfo=dt.UTC)
-        if mtime > cutoff:
+        mtime = _mtime(info)
+        if info.type != pafs.FileType.File or mtime is None or mtime > cutoff:
             continue
         if live(tuple(info.path[len(base) :].strip("/").split("/"))):
             kept += 1
