@@ -26,6 +26,7 @@ __all__ = [
     "active_paths",
     "bytes_per_row",
     "check_files_present",
+    "check_version_readable",
     "is_delta_rs_error",
     "indexed_columns",
     "load",
@@ -126,6 +127,21 @@ def check_files_present(
     missing = missing_files(table_uri, storage_options, wanted)
     if missing:
         raise DataFilesGoneError(table_uri, doing, missing, len(set(wanted)), of=of, instead=instead)
+
+
+def check_version_readable(
+    table_uri: str, storage_options: Mapping[str, str], version: int, paths: Iterable[str]
+) -> None:
+    """Stop with :class:`~deltaflow.errors.DataFilesGoneError` when any data file of ``version``
+    (``paths``, as the log holds them) is gone: a read of a vacuumed version says so."""
+    check_files_present(
+        table_uri,
+        storage_options,
+        paths,
+        doing=f"read version {version} of {table_uri!r}",
+        of="that version",
+        instead="Read a newer version",
+    )
 
 
 def bytes_per_row(table: DeltaTable | None, files: int = 50) -> float | None:

@@ -171,14 +171,8 @@ def _check_version_files(table: DeltaTable, uri: str, storage_options: Mapping[s
     the version read are gone. Looked for only then: a read that works costs no extra request."""
     from deltaflow.delta import log as delta_log
 
-    delta_log.check_files_present(
-        normalize_uri(uri),
-        storage_options or {},
-        logged_paths(table),
-        doing=f"read version {table.version()} of {normalize_uri(uri)!r}",
-        of="that version",
-        instead="Read a newer version",
-    )
+    table_uri = normalize_uri(uri)
+    delta_log.check_version_readable(table_uri, storage_options or {}, table.version(), logged_paths(table))
 
 
 def _quote_ident(name: str) -> str:
@@ -214,19 +208,16 @@ def changes(
             f"{normalize_uri(uri)!r} does not record changes: enable it with `deltaflow properties "
             "TABLE set delta.enableChangeDataFeed=true` (changes are recorded from then on)",
         )
+    last = table.version() if to_version is None else to_version
     try:
         reader = table.load_cdf(starting_version=from_version, ending_version=to_version)
     except Exception as exc:  # noqa: BLE001
-        _check_change_files(
-            uri, storage_options, from_version, table.version() if to_version is None else to_version
-        )
+        _check_change_files(uri, storage_options, from_version, last)
         raise ConfigError(f"cannot read the changes of {normalize_uri(uri)!r}: {exc}") from None
     try:
         rows = reader.read_all()
     except Exception:
-        _check_change_files(
-            uri, storage_options, from_version, table.version() if to_version is None else to_version
-        )
+        _check_change_files(uri, storage_options, from_version, last)  # vacuumed files fail here
         raise
     out = pa.table(rows)
     if limit is not None:

@@ -542,14 +542,14 @@ def run_pipelines(
     """
     from deltaflow.pipeline.runner import describe_source, source_units, start_pipeline
 
+    units = {spec.pipeline_id: SourceUnits(*source_units(spec)) for spec in pipelines}
     for spec in pipelines:
-        read, committed = source_units(spec)
         board.register(
             spec.pipeline_id,
             table_uri=spec.sinks[0].table_uri,
             source=describe_source(spec),
-            unit=read,
-            committed_unit=committed,
+            unit=units[spec.pipeline_id].read,
+            committed_unit=units[spec.pipeline_id].committed,
         )
 
     def starter(spec: PipelineSpec) -> Callable[[], StreamingQuery]:
@@ -565,7 +565,4 @@ def run_pipelines(
 
         return start
 
-    return run_all(
-        {spec.pipeline_id: starter(spec) for spec in pipelines},
-        units={spec.pipeline_id: SourceUnits(*source_units(spec)) for spec in pipelines},
-    )
+    return run_all({spec.pipeline_id: starter(spec) for spec in pipelines}, units=units)

@@ -249,21 +249,6 @@ def _at_version(options: _TableOptions, table: DeltaTable, version: int) -> Delt
     return old
 
 
-def _check_files_of_version(options: _TableOptions, table: DeltaTable) -> None:
-    """An earlier version's files may have been vacuumed: say so before any task fails on one
-    with a storage error that reads like an outage (``DataFilesGoneError``, terminal)."""
-    from deltaflow.delta import log as delta_log
-
-    delta_log.check_files_present(
-        options.table_uri,
-        options.storage_options,
-        [f.path for f in _files_at(table)],
-        doing=f"read version {table.version()} of {options.table_uri!r}",
-        of="that version",
-        instead="Read a newer version",
-    )
-
-
 class DeltaTableDataSource(DataSource):
     """Spark data source ``deltaflow-delta``: streaming and batch reads of a Delta table."""
 
@@ -719,18 +704,27 @@ class DeltaBatchReader(DataSourceReader):
             if last < first:
                 return [_NothingTask(self._schema)]
             return [_CdfTask(opts.table_uri, first, last, dict(opts.storage_options), self._schema)]
-        if opts.version_as_of is not None or opts.timestamp_as_of is not None:
+        travelled = opts.version_as_of is not None or opts.timestamp_as_of is not None
+        if travelled:
             at = opts.version_as_of
             if at is None:
                 assert opts.timestamp_as_of is not None
                 at = _version_as_of(table, opts.table_uri, opts.timestamp_as_of)
             table = _at_version(opts, table, at)
-            _check_files_of_version(opts, table)
+        files = _files_at(table)
+        if travelled:
+            # An earlier version's files may have been vacuumed: say so before a task fails on
+            # one with a storage error that reads like an outage (DataFilesGoneError, terminal).
+            from deltaflow.delta import log as delta_log
+
+            delta_log.check_version_readable(
+                opts.table_uri, opts.storage_options, table.version(), [f.path for f in files]
+            )
         tasks: list[InputPartition] = [
             _FileTask(
                 opts.table_uri, f.path, dict(f.partition_values), dict(opts.storage_options), self._schema
             )
-            for f in _files_at(table)
+            for f in files
         ]
         return tasks or [_NothingTask(self._schema)]
 
