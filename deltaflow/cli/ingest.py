@@ -18,8 +18,19 @@ STOP_POLL_S = 1
 
 
 @click.command()
-@click.argument("topic", envvar="KAFKA_TOPIC")
-@click.argument("table_uri", envvar=["TABLE_LOCATION", "TABLE_URI"])
+@click.argument("topic", envvar="KAFKA_TOPIC", required=False)
+@click.argument("table_uri", envvar=["TABLE_LOCATION", "TABLE_URI"], required=False)
+@click.option(
+    "--topic-pattern",
+    "--topic_pattern",
+    "topic_pattern",
+    default=None,
+    envvar="KAFKA_TOPIC_PATTERN",
+    show_envvar=True,
+    help="Read every topic whose whole name matches this regular expression, topics created "
+    "later included (then leave TOPIC out): each into the table TABLE_URI names for it, a "
+    "template with {topic} (the topic's name) and {1} ... {9} (the pattern's groups).",
+)
 @click.option(
     "-k",
     "--kafka",
@@ -400,8 +411,9 @@ STOP_POLL_S = 1
     help="Spark master URL [default: local[*]].",
 )
 def ingest(
-    topic: str,
-    table_uri: str,
+    topic: str | None,
+    table_uri: str | None,
+    topic_pattern: str | None,
     brokers: str,
     pipeline_id: str,
     consumer_group: str | None,
@@ -450,12 +462,15 @@ def ingest(
 
     Each micro-batch is one Delta commit holding its rows and, per partition, the last
     offset written (txn <pipeline_id>-<topic>-<partition>); a restart resumes from the table.
+
+    Several topics (TOPIC as t1,t2,t3, or --topic_pattern REGEX without TOPIC) run in one query,
+    each into its own table: TABLE_URI is then a template, e.g. s3://lake/bronze/{topic}.
     """
     import json as _json
     import signal
 
     from deltaflow.config.ingest import IngestConfig, client_security_settings
-    from deltaflow.pipeline.ingest import ingest as start_ingest
+    from deltaflow.pipeline.topic_ingest import start as start_ingest
 
     if statsd_endpoint:
         raise click.BadParameter(
@@ -464,6 +479,17 @@ def ingest(
             param_hint="--statsd_endpoint",
         )
     _apply_log_level(log_level)
+    if topic_pattern and table_uri is None:
+        topic, table_uri = None, topic  # --topic_pattern REGEX TABLE_URI
+    if table_uri is None:
+        raise click.UsageError(
+            "Missing argument 'TABLE_URI'." if topic or topic_pattern else "Missing argument 'TOPIC'."
+        )
+    if topic and topic_pattern:
+        raise click.BadParameter(
+            "give TOPIC or --topic_pattern, not both (KAFKA_TOPIC may be set in the environment)",
+            param_hint="--topic_pattern",
+        )
     try:
         seek = {str(k): int(v) for k, v in _json.loads(seek_offsets).items()} if seek_offsets else None
     except (ValueError, AttributeError) as exc:
@@ -489,7 +515,8 @@ def ingest(
             raise click.BadParameter("--avro and --raw exclude each other", param_hint="--avro")
         value_format = "avro"
     config = IngestConfig.build(
-        topic=topic,
+        topic=topic or "",
+        topic_pattern=topic_pattern,
         table_uri=table_uri,
         brokers=brokers,
         pipeline_id=pipeline_id,
@@ -536,7 +563,8 @@ def ingest(
     import deltaflow
     from deltaflow.service.status import board
 
-    board.register(pipeline_id, table_uri=table_uri, source=f"kafka {topic} @ {brokers}", unit="message(s)")
+    topics = topic or f"/{topic_pattern}/"
+    board.register(pipeline_id, table_uri=table_uri, source=f"kafka {topics} @ {brokers}", unit="message(s)")
     serve(metrics_port, status_port)
     from deltaflow.pipeline.arrow_ingest import choose_engine
 

@@ -14,6 +14,7 @@ from deltaflow.config.identity import PipelineId
 from deltaflow.config.locations import normalize_uri
 from deltaflow.config.models import problems
 from deltaflow.config.sink import StreamSinkOptions
+from deltaflow.config.table_template import TableTemplate
 from deltaflow.config.transforms import Transform, parse_transform
 from deltaflow.errors import ConfigError
 
@@ -46,6 +47,13 @@ class IngestConfig(BaseModel):
     """What ``deltaflow ingest`` runs (the CLI flags, validated).
 
     Attributes:
+        topic: One topic, or several separated by commas (``t1,t2``).
+        topic_pattern: A regular expression the whole topic name must match (instead of
+            ``topic``): every matching topic is read, topics created later included.
+        table_uri: The table, or with several topics a template naming each topic's table
+            (:class:`~deltaflow.config.table_template.TableTemplate`: ``{topic}``, ``{1}`` ...).
+        dlq_table_location: The dead-letter table: one for every topic (its rows carry the
+            topic), or a template as ``table_uri``.
         pipeline_id: The pipeline's identity (kafka-delta-ingest's ``--app_id``; ``app_id`` is
             accepted for it): the txn prefix ``<pipeline_id>-<topic>-<partition>``, the
             checkpoint folder, the metric label.
@@ -79,7 +87,8 @@ class IngestConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    topic: str = Field(min_length=1)
+    topic: str = ""
+    topic_pattern: str | None = Field(default=None, min_length=1)
     table_uri: str = Field(min_length=1)
     brokers: str = "localhost:9092"
     pipeline_id: PipelineId = Field(validation_alias=AliasChoices("pipeline_id", "app_id"))
@@ -128,6 +137,7 @@ class IngestConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
+        self._check_topics()
         if self.value_format == "avro" and self.avro is None and not (self.avro_schema or self.soe_avro):
             raise ValueError("Avro values need --avro <schema registry URL, .avsc file or ''> or --soe-avro")
         if sum(x is not None for x in (self.avro, self.soe_avro, self.json_registry)) > 1:
@@ -156,6 +166,81 @@ class IngestConfig(BaseModel):
                 raise ValueError(str(exc)) from None
         return self
 
+    def _check_topics(self) -> None:
+        """TOPIC or --topic_pattern, and table templates that fit them."""
+        import re
+
+        if bool(self.topics) == bool(self.topic_pattern):
+            raise ValueError(
+                "give a TOPIC (or several: t1,t2) or --topic_pattern REGEX, not both"
+                if self.topic_pattern
+                else "give a TOPIC (or several: t1,t2) or --topic_pattern REGEX"
+            )
+        if self.topic_pattern is not None:
+            try:
+                re.compile(self.topic_pattern)
+            except re.error as exc:
+                raise ValueError(
+                    f"--topic_pattern {self.topic_pattern!r} is not a regular expression: {exc}"
+                ) from None
+        for name, text in (("TABLE_URI", self.table_uri), ("--dlq_table_location", self.dlq_table_location)):
+            if text is not None:
+                try:
+                    TableTemplate.of(
+                        text,
+                        pattern=self.topic_pattern,
+                        several=self.several_topics and name == "TABLE_URI",
+                        what=name,
+                    )
+                except ConfigError as exc:
+                    raise ValueError(str(exc)) from None
+        if not self.several_topics:
+            return
+        refused = {
+            "--seek_offsets (it names partitions of one topic)": self.seek_offsets,
+            "--schema_evolution": self.schema_evolution,
+            "--engine spark": self.engine == "spark",
+            "--commit_to_group": self.commit_to_group,
+        }
+        for what, given in refused.items():
+            if given:
+                raise ValueError(f"{what} is not available with several topics (--topic_pattern or t1,t2)")
+
+    @property
+    def topics(self) -> tuple[str, ...]:
+        """The topics named (none with ``topic_pattern``)."""
+        return tuple(t.strip() for t in self.topic.split(",") if t.strip())
+
+    @property
+    def several_topics(self) -> bool:
+        """Whether several topics may be read: a pattern, or a list of topics (each into the
+        table its name renders, in one query)."""
+        return self.topic_pattern is not None or len(self.topics) > 1
+
+    def table_template(self) -> TableTemplate:
+        return TableTemplate.of(self.table_uri, pattern=self.topic_pattern, several=self.several_topics)
+
+    def dlq_template(self) -> TableTemplate | None:
+        if self.dlq_table_location is None:
+            return None
+        return TableTemplate.of(self.dlq_table_location, pattern=self.topic_pattern, several=False)
+
+    def for_one_topic(self) -> Self:
+        """One topic whose table URIs are templates: the URIs rendered for it (one table, the
+        single-topic ingest)."""
+        if self.several_topics:
+            return self
+        (topic,) = self.topics
+        update: dict[str, Any] = {"topic": topic}
+        for key in ("table_uri", "dlq_table_location"):
+            text = getattr(self, key)
+            if text is not None and "{" in text:
+                rendered = TableTemplate.of(text, pattern=None, several=False).render(topic)
+                if rendered is None:
+                    raise ConfigError(f"{key} {text!r} renders no table for topic {topic!r}", topic=topic)
+                update[key] = rendered
+        return self.model_copy(update=update)
+
     @property
     def registry_auth(self) -> str | None:
         """``user:password`` for the schema registry's basic auth, if set (never print)."""
@@ -175,21 +260,23 @@ class IngestConfig(BaseModel):
     def parsed_dlq_transforms(self) -> list[Transform]:
         return [parse_transform(t) for t in self.dlq_transforms]
 
-    def sink_options(self, checkpoint_location: str | None) -> StreamSinkOptions:
-        """The main table's sink options."""
+    def sink_options(
+        self, checkpoint_location: str | None, table_uri: str | None = None
+    ) -> StreamSinkOptions:
+        """The main table's sink options (``table_uri``: the table a template rendered)."""
         extra: dict[str, Any] = {"partition_columns": list(self.partition_by)}
         if self.min_bytes_per_file:
             extra["target_file_size_mb"] = max(1, self.min_bytes_per_file // (1024 * 1024))
         extra.update(self.table_options)
-        return self._table_options(self.table_uri, self.pipeline_id, checkpoint_location, extra)
+        return self._table_options(table_uri or self.table_uri, self.pipeline_id, checkpoint_location, extra)
 
-    def dlq_options(self, checkpoint_location: str) -> StreamSinkOptions | None:
+    def dlq_options(self, checkpoint_location: str, table_uri: str | None = None) -> StreamSinkOptions | None:
         """The dead-letter table's sink options (its own txn app id)."""
         if not self.dlq_table_location:
             return None
         app_id = f"{self.pipeline_id}-dlq"
         extra = dict(self.dlq_table_options)
-        return self._table_options(self.dlq_table_location, app_id, checkpoint_location, extra)
+        return self._table_options(table_uri or self.dlq_table_location, app_id, checkpoint_location, extra)
 
     def _table_options(
         self, table_uri: str, pipeline_id: str, checkpoint_location: str | None, extra: dict[str, Any]

@@ -57,6 +57,9 @@ TXN_RETENTION = "delta.setTransactionRetentionDuration"
 #: ``{topic: {partition: DataLoss}}`` (:mod:`deltaflow.sources.kafka_data_loss`). No topic
 #: name can hold a ``$``.
 DATA_LOSS_KEY = "$data_loss"
+#: The key of a batch's end offsets listing topics that match but have no table yet (ingest of
+#: many topics: the driver makes their tables in that batch; they are read from the next one).
+PENDING_KEY = "$pending"
 #: The stored offset lies beyond the broker's latest: the offsets went back (a re-created topic).
 WENT_BACK = "went_back"
 #: The stored offset lies below the broker's earliest: the messages aged out (retention).
@@ -93,10 +96,15 @@ def split_offsets(
     positions = {
         str(t): {str(p): int(o) for p, o in parts.items()}
         for t, parts in offsets.items()
-        if t != DATA_LOSS_KEY
+        if not str(t).startswith("$")
     }
     lost = offsets.get(DATA_LOSS_KEY) or {}
     return positions, {str(t): {str(p): dict(r) for p, r in parts.items()} for t, parts in lost.items()}
+
+
+def pending_topics(offsets: Mapping[str, Any]) -> list[str]:
+    """The topics a batch's end offsets list as waiting for their tables (:data:`PENDING_KEY`)."""
+    return [str(t) for t in offsets.get(PENDING_KEY) or ()]
 
 
 def stale_progress(record: DataLoss | None, held: int | None) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from deltaflow.config.locations import normalize_uri
@@ -14,6 +14,7 @@ from deltaflow.errors import ConfigError, TableNotFoundError
 from deltaflow.sinks.datasource import FORMAT_NAME, DeltaflowDataSource
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
@@ -76,12 +77,18 @@ def _prepare_table(df: DataFrame, options: SinkOptions) -> None:
 
     Runs on the driver before anything is written, so bad input fails with nothing on disk.
     """
+    from deltaflow.delta.schema import spark_to_arrow
+
+    _prepare_table_schema(spark_to_arrow(df.schema), options)
+
+
+def _prepare_table_schema(schema: pa.Schema, options: SinkOptions) -> None:
+    """:func:`_prepare_table` for rows of the Arrow ``schema``."""
     from deltaflow.delta import commit
     from deltaflow.delta import log as delta_log
-    from deltaflow.delta.schema import check_against_table, check_partition_columns, spark_to_arrow
+    from deltaflow.delta.schema import check_against_table, check_partition_columns
 
     uri = normalize_uri(options.table_uri)
-    schema = spark_to_arrow(df.schema)
     check_partition_columns(schema, options.partition_columns, uri)
     table = delta_log.load(uri, options.storage_options)
     if table is None:
@@ -113,6 +120,7 @@ def _prepare_table(df: DataFrame, options: SinkOptions) -> None:
 #: table once, not once per start. Taken over meanwhile, it is fenced at its next batch as before.
 _CLAIMS: dict[tuple[str, str], int] = {}
 _CLAIMS_LOCK = threading.Lock()
+_CLAIM_LOCKS: dict[tuple[str, str], threading.Lock] = {}
 
 
 def _claim(options: SinkOptions) -> StreamSinkOptions:
@@ -123,6 +131,8 @@ def _claim(options: SinkOptions) -> StreamSinkOptions:
     options = for_stream(options)
     key = (normalize_uri(options.table_uri), options.pipeline_id)
     with _CLAIMS_LOCK:
+        lock = _CLAIM_LOCKS.setdefault(key, threading.Lock())
+    with lock:  # one claim per table at a time; tables are claimed side by side (claim_all)
         epoch = _CLAIMS.get(key)
         if epoch is None:
             fence = commit.claim_writer(
@@ -133,6 +143,20 @@ def _claim(options: SinkOptions) -> StreamSinkOptions:
             )
             epoch = _CLAIMS[key] = fence.epoch
     return options.model_copy(update={"writer_epoch": epoch})
+
+
+#: Claims (commits) made at once by :func:`claim_all`: each mostly waits on the store.
+CLAIM_THREADS = 8
+
+
+def claim_all(options: Sequence[SinkOptions]) -> list[StreamSinkOptions]:
+    """:func:`_claim` for many tables, side by side (one ingest of many topics claims each)."""
+    if len(options) <= 1:
+        return [_claim(o) for o in options]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(CLAIM_THREADS, len(options)), thread_name_prefix="claim") as pool:
+        return list(pool.map(_claim, options))
 
 
 def write_stream(

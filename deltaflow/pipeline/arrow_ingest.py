@@ -12,9 +12,11 @@ engine (:func:`choose_engine`).
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Literal
 
 from deltaflow.config.ingest import IngestConfig
 from deltaflow.config.sink import StreamSinkOptions
@@ -22,17 +24,25 @@ from deltaflow.errors import ConfigError
 from deltaflow.io import arrow_transforms
 from deltaflow.metrics import metrics
 from deltaflow.pipeline.dead_letters import log_failed, log_unknown_fields
-from deltaflow.sinks.spark_checkpoint import restarts_offsets_went_back
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.readwriter import DataStreamWriter
 
-    from deltaflow.sinks.datasource import DeltaCommitMessage
-    from deltaflow.sources.kafka_ingest import IngestPlan, TaskResult
+    from deltaflow.io.parquet import WrittenFile
+    from deltaflow.sinks.datasource import DeltaCommitMessage, _DeltaSink
+    from deltaflow.sources.kafka_ingest import IngestPlan, TableResult, TaskResult
+    from deltaflow.sources.topic_routes import TableFiles
 
-__all__ = ["ArrowIngestWriter", "arrow_blockers", "choose_engine", "arrow_stream"]
+__all__ = [
+    "ArrowIngestWriter",
+    "IngestTables",
+    "arrow_blockers",
+    "arrow_stream",
+    "choose_engine",
+    "table_files",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -73,32 +83,41 @@ def ingest_plan(
     dlq: StreamSinkOptions | None,
     dlq_schema: pa.Schema | None,
     config: IngestConfig,
+    parallelism: int = 1,
 ) -> IngestPlan:
-    """What every task does, from the tables' options and schemas (on the driver)."""
-    from deltaflow.config.locations import normalize_uri
+    """What every task does, from the tables' options and schemas (on the driver), for one topic."""
     from deltaflow.pipeline.evolution import SCHEMA_SAMPLE_PER_PARTITION
-    from deltaflow.sources.kafka_ingest import IngestPlan, TableFiles
+    from deltaflow.sources.kafka_ingest import IngestPlan, TopicRoute
 
-    def files(options: StreamSinkOptions, schema: pa.Schema) -> TableFiles:
-        return TableFiles.of(
-            normalize_uri(options.table_uri),
-            schema,
-            partition_columns=tuple(options.partition_columns),
-            compression=options.compression,
-            target_file_size=options.target_file_size_bytes,
-            max_records_per_file=options.max_records_per_file,
-            storage_options=dict(options.storage_options),
-        )
-
+    route = TopicRoute(
+        table_files(main, main_schema),
+        table_files(dlq, dlq_schema) if dlq is not None and dlq_schema is not None else None,
+    )
     return IngestPlan(
         source_schema_ipc=source_schema.serialize().to_pybytes(),
-        main=files(main, main_schema),
-        dead_letters=files(dlq, dlq_schema) if dlq is not None and dlq_schema is not None else None,
+        routes={config.topic: route},
         transforms=tuple(config.transforms),
         dlq_transforms=tuple(config.dlq_transforms),
         dlq_pipeline_id=dlq.pipeline_id if dlq is not None else None,
         dlq_format=config.dlq_format,
         sample_unknown=SCHEMA_SAMPLE_PER_PARTITION if config.schema_evolution else 0,
+        task_parallelism=parallelism,
+    )
+
+
+def table_files(options: StreamSinkOptions, schema: pa.Schema) -> TableFiles:
+    """How tasks write a table's files, from its sink options."""
+    from deltaflow.config.locations import normalize_uri
+    from deltaflow.sources.topic_routes import TableFiles
+
+    return TableFiles.of(
+        normalize_uri(options.table_uri),
+        schema,
+        partition_columns=tuple(options.partition_columns),
+        compression=options.compression,
+        target_file_size=options.target_file_size_bytes,
+        max_records_per_file=options.max_records_per_file,
+        storage_options=dict(options.storage_options),
     )
 
 
@@ -125,93 +144,226 @@ def arrow_stream(
     return observed.writeStream.foreachBatch(writer)
 
 
-class ArrowIngestWriter:
-    """``foreachBatch`` function of the Arrow engine: commit what the tasks wrote.
+class IngestTables:
+    """The tables one ingest query commits to, and which topic goes to which.
 
-    The micro-batch holds one row per task (:class:`TaskResult`); it is read once. Then, as
-    on the Spark engine: counts and warnings, the dead letters' commit, the main table's
-    commit (each with its per-partition txns; a crash between them is a replay that skips the
-    former), and with ``group_config`` the offsets to the consumer group.
+    Args:
+        main: The main tables' sinks by URI, as prepared before the query started.
+        dead_letters: The dead-letter tables' sinks by URI.
+        table_of: The main table of a topic (``None``: no table takes it).
+        dead_letters_of: The dead-letter table of a topic.
+        make: Makes the tables of topics that started to match while the query runs (the
+            planner lists them in a batch's end offsets); ``None``: the topics are fixed.
+        open_sink: The sink of a main table this process has not written yet (a topic that
+            started to match while the query runs, into a table that exists).
+        open_dead_letters: The same for a dead-letter table.
     """
 
     def __init__(
         self,
-        main: StreamSinkOptions,
-        main_schema: pa.Schema,
-        dlq: StreamSinkOptions | None,
-        dlq_schema: pa.Schema | None,
+        main: Mapping[str, _DeltaSink],
+        dead_letters: Mapping[str, _DeltaSink],
         *,
+        table_of: Callable[[str], str | None],
+        dead_letters_of: Callable[[str], str | None],
+        make: Callable[[Sequence[str]], None] | None = None,
+        open_sink: Callable[[str], _DeltaSink] | None = None,
+        open_dead_letters: Callable[[str], _DeltaSink] | None = None,
+    ) -> None:
+        self.main = dict(main)
+        self.dead_letters = dict(dead_letters)
+        self.table_of = table_of
+        self.dead_letters_of = dead_letters_of
+        self._make = make
+        self._open = open_sink
+        self._open_dead_letters = open_dead_letters
+        self._lock = threading.Lock()
+
+    @classmethod
+    def one(cls, main: _DeltaSink, dlq: _DeltaSink | None) -> IngestTables:
+        """One table (and its dead-letter table) for every topic read."""
+        return cls(
+            {main.table_uri: main},
+            {dlq.table_uri: dlq} if dlq is not None else {},
+            table_of=lambda _: main.table_uri,
+            dead_letters_of=lambda _: dlq.table_uri if dlq is not None else None,
+        )
+
+    def make(self, topics: Sequence[str]) -> None:
+        if self._make is not None and topics:
+            self._make(topics)
+
+    def sink(self, uri: str) -> _DeltaSink:
+        """The main table's sink at ``uri`` (opened on first use when new to this process)."""
+        with self._lock:
+            if uri not in self.main:
+                if self._open is None:
+                    raise KeyError(f"no sink for table {uri!r}")
+                self.main[uri] = self._open(uri)
+            return self.main[uri]
+
+    def dead_letter_sink(self, uri: str) -> _DeltaSink:
+        """The dead-letter table's sink at ``uri`` (opened on first use when new to this process)."""
+        with self._lock:
+            if uri not in self.dead_letters:
+                if self._open_dead_letters is None:
+                    raise KeyError(f"no sink for dead-letter table {uri!r}")
+                self.dead_letters[uri] = self._open_dead_letters(uri)
+            return self.dead_letters[uri]
+
+
+class ArrowIngestWriter:
+    """``foreachBatch`` function of the Arrow engine: commit what the tasks wrote, table by table.
+
+    The micro-batch holds one row per task (:class:`TaskResult`); it is read once. Spark's
+    offset log is read once too; then, as on the Spark engine: counts and warnings, the
+    dead-letter tables' commits, the main tables' commits (each with the per-partition txns of
+    the topics it takes; a crash between them is a replay that skips what landed), in parallel,
+    and with ``group_config`` the offsets to the consumer group.
+    """
+
+    def __init__(
+        self,
+        tables: IngestTables,
+        *,
+        pipeline_id: str,
         group_config: Mapping[str, str] | None = None,
         schema_evolution: bool = False,
         gzipped: bool = False,
         follow_table: bool = False,
     ) -> None:
-        from deltaflow.sinks.datasource import _DeltaSink
-
+        self._tables = tables
         self._evolve = schema_evolution
         self._follow_table = follow_table
         self._gzipped = gzipped
-        self._pipeline = main.pipeline_id
-        self._main = _DeltaSink(main, main_schema, overwrite=False)
-        self._dlq = _DeltaSink(dlq, dlq_schema, overwrite=False) if dlq and dlq_schema else None
+        self._pipeline = pipeline_id
         self._group_config = dict(group_config) if group_config else None
         self.failed_total = 0
         self.unknown_total = 0
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        from deltaflow.delta.progress import pending_topics, split_offsets
+        from deltaflow.sinks.spark_checkpoint import read_batch_end
         from deltaflow.sources.kafka_ingest import TaskResult
 
         started = time.monotonic()
         results = [TaskResult.from_row(row.asDict()) for row in batch.collect()]  # the one action
         written = time.monotonic() - started  # the tasks' read, decode, transform and write
-        metrics.batch_written(pipeline=self._pipeline, table=self._main.table_uri, seconds=written)
-        dlq_attempted = False
+        some = next(iter([*self._tables.main.values(), *self._tables.dead_letters.values()]))
+        offsets = read_batch_end(some.options, batch_id)
+        end, lost = split_offsets(offsets)
+        by_table = _by_table(results)
+        dlq_attempted: set[str] = set()
         try:
-            failed = self._report(results, batch_id)
-            if self._follow_table:
-                from deltaflow.pipeline.evolution import restart_if_table_gained
-
-                names = set().union(*(r.unknown_names for r in results))
-                restart_if_table_gained(self._main.options, names, batch_id)
-            if self._evolve:
-                self._evolve_schema(batch.sparkSession, results, batch_id)  # raises if it added columns
-            if self._dlq is not None and (failed or restarts_offsets_went_back(self._main.options, batch_id)):
-                dlq = self._dlq.options.pipeline_id or ""
-                metrics.batch_written(pipeline=dlq, table=self._dlq.table_uri, seconds=written)
-                dlq_attempted = True
-                self._dlq.commit_batch(_messages(results, dead=True), batch_id)
+            self._tables.make(pending_topics(offsets))
+            sinks = {uri: self._sink(uri) for uri in by_table}
+            for uri, parts in by_table.items():
+                metrics.batch_written(pipeline=self._pipeline, table=uri, seconds=written)
+                self._report(uri, [r for _, r in parts], batch_id)
+            if self._follow_table or self._evolve:
+                self._follow(batch, by_table, sinks, batch_id)
+            # Step 1 of each table: the dead letters first, so that no main row is committed
+            # while its failed neighbours are not.
+            jobs = self._dead_letter_jobs(results, by_table, end, lost, batch_id)
+            dlq_attempted = set(jobs)
+            _run_all(jobs)
         except BaseException:
             # In no commit, so nothing references them (a dead-letter commit that was tried may
             # have landed: its files stay, the commit rule).
-            deleted = self._main.delete_uncommitted([f for r in results for f in r.main])
-            if self._dlq is not None and not dlq_attempted:
-                deleted += self._dlq.delete_uncommitted([f for r in results for f in r.dead_letters])
+            deleted = sum(
+                self._sink(uri).delete_uncommitted([f for _, r in parts for f in r.files])
+                for uri, parts in by_table.items()
+                if uri in self._tables.main
+            )
+            for uri, files in _dead_letter_files(results).items():
+                if uri not in dlq_attempted and uri in self._tables.dead_letters:
+                    deleted += self._tables.dead_letters[uri].delete_uncommitted(files)
             if deleted:
                 logger.info("batch %s: %d uncommitted file(s) deleted", batch_id, deleted)
             raise
-        self._main.commit_batch(_messages(results, dead=False), batch_id)
+        # Step 2: every main table that read messages (or restarted a partition), in parallel.
+        touched = set(by_table) | {u for t in lost if (u := self._tables.table_of(t)) is not None}
+        jobs = {}
+        for uri in sorted(touched):
+            sink = self._sink(uri)
+            parts = by_table.get(uri, [])
+            messages = _messages([(i, r.files, w) for (i, w), r in parts])
+            source = _subset(end, lost, uri, self._tables.table_of)
+            jobs[uri] = _commit_job(sink, messages, batch_id, source)
+        _run_all(jobs)
         if self._group_config is not None:
-            # After the Delta commit, for lag monitoring only: progress is read from the table.
-            from deltaflow.sinks.spark_checkpoint import read_batch_offsets
+            # After the Delta commits, for lag monitoring only: progress is read from the tables.
             from deltaflow.sources.kafka import commit_to_group
 
-            commit_to_group(self._group_config, read_batch_offsets(self._main.options, batch_id))
+            commit_to_group(self._group_config, end)
 
-    def _evolve_schema(self, spark: SparkSession, results: list[TaskResult], batch_id: int) -> None:
-        """New top-level fields become columns, typed by Spark from the tasks' samples (as on
-        the Spark engine), and the query restarts (``SchemaEvolvedError``)."""
-        from deltaflow.pipeline.evolution import evolve_schema, new_top_level_fields, sample_texts
+    def _sink(self, uri: str) -> _DeltaSink:
+        return self._tables.sink(uri)
 
-        names = sorted(set().union(*(r.unknown_names for r in results)))
-        top = new_top_level_fields(self._main.options, names) if names else set()
-        if not top:
-            return
-        texts = sample_texts([v for r in results for v in r.samples], self._gzipped)
-        evolve_schema(spark, self._main.options, batch_id, top, spark.sparkContext.parallelize(texts))
+    def _dead_letter_jobs(
+        self,
+        results: list[TaskResult],
+        by_table: Mapping[str, list[tuple[tuple[int, str], TableResult]]],
+        end: Mapping[str, Mapping[str, int]],
+        lost: Mapping[str, Mapping[str, Any]],
+        batch_id: int,
+    ) -> dict[str, Callable[[], None]]:
+        """The dead-letter tables to commit: those of tables with failed messages, and those
+        whose topics restarted a partition because its offsets went back (their progress from
+        the old topic must move back too)."""
+        from deltaflow.delta.progress import WENT_BACK
 
-    def _report(self, results: list[TaskResult], batch_id: int) -> int:
-        """Count, meter and log the batch's unknown fields and failed messages; the failed count."""
-        table = self._main.table_uri
+        wanted = {r.dead_letter_table for parts in by_table.values() for _, r in parts if r.failed}
+        wanted |= {
+            self._tables.dead_letters_of(t)
+            for t, parts in lost.items()
+            if any(r.get("reason") == WENT_BACK for r in parts.values())
+        }
+        files = _dead_letter_files_by_task(results)
+        wanted |= set(files)
+        jobs = {}
+        for uri in sorted(u for u in wanted if u is not None):
+            sink = self._tables.dead_letter_sink(uri)
+            metrics.batch_written(pipeline=sink.options.pipeline_id or "", table=uri, seconds=0.0)
+            messages = _messages(files.get(uri, []))
+            source = _subset(end, lost, uri, self._tables.dead_letters_of)
+            jobs[uri] = _commit_job(sink, messages, batch_id, source)
+        return jobs
+
+    def _follow(
+        self,
+        batch: DataFrame,
+        by_table: Mapping[str, list[tuple[tuple[int, str], TableResult]]],
+        sinks: Mapping[str, _DeltaSink],
+        batch_id: int,
+    ) -> None:
+        """Columns another writer added to a table restart the query (it decodes them then);
+        with schema evolution, new top-level fields become columns, typed by Spark from the
+        tasks' samples (as on the Spark engine), and the query restarts (``SchemaEvolvedError``)."""
+        from deltaflow.pipeline.evolution import (
+            evolve_schema,
+            new_top_level_fields,
+            restart_if_table_gained,
+            sample_texts,
+        )
+
+        for uri, parts in by_table.items():
+            names = sorted(set().union(*(r.unknown_names for _, r in parts)))
+            if not names:
+                continue
+            options = sinks[uri].options
+            if self._follow_table:
+                restart_if_table_gained(options, set(names), batch_id)
+            if not self._evolve:
+                continue
+            top = new_top_level_fields(options, names)
+            if top:
+                texts = sample_texts([v for _, r in parts for v in r.samples], self._gzipped)
+                spark = batch.sparkSession
+                evolve_schema(spark, options, batch_id, top, spark.sparkContext.parallelize(texts))
+
+    def _report(self, table: str, results: list[TableResult], batch_id: int) -> None:
+        """Count, meter and log one table's unknown fields and failed messages."""
         unknown = sum(r.unknown for r in results)
         if unknown:
             self.unknown_total += unknown
@@ -222,14 +374,86 @@ class ArrowIngestWriter:
             self.failed_total += failed
             metrics.records_failed(pipeline=self._pipeline, table=table, count=failed)
             first = next((r.first_error for r in results if r.first_error), "")
-            log_failed(batch_id, failed, first, dead_letter_table=self._dlq is not None)
-        return failed
+            dead = any(r.dead_letter_table for r in results)
+            log_failed(batch_id, failed, first, dead_letter_table=dead)
 
 
-def _messages(results: list[TaskResult], *, dead: bool) -> list[DeltaCommitMessage]:
+#: Commits of one batch that run at once (one per table; each mostly waits on the store).
+COMMIT_THREADS = 8
+
+
+def _run_all(jobs: Mapping[str, Callable[[], None]]) -> None:
+    """Run every job (at once when there are several); when some fail, raise the first failure
+    (in the jobs' order) once all have ended: a table's commit is never cut off by another's
+    failure, and what landed is kept (a replay skips it)."""
+    if len(jobs) <= 1:
+        for job in jobs.values():
+            job()
+        return
+    errors: dict[str, BaseException] = {}
+    with ThreadPoolExecutor(max_workers=min(COMMIT_THREADS, len(jobs)), thread_name_prefix="commit") as pool:
+        futures = {key: pool.submit(job) for key, job in jobs.items()}
+        for key, future in futures.items():
+            exc = future.exception()
+            if exc is not None:
+                errors[key] = exc
+    if errors:
+        first_key = next(iter(errors))
+        if len(errors) > 1:
+            logger.error("%d table(s) failed to commit: %s", len(errors), ", ".join(sorted(errors)))
+        raise errors[first_key]
+
+
+def _commit_job(
+    sink: _DeltaSink,
+    messages: list[DeltaCommitMessage],
+    batch_id: int,
+    source: tuple[dict[str, dict[str, int]], dict[str, dict[str, Any]]],
+) -> Callable[[], None]:
+    return lambda: sink.commit_batch(messages, batch_id, source=source)
+
+
+def _subset(
+    end: Mapping[str, Mapping[str, int]],
+    lost: Mapping[str, Mapping[str, Any]],
+    uri: str,
+    table_of: Callable[[str], str | None],
+) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, Any]]]:
+    """The end offsets and restarts of the topics that go to the table at ``uri``."""
+    return (
+        {t: dict(p) for t, p in end.items() if table_of(t) == uri},
+        {t: dict(p) for t, p in lost.items() if table_of(t) == uri},
+    )
+
+
+def _by_table(results: list[TaskResult]) -> dict[str, list[tuple[tuple[int, str], TableResult]]]:
+    """Each main table's results: ``((task index, writer), result)``."""
+    out: dict[str, list[tuple[tuple[int, str], TableResult]]] = {}
+    for i, r in enumerate(results):
+        for uri, table in r.tables.items():
+            out.setdefault(uri, []).append(((i, r.writer), table))
+    return out
+
+
+def _dead_letter_files(results: list[TaskResult]) -> dict[str, list[WrittenFile]]:
+    out: dict[str, list[WrittenFile]] = {}
+    for r in results:
+        for uri, files in r.dead_letters.items():
+            out.setdefault(uri, []).extend(files)
+    return out
+
+
+def _dead_letter_files_by_task(
+    results: list[TaskResult],
+) -> dict[str, list[tuple[int, list[WrittenFile], str]]]:
+    out: dict[str, list[tuple[int, list[WrittenFile], str]]] = {}
+    for i, r in enumerate(results):
+        for uri, files in r.dead_letters.items():
+            out.setdefault(uri, []).append((i, files, r.writer))
+    return out
+
+
+def _messages(parts: Sequence[tuple[int, list[WrittenFile], str]]) -> list[DeltaCommitMessage]:
     from deltaflow.sinks.datasource import DeltaCommitMessage
 
-    return [
-        DeltaCommitMessage(r.dead_letters if dead else r.main, partition_id=i, writer=r.writer)
-        for i, r in enumerate(results)
-    ]
+    return [DeltaCommitMessage(files, partition_id=i, writer=writer) for i, files, writer in parts]

@@ -105,24 +105,51 @@ def _record_seek_offsets(config: IngestConfig, main: StreamSinkOptions) -> None:
     the next one and a restart without the flag keeps the position."""
     if not config.seek_offsets:
         return
+    seek = {str(p): int(o) for p, o in config.seek_offsets.items()}
+    if record_progress(main, {config.topic: seek}, kafka_delta_ingest=True, what="seek offsets"):
+        logger.info(
+            "seek offsets %s recorded in %s: the first message read is the next one", seek, main.table_uri
+        )
+    else:
+        logger.info("seek offsets %s: the table holds them or later ones", seek)
+
+
+def record_progress(
+    main: StreamSinkOptions,
+    last: Mapping[str, Mapping[str, int]],
+    *,
+    kafka_delta_ingest: bool = False,
+    what: str = "starting offsets",
+) -> bool:
+    """Commit txns ``<pipeline_id>-<topic>-<partition>`` = the offsets in ``last`` (no files)
+    for the partitions the table holds no progress for: reading starts after them (seek
+    offsets, or a new topic's ends with ``--auto_offset_reset latest``). Whether it committed.
+
+    ``kafka_delta_ingest``: kafka-delta-ingest's txns (``<pipeline_id>-<partition>``) count as
+    progress too (one topic).
+    """
     import pyarrow as pa
 
     from deltaflow.delta import commit
     from deltaflow.delta import log as delta_log
-    from deltaflow.delta.progress import kafka_txn_id
+    from deltaflow.delta.progress import kafka_progress, kafka_txn_id, resumed_progress
 
     uri = normalize_uri(main.table_uri)
-    app, topic = config.pipeline_id, config.topic
-    seek = {str(p): int(o) for p, o in config.seek_offsets.items()}
+    app = main.pipeline_id or ""
 
     def missing(t: Any) -> dict[str, int]:
-        held = _stored_offsets(config, t)
-        return {kafka_txn_id(app, topic, p): o for p, o in seek.items() if p not in held}
+        out = {}
+        for topic, parts in last.items():
+            if kafka_delta_ingest:
+                held = resumed_progress(t, app, topic, list(parts))
+            else:
+                held = kafka_progress(t, app, {topic: list(parts)}).get(topic, {})
+            out.update({kafka_txn_id(app, topic, p): int(o) for p, o in parts.items() if str(p) not in held})
+        return out
 
     table = delta_log.load(uri, main.storage_options)
     if table is None or not missing(table):
-        logger.info("seek offsets %s: the table holds them or later ones", seek)
-        return
+        return False
 
     fence = (
         commit.Fence(commit.fence_app_id(app), main.writer_epoch) if main.writer_epoch is not None else None
@@ -130,11 +157,11 @@ def _record_seek_offsets(config: IngestConfig, main: StreamSinkOptions) -> None:
     commit.commit_files(
         uri,
         [],
-        what=f"seek offsets of {app!r}",
+        what=f"{what} of {app!r}",
         schema=pa.schema(table.schema().to_arrow()),
         partition_by=main.partition_columns,
         mode="append",
-        metadata={"deltaflow.operation": "seek offsets", "deltaflow.pipeline_id": app},
+        metadata={"deltaflow.operation": what, "deltaflow.pipeline_id": app},
         storage_options=main.storage_options,
         policy=commit.RetryPolicy(max_retries=main.max_commit_retries),
         create_if_missing=False,
@@ -143,7 +170,7 @@ def _record_seek_offsets(config: IngestConfig, main: StreamSinkOptions) -> None:
         already_done=lambda t: not missing(t),
         fence=fence,
     )
-    logger.info("seek offsets %s recorded in %s: the first message read is the next one", seek, uri)
+    return True
 
 
 def _with_table_partitioning(config: IngestConfig) -> IngestConfig:
@@ -248,6 +275,12 @@ def _without_nested_targets(schema: StructType, config: IngestConfig) -> StructT
 
 
 def _sample_values(config: IngestConfig) -> list[str]:
+    return sample_topics(config, [config.topic]).get(config.topic, [])
+
+
+def sample_topics(config: IngestConfig, topics: Sequence[str]) -> dict[str, list[str]]:
+    """Up to :data:`SCHEMA_SAMPLE_PER_PARTITION` values (as text) of each partition of each of
+    ``topics``, from its earliest offset, read with one consumer."""
     from confluent_kafka import Consumer
 
     from deltaflow.sources.kafka import kafka_errors
@@ -257,36 +290,47 @@ def _sample_values(config: IngestConfig) -> list[str]:
         "group.id": "deltaflow-schema-sample",
         **config.kafka_conf,
     }
-    with kafka_errors(f"sampling {config.topic!r} for its schema", topic=config.topic):
-        return _sample(config, Consumer({**conf, "enable.auto.commit": False}))
+    doing = f"sampling {topics[0]!r} for its schema" if len(topics) == 1 else f"sampling {len(topics)} topics"
+    with kafka_errors(doing, topic=topics[0] if topics else None):
+        return _sample(config, Consumer({**conf, "enable.auto.commit": False}), topics)
 
 
-def _sample(config: IngestConfig, consumer: Any) -> list[str]:
+def _sample(config: IngestConfig, consumer: Any, topics: Sequence[str]) -> dict[str, list[str]]:
     from confluent_kafka import TopicPartition
 
+    out: dict[str, list[str]] = {t: [] for t in topics}
     try:
-        meta = consumer.list_topics(config.topic, timeout=15)
-        parts = sorted(meta.topics[config.topic].partitions)
-        values: list[str] = []
-        for p in parts:
-            low, high = consumer.get_watermark_offsets(TopicPartition(config.topic, p), timeout=15)
-            stop = min(high, low + SCHEMA_SAMPLE_PER_PARTITION)
-            if stop <= low:
-                continue
-            consumer.assign([TopicPartition(config.topic, p, low)])
-            got = 0
-            while got < stop - low:
-                batch = consumer.consume(num_messages=stop - low - got, timeout=5)
-                if not batch:
-                    break
-                got += len(batch)
-                values += [
-                    text
-                    for m in batch
-                    if m.error() is None
-                    and (text := sample_text(_unframed(m.value(), config), config.decompress_gzip))
-                ]
-        return values
+        meta = consumer.list_topics(timeout=15)
+        wanted: dict[tuple[str, int], int] = {}  # (topic, partition) -> messages still to read
+        start = []
+        for topic in topics:
+            described = meta.topics.get(topic)
+            for p in sorted(described.partitions) if described is not None else []:
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)
+                count = min(high, low + SCHEMA_SAMPLE_PER_PARTITION) - low
+                if count > 0:
+                    wanted[topic, p] = count
+                    start.append(TopicPartition(topic, p, low))
+        if not start:
+            return out
+        consumer.assign(start)
+        while wanted:
+            batch = consumer.consume(num_messages=sum(wanted.values()), timeout=5)
+            if not batch:
+                break
+            for m in batch:
+                if m.error() is not None:
+                    continue
+                key = (m.topic(), m.partition())
+                if wanted.get(key, 0) <= 0:
+                    continue
+                wanted[key] -= 1
+                if wanted[key] == 0:
+                    del wanted[key]
+                text = sample_text(_unframed(m.value(), config), config.decompress_gzip)
+                if text:
+                    out[m.topic()].append(text)
+        return out
     finally:
         consumer.close()
 
@@ -296,25 +340,18 @@ def _unframed(value: bytes | None, config: IngestConfig) -> bytes | None:
     return value[5:] if value and config.json_registry else value
 
 
-def source_options(spark: SparkSession, config: IngestConfig) -> dict[str, str]:
-    """The ``deltaflow-kafka`` source's options for ``config`` (both engines read with them)."""
+def kafka_reader_options(config: IngestConfig) -> dict[str, str]:
+    """The Kafka source's options every ingest reads with (one topic or many): the brokers and
+    client settings, where to start, pacing, and which metadata the tasks build."""
     from deltaflow.sources.kafka import METADATA_COLUMNS
 
     options: dict[str, str] = {
         "bootstrap_servers": config.brokers,
-        "topic": config.topic,
         "starting_offsets": _starting_offsets(config),
         "max_messages_per_batch": str(config.max_messages_per_batch),
         "batch_interval": str(config.allowed_latency or 0),
-        "min_batch_bytes": str(config.min_bytes_per_file or 0),
-        "delta_table_uri": normalize_uri(config.table_uri),
-        "pipeline_id": config.pipeline_id,
-        "kafka_delta_ingest_txns": "true",  # a table kafka-delta-ingest wrote resumes
         "fail_on_data_loss": str(config.fail_on_data_loss).lower(),
     }
-    storage = config.table_options.get("storage_options")
-    if storage:  # the source reads the table's progress with them
-        options["delta_storage_options"] = json.dumps(dict(storage))
     settings = dict(config.kafka_conf)
     if config.consumer_group:
         settings["group.id"] = config.consumer_group
@@ -334,6 +371,26 @@ def source_options(spark: SparkSession, config: IngestConfig) -> dict[str, str]:
     if failing:
         used |= {"key", "timestamp"}  # a transform's dead letters carry them
     options["metadata"] = ",".join(c for c in METADATA_COLUMNS if c in used)
+    return options
+
+
+def source_options(spark: SparkSession, config: IngestConfig) -> dict[str, str]:
+    """The ``deltaflow-kafka`` source's options for ingest of one topic (both engines read with
+    them): :func:`kafka_reader_options`, the table whose progress it resumes from, and how
+    values decode."""
+    options = kafka_reader_options(config)
+    options.update(
+        {
+            "topic": config.topic,
+            "min_batch_bytes": str(config.min_bytes_per_file or 0),
+            "delta_table_uri": normalize_uri(config.table_uri),
+            "pipeline_id": config.pipeline_id,
+            "kafka_delta_ingest_txns": "true",  # a table kafka-delta-ingest wrote resumes
+        }
+    )
+    storage = config.table_options.get("storage_options")
+    if storage:  # the source reads the table's progress with them
+        options["delta_storage_options"] = json.dumps(dict(storage))
     if config.value_format == "json":
         options["value_format"] = "json"
         options["value_schema"] = _value_schema(spark, config).json()
@@ -658,7 +715,13 @@ def ingest(
     from deltaflow.pipeline.api import _claim, _prepare_table, default_checkpoint_location
     from deltaflow.pipeline.arrow_ingest import choose_engine
 
-    config = _with_table_partitioning(config)
+    if config.several_topics:
+        raise ConfigError(
+            "ingest() reads one topic; several (a pattern or a list) start with "
+            "deltaflow.pipeline.topic_ingest.start",
+            pipeline_id=config.pipeline_id,
+        )
+    config = _with_table_partitioning(config.for_one_topic())
     _check_seek_offsets(config)
     engine = choose_engine(config)
     options = source_options(spark, config)
@@ -738,7 +801,9 @@ def _arrow_engine(
 ) -> DataStreamWriter:
     """The Arrow engine's query: tables, schemas and transforms as the Spark engine has them."""
     from deltaflow.delta.schema import spark_to_arrow
-    from deltaflow.pipeline.arrow_ingest import ArrowIngestWriter, arrow_stream, ingest_plan
+    from deltaflow.pipeline.arrow_ingest import ArrowIngestWriter, IngestTables, arrow_stream, ingest_plan
+    from deltaflow.pipeline.session import default_parallelism
+    from deltaflow.sinks.datasource import _DeltaSink
     from deltaflow.sources.kafka_ingest import check_plan
 
     main_schema = spark_to_arrow(main_rows(frame).schema)
@@ -751,13 +816,14 @@ def _arrow_engine(
         dlq=dlq,
         dlq_schema=dlq_schema,
         config=config,
+        parallelism=default_parallelism(spark),
     )
     check_plan(plan)  # what the Arrow engine cannot run fails here, before the query starts
+    main_sink = _DeltaSink(main, main_schema, overwrite=False)
+    dlq_sink = _DeltaSink(dlq, dlq_schema, overwrite=False) if dlq and dlq_schema else None
     writer = ArrowIngestWriter(
-        main,
-        main_schema,
-        dlq,
-        dlq_schema,
+        IngestTables.one(main_sink, dlq_sink),
+        pipeline_id=config.pipeline_id,
         group_config=group,
         schema_evolution=config.schema_evolution,
         gzipped=config.decompress_gzip,

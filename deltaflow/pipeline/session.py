@@ -313,3 +313,12 @@ def worker_python(executable: str) -> str:
         logger.info("Python workers run %s directly (no import wrapper: %s)", executable, exc)
         return executable
     return str(script)
+
+
+def default_parallelism(spark: SparkSession) -> int:
+    """The cores Spark's tasks share (its default parallelism; the machine's cores where the
+    session has no ``SparkContext``, as over Spark Connect)."""
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except Exception:  # noqa: BLE001 - Spark Connect: no SparkContext
+        return os.cpu_count() or 1

@@ -215,8 +215,17 @@ class _DeltaSink:
 
     # -- driver ------------------------------------------------------------------------------
 
-    def commit_batch(self, messages: Sequence[WriterCommitMessage | None], batch_id: int | None) -> None:
+    def commit_batch(
+        self,
+        messages: Sequence[WriterCommitMessage | None],
+        batch_id: int | None,
+        *,
+        source: tuple[Mapping[str, Mapping[str, int]], Mapping[str, Mapping[str, Any]]] | None = None,
+    ) -> None:
         """Commit one batch. The numbered steps match ``docs/DESIGN.md``.
+
+        ``source``: with ``kafka_offsets``, the batch's end offsets and restarts for this table
+        (its topics'), when the caller read Spark's offset log already (one read for many tables).
 
         Step 1. Collect the files every task reported.
         Step 2. Load the table afresh; if it already holds this batch (``txn(pipeline_id)`` at
@@ -245,9 +254,10 @@ class _DeltaSink:
         # The checkpoint the batch runs on (its query id, as the tasks saw it): a batch the table
         # holds from another checkpoint is a lost checkpoint, not a replay.
         checkpoint = _query_id(messages) if streaming else None
-        end, lost = (
-            read_batch_source(opts, batch_id) if opts.kafka_offsets and batch_id is not None else (None, {})
-        )
+        end: Mapping[str, Mapping[str, int]] | None = None
+        lost: Mapping[str, Mapping[str, Any]] = {}
+        if opts.kafka_offsets and batch_id is not None:
+            end, lost = source if source is not None else read_batch_source(opts, batch_id)
 
         def kafka_txns(table: Any) -> dict[str, int]:
             return self._kafka_txns(table, end, lost) if end is not None else {}

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 __all__ = [
+    "read_batch_end",
     "read_batch_offsets",
     "read_batch_source",
     "read_checkpoint_file",
@@ -78,6 +79,13 @@ def read_batch_source(
     """The end offsets of the query's single source for ``batch_id``, from Spark's offset log,
     and the partitions the batch restarted at the broker's earliest offset (``fail_on_data_loss``
     false: :mod:`deltaflow.delta.progress`'s ``DATA_LOSS_KEY``).
+    """
+    return split_offsets(read_batch_end(options, batch_id))
+
+
+def read_batch_end(options: SinkOptions, batch_id: int) -> dict[str, Any]:
+    """The end offsets of the query's single source for ``batch_id`` as Spark logged them
+    (restarts and topics waiting for a table included: :func:`read_batch_source` splits them).
 
     Spark writes ``<checkpoint>/offsets/<batch_id>`` (a write-ahead log) before it runs the
     batch: ``v1``, a metadata line, then one line of offsets per source.
@@ -93,7 +101,9 @@ def read_batch_source(
             f"{len(sources)} source offset(s)",
             table_uri=options.table_uri,
         )
-    return split_offsets(json.loads(sources[0]))
+    offsets = json.loads(sources[0])
+    assert isinstance(offsets, dict)
+    return offsets
 
 
 def restarts_offsets_went_back(options: SinkOptions, batch_id: int) -> bool:

@@ -475,19 +475,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return topic_partitions(self._options, self._client())
 
     def _watermarks(self, layout: Mapping[str, Sequence[int]], which: str) -> Offsets:
-        from confluent_kafka import TopicPartition
-        from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
-
-        spec = OffsetSpec.earliest() if which == "earliest" else OffsetSpec.latest()  # type: ignore[no-untyped-call]
-        request = {TopicPartition(t, p): spec for t, parts in layout.items() for p in parts}
-        out: Offsets = {t: {} for t in layout}
-        if not request:
-            return out
-        with kafka_errors(f"reading the {which} offsets from {self._options.bootstrap_servers}"):
-            futures = self._client().list_offsets(request, request_timeout=METADATA_TIMEOUT_S)
-            for tp, future in futures.items():
-                out[tp.topic][str(tp.partition)] = int(future.result().offset)
-        return out
+        return watermarks(self._options, layout, which, self._client())
 
     def _committed(self, layout: Mapping[str, Sequence[int | str]]) -> Offsets:
         """Next offset to read per partition according to the Delta table (if configured)."""
@@ -734,6 +722,28 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         yield from read_range(partition)
 
 
+def watermarks(
+    options: KafkaSourceOptions, layout: Mapping[str, Sequence[int]], which: str, client: Any = None
+) -> Offsets:
+    """The ``earliest`` or ``latest`` offset of each partition of ``layout`` (``client``: an
+    ``AdminClient``, made here when not given)."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
+
+    spec = OffsetSpec.earliest() if which == "earliest" else OffsetSpec.latest()  # type: ignore[no-untyped-call]
+    request = {TopicPartition(t, p): spec for t, parts in layout.items() for p in parts}
+    out: Offsets = {t: {} for t in layout}
+    if not request:
+        return out
+    with kafka_errors(f"reading the {which} offsets from {options.bootstrap_servers}"):
+        if client is None:
+            client = AdminClient(options.client_config())
+        futures = client.list_offsets(request, request_timeout=METADATA_TIMEOUT_S)
+        for tp, future in futures.items():
+            out[tp.topic][str(tp.partition)] = int(future.result().offset)
+    return out
+
+
 def topic_partitions(options: KafkaSourceOptions, client: Any = None) -> dict[str, list[int]]:
     """The partitions of each topic ``options`` reads (``client``: an ``AdminClient``, made here
     when not given).
@@ -874,75 +884,89 @@ def kafka_errors(doing: str, **context: Any) -> Iterator[None]:
 
 def read_range(task: KafkaPartitionRange) -> Iterator[pa.RecordBatch]:
     """Read ``[task.start, task.end)`` of one partition as Arrow batches of the source schema."""
-    with kafka_errors(
-        f"reading {task.topic}[{task.partition}] offsets {task.start}-{task.end}",
-        topic=task.topic,
-        partition=task.partition,
-    ):
-        yield from _read_range(task)
+    for _, batch in read_ranges([task]):
+        yield batch
 
 
-def _read_range(task: KafkaPartitionRange) -> Iterator[pa.RecordBatch]:
-    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+def read_ranges(tasks: Sequence[KafkaPartitionRange]) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """Read each range in turn with one consumer (a task holding many small topic-partitions
+    connects once): ``(index of the range, batch)`` pairs, each range's batches in order."""
+    from confluent_kafka import Consumer
+
+    if not tasks:
+        return
+    # A range below the broker's log start (retention ran between planning and reading) is an
+    # error, never librdkafka's default reset to the latest offset, which skips the range whole.
+    conf = {**_FAST_CONSUMER, **tasks[0].config, "auto.offset.reset": "error"}
+    conf.setdefault("group.id", "deltaflow-reader")
+    with kafka_errors(f"connecting to Kafka to read {tasks[0].topic}[{tasks[0].partition}]"):
+        consumer = Consumer(conf)
+    # Messages and Arrow buffers are freed by reference counting; the cyclic collector finds
+    # nothing here but scans the worker's objects every few hundred allocations (~10 % of the
+    # read's Python time, measured on 200k messages). Paused while the ranges are read.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for index, task in enumerate(tasks):
+            with kafka_errors(
+                f"reading {task.topic}[{task.partition}] offsets {task.start}-{task.end}",
+                topic=task.topic,
+                partition=task.partition,
+            ):
+                for batch in _read_range(task, consumer):
+                    yield index, batch
+    finally:
+        if collecting:
+            gc.enable()
+        consumer.close()
+
+
+def _read_range(task: KafkaPartitionRange, consumer: Any) -> Iterator[pa.RecordBatch]:
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
     decoding = task.decoding
     assert decoding is not None
     arrow_schema = decoding.arrow_schema
     decoder = _decoder(decoding)
-    # A range below the broker's log start (retention ran between planning and reading) is an
-    # error, never librdkafka's default reset to the latest offset, which skips the range whole.
-    conf = {**_FAST_CONSUMER, **task.config, "auto.offset.reset": "error"}
-    conf.setdefault("group.id", "deltaflow-reader")
-    consumer = Consumer(conf)
-    # Messages and Arrow buffers are freed by reference counting; the cyclic collector finds
-    # nothing here but scans the worker's objects every few hundred allocations (~10 % of the
-    # read's Python time, measured on 200k messages). Paused while the range is read.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        consumer.assign([TopicPartition(task.topic, task.partition, task.start)])
-        next_offset = task.start
-        last_progress = time.monotonic()
-        while next_offset < task.end:
-            messages = consumer.consume(num_messages=min(CONSUME_CHUNK, task.end - next_offset), timeout=1.0)
-            rows: list[Any] = messages
-            if any(m.error() is not None for m in messages) or (
-                messages and (messages[-1].offset() or 0) >= task.end
-            ):
-                rows = []
-                for m in messages:
-                    err = m.error()
-                    if err is not None:
-                        if err.code() == KafkaError._PARTITION_EOF:
-                            continue
-                        if err.code() == KafkaError._AUTO_OFFSET_RESET:
-                            _aged_out_while_reading(consumer, task, next_offset, err)
-                            break  # read on from the earliest offset (fail_on_data_loss false)
-                        raise KafkaException(err)
-                    offset = m.offset()
-                    if offset is None or offset >= task.end:
-                        break
-                    rows.append(m)
-            if rows:
-                next_offset = rows[-1].offset() + 1
-                last_progress = time.monotonic()
-                yield _to_arrow(rows, task, arrow_schema, decoder, decoding)
-                continue
-            (position,) = consumer.position([TopicPartition(task.topic, task.partition)])
-            if position.offset >= task.end:
-                break  # the rest of the range holds no records (transaction markers, compaction)
-            if time.monotonic() - last_progress > READ_STALL_TIMEOUT_S:
-                raise TransientError(
-                    f"no progress reading {task.topic}[{task.partition}] at offset {next_offset} "
-                    f"(range ends at {task.end}) for {READ_STALL_TIMEOUT_S:.0f} s; is the broker up?",
-                    topic=task.topic,
-                    partition=task.partition,
-                    offset=next_offset,
-                )
-    finally:
-        if collecting:
-            gc.enable()
-        consumer.close()
+    consumer.assign([TopicPartition(task.topic, task.partition, task.start)])
+    next_offset = task.start
+    last_progress = time.monotonic()
+    while next_offset < task.end:
+        messages = consumer.consume(num_messages=min(CONSUME_CHUNK, task.end - next_offset), timeout=1.0)
+        rows: list[Any] = messages
+        if any(m.error() is not None for m in messages) or (
+            messages and (messages[-1].offset() or 0) >= task.end
+        ):
+            rows = []
+            for m in messages:
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    if err.code() == KafkaError._AUTO_OFFSET_RESET:
+                        _aged_out_while_reading(consumer, task, next_offset, err)
+                        break  # read on from the earliest offset (fail_on_data_loss false)
+                    raise KafkaException(err)
+                offset = m.offset()
+                if offset is None or offset >= task.end:
+                    break
+                rows.append(m)
+        if rows:
+            next_offset = rows[-1].offset() + 1
+            last_progress = time.monotonic()
+            yield _to_arrow(rows, task, arrow_schema, decoder, decoding)
+            continue
+        (position,) = consumer.position([TopicPartition(task.topic, task.partition)])
+        if position.offset >= task.end:
+            break  # the rest of the range holds no records (transaction markers, compaction)
+        if time.monotonic() - last_progress > READ_STALL_TIMEOUT_S:
+            raise TransientError(
+                f"no progress reading {task.topic}[{task.partition}] at offset {next_offset} "
+                f"(range ends at {task.end}) for {READ_STALL_TIMEOUT_S:.0f} s; is the broker up?",
+                topic=task.topic,
+                partition=task.partition,
+                offset=next_offset,
+            )
 
 
 def _aged_out_while_reading(consumer: Any, task: KafkaPartitionRange, offset: int, err: Any) -> None:

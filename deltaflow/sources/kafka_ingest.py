@@ -23,10 +23,14 @@ Spark runs it again and only the successful attempt's files are returned.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
 import json
+import logging
+import math
 import pickle
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +39,7 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
 from deltaflow.config.transforms import parse_transform
-from deltaflow.delta.progress import split_offsets, stale_progress
+from deltaflow.delta.progress import PENDING_KEY, pending_topics, split_offsets, stale_progress
 from deltaflow.errors import storage_error
 from deltaflow.io import arrow_transforms
 from deltaflow.io.faults import maybe_crash
@@ -47,97 +51,87 @@ from deltaflow.sources.kafka import (
     KafkaSourceOptions,
     KafkaStreamReader,
     Offsets,
-    read_range,
+    read_ranges,
 )
+from deltaflow.sources.topic_routes import TableFiles, TopicRoute, TopicRouter, progress_layout
 
 if TYPE_CHECKING:
+    from pyspark.sql.streaming.datasource import ReadLimit
     from pyspark.sql.types import StructType
 
 __all__ = [
     "FORMAT_NAME",
     "RESULT_SCHEMA",
     "IngestPlan",
+    "IngestTask",
     "TableFiles",
+    "TableResult",
     "TaskResult",
+    "TopicRoute",
     "check_plan",
-    "write_range",
+    "pack",
+    "table_schema",
+    "write_task",
 ]
 
+logger = logging.getLogger(__name__)
+
 FORMAT_NAME = "deltaflow-kafka-ingest"
-#: One row per task: its files (pickled :class:`WrittenFile` lists) and what it saw.
-RESULT_SCHEMA = (
-    "main BINARY, dead_letters BINARY, rows BIGINT, failed BIGINT, first_error STRING, "
-    "unknown BIGINT, unknown_names ARRAY<STRING>, writer STRING, samples ARRAY<BINARY>"
-)
-_RESULT = pa.schema(
-    [
-        ("main", pa.binary()),
-        ("dead_letters", pa.binary()),
-        ("rows", pa.int64()),
-        ("failed", pa.int64()),
-        ("first_error", pa.string()),
-        ("unknown", pa.int64()),
-        ("unknown_names", pa.list_(pa.string())),
-        ("writer", pa.string()),
-        ("samples", pa.list_(pa.binary())),
-    ]
-)
+#: One row per task: its :class:`TaskResult` (pickled) and the messages it read.
+RESULT_SCHEMA = "result BINARY, rows BIGINT"
+_RESULT = pa.schema([("result", pa.binary()), ("rows", pa.int64())])
 #: Bytes of message values a task samples for schema evolution at most.
 SAMPLE_BYTES = 1024 * 1024
+#: A task reads at least this many messages when it can (``IngestPlan.task_parallelism``): many
+#: small topic-partitions share a task, since each task costs a Python worker round trip and a
+#: file per table it holds; fewer would make small files and slow batches.
+MIN_TASK_MESSAGES = 20_000
+#: How long the planner waits before it asks the driver again for a topic's table.
+PENDING_RETRY_S = 60.0
 #: The message's coordinates the transforms and dead letters read (``kafka.<field>``).
 _KAFKA_FIELDS = ("partition", "offset", "topic", "timestamp", "timestamp_type", "key", "headers")
 
 
-@dataclass(frozen=True)
-class TableFiles:
-    """Where and how a task writes one table's data files (built on the driver)."""
-
-    table_uri: str
-    schema_ipc: bytes
-    partition_columns: tuple[str, ...] = ()
-    compression: str = "snappy"
-    target_file_size: int = 128 * 1024 * 1024
-    max_records_per_file: int = 0
-    storage_options: dict[str, str] = field(default_factory=dict, repr=False)
-
-    @classmethod
-    def of(cls, table_uri: str, schema: pa.Schema, **settings: Any) -> TableFiles:
-        return cls(table_uri, schema.serialize().to_pybytes(), **settings)
-
-    @property
-    def schema(self) -> pa.Schema:
-        return pa.ipc.read_schema(pa.py_buffer(self.schema_ipc))
-
-    def writer(self, prefix: str) -> PartitionedFileWriter:
-        fs, root = filesystem(self.table_uri, self.storage_options)
-        return PartitionedFileWriter(
-            fs=fs,
-            root=root,
-            schema=self.schema,
-            partition_columns=self.partition_columns,
-            compression=self.compression,
-            target_file_size=self.target_file_size,
-            max_records_per_file=self.max_records_per_file,
-            file_prefix=prefix,
-            indexed_columns=-1,
-        )
+def _writer(files: TableFiles, prefix: str) -> PartitionedFileWriter:
+    fs, root = filesystem(files.table_uri, files.storage_options)
+    return PartitionedFileWriter(
+        fs=fs,
+        root=root,
+        schema=files.schema,
+        partition_columns=files.partition_columns,
+        compression=files.compression,
+        target_file_size=files.target_file_size,
+        max_records_per_file=files.max_records_per_file,
+        file_prefix=prefix,
+        indexed_columns=-1,
+    )
 
 
 @dataclass(frozen=True)
 class IngestPlan:
-    """What every task of the query does (built once on the driver, shipped with each task)."""
+    """What every task of the query does (built once on the driver, shipped to the planner).
+
+    Attributes:
+        routes: Each topic's tables, resolved on the driver at start.
+        router: Resolves the routes of topics that appear while the query runs (a pattern).
+        task_parallelism: The cores the tasks share (Spark's default parallelism): a batch is
+            cut into at least this many tasks of :data:`MIN_TASK_MESSAGES` messages or more.
+    """
 
     source_schema_ipc: bytes
-    main: TableFiles
-    dead_letters: TableFiles | None = None
+    routes: dict[str, TopicRoute]
+    router: TopicRouter | None = None
     transforms: tuple[str, ...] = ()
     dlq_transforms: tuple[str, ...] = ()
-    #: The pipeline id of the dead-letter table's txns (its progress per partition).
+    #: The pipeline id of the dead-letter tables' txns (their progress per partition).
     dlq_pipeline_id: str | None = None
     #: The dead-letter rows' shape: ``deltaflow`` or ``kafka-delta-ingest`` (``--dlq_format``).
     dlq_format: str = "deltaflow"
     #: Schema evolution: return up to this many raw values of good messages with unknown fields.
     sample_unknown: int = 0
+    task_parallelism: int = 1
+    #: The pipeline whose txns hold each topic's progress (default: the source's ``pipeline_id``).
+    pipeline_id: str | None = None
 
     def to_option(self) -> str:
         return base64.b64encode(pickle.dumps(self)).decode()
@@ -154,62 +148,67 @@ class IngestPlan:
 
 
 @dataclass(frozen=True)
-class IngestRange(InputPartition):
-    """One task: a Kafka offset range, the plan, and how far the dead letters are committed."""
+class IngestRange:
+    """A Kafka offset range, and how far its dead letters are committed already."""
 
     range: KafkaPartitionRange
-    plan: IngestPlan
     #: Dead letters at or below this offset are in the dead-letter table already.
     dead_lettered_through: int = -1
 
+    @property
+    def size(self) -> int:
+        return self.range.end - self.range.start
+
+
+@dataclass(frozen=True)
+class IngestTask(InputPartition):
+    """One task: its ranges (of one or many topic-partitions), their topics' routes, the plan's
+    transforms, and its index in the batch (in its files' names)."""
+
+    ranges: tuple[IngestRange, ...]
+    routes: dict[str, TopicRoute]
+    plan: IngestPlan
+    index: int = 0
+
 
 @dataclass
-class TaskResult:
-    """What a task saw and wrote (the driver sums them per batch)."""
+class TableResult:
+    """What a task read and wrote for one main table."""
 
-    main: list[WrittenFile] = field(default_factory=list)
-    dead_letters: list[WrittenFile] = field(default_factory=list)
+    files: list[WrittenFile] = field(default_factory=list)
+    #: Messages read for the table (its topics' ranges).
     rows: int = 0
     failed: int = 0
     first_error: str | None = None
     unknown: int = 0
     unknown_names: set[str] = field(default_factory=set)
-    #: The executor process that wrote the files (:func:`~deltaflow.io.parquet.writer_process`).
-    writer: str = ""
     #: Raw values of good messages with unknown fields (``IngestPlan.sample_unknown``).
     samples: list[bytes] = field(default_factory=list)
+    #: The table its dead letters go to.
+    dead_letter_table: str | None = None
+
+
+@dataclass
+class TaskResult:
+    """What a task saw and wrote, per main table and per dead-letter table (the driver sums them)."""
+
+    tables: dict[str, TableResult] = field(default_factory=dict)
+    dead_letters: dict[str, list[WrittenFile]] = field(default_factory=dict)
+    #: The executor process that wrote the files (:func:`~deltaflow.io.parquet.writer_process`).
+    writer: str = ""
+
+    @property
+    def rows(self) -> int:
+        return sum(t.rows for t in self.tables.values())
 
     def to_batch(self) -> pa.RecordBatch:
-        return pa.RecordBatch.from_pylist(
-            [
-                {
-                    "main": pickle.dumps(self.main),
-                    "dead_letters": pickle.dumps(self.dead_letters),
-                    "rows": self.rows,
-                    "failed": self.failed,
-                    "first_error": self.first_error,
-                    "unknown": self.unknown,
-                    "unknown_names": sorted(self.unknown_names),
-                    "writer": self.writer,
-                    "samples": self.samples,
-                }
-            ],
-            schema=_RESULT,
-        )
+        return pa.RecordBatch.from_pylist([{"result": pickle.dumps(self), "rows": self.rows}], schema=_RESULT)
 
     @classmethod
     def from_row(cls, row: Any) -> TaskResult:
-        return cls(
-            main=pickle.loads(row["main"]),
-            dead_letters=pickle.loads(row["dead_letters"]),
-            rows=int(row["rows"]),
-            failed=int(row["failed"]),
-            first_error=row["first_error"],
-            unknown=int(row["unknown"]),
-            unknown_names=set(row["unknown_names"] or ()),
-            writer=row["writer"] or "",
-            samples=list(row["samples"] or ()),
-        )
+        result = pickle.loads(row["result"])
+        assert isinstance(result, cls)
+        return result
 
 
 class KafkaIngestDataSource(KafkaDataSource):
@@ -232,59 +231,209 @@ class KafkaIngestDataSource(KafkaDataSource):
 
 
 class KafkaIngestReader(KafkaStreamReader):
-    """Plans like the Kafka source; each task writes files (:func:`write_range`)."""
+    """Plans like the Kafka source, with each topic's progress read from its own table; packs
+    the ranges into tasks by their size; each task writes files (:func:`write_task`).
+
+    A topic without a table (one that started to match while the query runs) is left out of the
+    batch and listed under :data:`PENDING_KEY`: the driver makes its table, and the next batch
+    reads it.
+    """
 
     def __init__(self, options: KafkaSourceOptions, plan: IngestPlan) -> None:
         super().__init__(options, plan.source_schema)
         self._plan = plan
+        self._routes = dict(plan.routes)
+        self._tables: dict[str, Any] = {}  # DeltaTables by URI, brought up to date when read
+        self._asked: dict[str, float] = {}  # pending topic -> when the driver was last asked
 
-    def partitions(self, start: Offsets, end: Offsets) -> list[IngestRange]:  # type: ignore[override]
+    # -- routes and progress -------------------------------------------------------------------
+
+    def _route(self, topic: str) -> TopicRoute | None:
+        route = self._routes.get(topic)
+        if route is None and self._plan.router is not None:
+            route = self._plan.router.resolve(topic)
+            if route is not None:
+                self._routes[topic] = route
+                logger.info("topic %r now goes to %s", topic, route.main.table_uri)
+        return route
+
+    def _load_table(self, uri: str, storage_options: Mapping[str, str]) -> Any:
+        """The table at ``uri`` at its latest version (``None`` while there is none); kept and
+        brought up to date, which reads only the commits since the last call."""
+        from deltaflow.delta import log as delta_log
+
+        table = self._tables.get(uri)
+        if table is not None:
+            try:
+                table.update_incremental()
+                return table
+            except Exception:  # noqa: BLE001 - replaced or vacuumed history, a store fault: load again
+                pass
+        table = self._tables[uri] = delta_log.load(uri, storage_options)
+        return table
+
+    def _committed(self, layout: Mapping[str, Sequence[int | str]]) -> Offsets:
+        """Next offset to read per partition, from each topic's table."""
+        from deltaflow.delta.progress import kafka_progress, resumed_progress
+
+        app = self._plan.pipeline_id or self._options.pipeline_id
+        if app is None:
+            return {}
+        done: Offsets = {}
+        for uri, topics in progress_layout(self._routes, layout).items():
+            route = self._routes[next(iter(topics))]
+            table = self._load_table(uri, route.main.storage_options)
+            if self._options.kafka_delta_ingest_txns and len(self._routes) == 1:
+                [(topic, parts)] = topics.items()
+                done[topic] = resumed_progress(table, app, topic, parts)
+            else:
+                done.update(kafka_progress(table, app, topics))
+        return {t: {p: v + 1 for p, v in parts.items()} for t, parts in done.items() if parts}
+
+    def _sink_table(self) -> Any:
+        (route,) = {r.main.table_uri: r for r in self._routes.values()}.values()
+        return self._load_table(route.main.table_uri, route.main.storage_options)
+
+    # -- planning ------------------------------------------------------------------------------
+
+    def _topic_partitions(self) -> dict[str, list[int]]:
+        layout = super()._topic_partitions()
+        # Topics no table takes (a group of the template matched nothing) are not read.
+        router = self._plan.router
+        return {t: p for t, p in layout.items() if t in self._routes or router is None or router.table_uri(t)}
+
+    def latestOffset(self, start: Offsets, limit: ReadLimit) -> dict[str, Any]:  # noqa: N802
+        end = super().latestOffset(start, limit)
+        pending = []
+        for topic in [t for t in end if not t.startswith("$")]:
+            if topic in self._routes or self._route(topic) is not None:
+                continue
+            del end[topic]  # read once its table exists
+            now = time.monotonic()
+            if now - self._asked.get(topic, -PENDING_RETRY_S) >= PENDING_RETRY_S:
+                self._asked[topic] = now
+                pending.append(topic)
+        if pending:
+            logger.info("topic(s) %s match but have no table yet: the driver makes them", sorted(pending))
+            end[PENDING_KEY] = sorted(pending)
+        return end
+
+    def commit(self, end: Offsets) -> None:
+        for topic in pending_topics(end):  # the driver made their tables in that batch
+            if self._route(topic) is not None:
+                self._asked.pop(topic, None)
+
+    def partitions(self, start: Offsets, end: Offsets) -> list[IngestTask]:  # type: ignore[override]
         ranges = super().partitions(start, end)
         positions, lost = split_offsets(end)
         done = self._dead_lettered({t: [r.partition for r in ranges if r.topic == t] for t in positions})
-        out = []
+        items = []
         for r in ranges:
+            route = self._route(r.topic)
+            assert route is not None, f"no table for topic {r.topic!r}"
+            if route.decoding is not None:
+                r = dataclasses.replace(r, decoding=route.decoding)
             held = done.get(r.topic, {}).get(str(r.partition))
             # A partition restarted because its offsets went back: the dead-letter table's
             # progress from before names offsets of the old topic, not these.
             if held is None or stale_progress(lost.get(r.topic, {}).get(str(r.partition)), held):
                 held = -1
-            out.append(IngestRange(r, self._plan, held))
-        return out
+            items.append(IngestRange(r, held))
+        bare = dataclasses.replace(self._plan, routes={}, router=None)
+        tasks = []
+        for i, group in enumerate(pack(items, self._plan.task_parallelism)):
+            routes = {g.range.topic: self._routes[g.range.topic] for g in group}
+            tasks.append(IngestTask(tuple(group), routes, bare, i))
+        return tasks
 
     def _dead_lettered(self, layout: Mapping[str, list[int]]) -> dict[str, dict[str, int]]:
-        """The dead-letter table's progress: a batch planned from a lost checkpoint can start
+        """The dead-letter tables' progress: a batch planned from a lost checkpoint can start
         before it (the source resumes from the main table), and those dead letters must not
         land twice."""
-        files, app = self._plan.dead_letters, self._plan.dlq_pipeline_id
-        if files is None or app is None:
-            return {}
-        from deltaflow.delta import log as delta_log
         from deltaflow.delta.progress import kafka_progress
 
-        table = delta_log.load(files.table_uri, files.storage_options)
-        return kafka_progress(table, app, layout)
+        app = self._plan.dlq_pipeline_id
+        if app is None:
+            return {}
+        by_table: dict[str, dict[str, list[int]]] = {}
+        files: dict[str, TableFiles] = {}
+        for topic, parts in layout.items():
+            route = self._routes.get(topic)
+            if parts and route is not None and route.dead_letters is not None:
+                by_table.setdefault(route.dead_letters.table_uri, {})[topic] = parts
+                files[route.dead_letters.table_uri] = route.dead_letters
+        out: dict[str, dict[str, int]] = {}
+        for uri, topics in by_table.items():
+            table = self._load_table(uri, files[uri].storage_options)
+            out.update(kafka_progress(table, app, topics))
+        return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, IngestRange)
-        yield write_range(partition)
+        assert isinstance(partition, IngestTask)
+        yield write_task(partition)
+
+
+def pack(ranges: Sequence[IngestRange], parallelism: int) -> list[list[IngestRange]]:
+    """The ranges as tasks sized by messages, not by partitions: at least ``parallelism`` tasks
+    of :data:`MIN_TASK_MESSAGES` or more, a larger range split by offsets, smaller ones
+    sharing a task (the least loaded that has room, the largest placed first)."""
+    total = sum(r.size for r in ranges)
+    if not ranges:
+        return []
+    size = max(MIN_TASK_MESSAGES, math.ceil(total / max(1, parallelism)))
+    pieces: list[IngestRange] = []
+    for r in ranges:
+        if r.size <= size:
+            pieces.append(r)
+            continue
+        count = math.ceil(r.size / size)
+        step = math.ceil(r.size / count)
+        for begin in range(r.range.start, r.range.end, step):
+            cut = dataclasses.replace(r.range, start=begin, end=min(begin + step, r.range.end))
+            pieces.append(IngestRange(cut, r.dead_lettered_through))
+    tasks: list[list[IngestRange]] = []
+    loads: list[int] = []
+    for piece in sorted(pieces, key=lambda p: (-p.size, p.range.topic, p.range.partition, p.range.start)):
+        fits = [i for i, load in enumerate(loads) if load + piece.size <= size]
+        if fits:
+            i = min(fits, key=loads.__getitem__)
+            tasks[i].append(piece)
+            loads[i] += piece.size
+        else:
+            tasks.append([piece])
+            loads.append(piece.size)
+    return tasks
+
+
+def table_schema(source: pa.Schema, transforms: Sequence[str]) -> pa.Schema:
+    """The columns a table gets from messages read as ``source`` (the source's rows: Kafka's
+    columns and the decoded value) after ``transforms``: the table a new topic's table is
+    made with."""
+    rows, _, _ = _decoded(source.empty_table())
+    out = arrow_transforms.check(rows.schema, [parse_transform(t) for t in transforms])
+    return pa.schema([f for f in out if f.name != arrow_transforms.KAFKA_COLUMN])
 
 
 def check_plan(plan: IngestPlan) -> None:
-    """Run the plan's transforms on no rows of the messages' schema: a field they lack or a type
-    the Arrow engine cannot take raises :class:`~deltaflow.errors.ConfigError` on the driver."""
-    empty = plan.source_schema.empty_table()
-    rows, _, _ = _decoded(empty)
-    arrow_transforms.check(rows.schema, [parse_transform(t) for t in plan.transforms], plan.main.schema)
-    if plan.dead_letters is not None:
-        no_errors = pa.chunked_array([pa.array([], pa.string())])
-        letters = _dead_letters(empty, no_errors, rows.column(arrow_transforms.KAFKA_COLUMN), plan.dlq_format)
-        arrow_transforms.check(
-            letters.schema, [parse_transform(t) for t in plan.dlq_transforms], plan.dead_letters.schema
-        )
+    """Run the plan's transforms on no rows of each route's messages: a field they lack or a
+    type the Arrow engine cannot take raises :class:`~deltaflow.errors.ConfigError` on the
+    driver."""
+    for route in plan.routes.values():
+        source = route.decoding.arrow_schema if route.decoding is not None else plan.source_schema
+        empty = source.empty_table()
+        rows, _, _ = _decoded(empty)
+        arrow_transforms.check(rows.schema, [parse_transform(t) for t in plan.transforms], route.main.schema)
+        if route.dead_letters is not None:
+            no_errors = pa.chunked_array([pa.array([], pa.string())])
+            letters = _dead_letters(
+                empty, no_errors, rows.column(arrow_transforms.KAFKA_COLUMN), plan.dlq_format
+            )
+            arrow_transforms.check(
+                letters.schema, [parse_transform(t) for t in plan.dlq_transforms], route.dead_letters.schema
+            )
 
 
-def write_range(task: IngestRange) -> pa.RecordBatch:
+def write_task(task: IngestTask) -> pa.RecordBatch:
     """Steps 0.1-0.4 for one task: read, decode, transform, split, write; describe the files."""
     from pyspark import TaskContext
 
@@ -292,60 +441,80 @@ def write_range(task: IngestRange) -> pa.RecordBatch:
     raw_batch = ctx.getLocalProperty("streaming.sql.batchId") if ctx else None
     batch_id = int(raw_batch) if raw_batch else None
     attempt = ctx.attemptNumber() if ctx else 0
-    prefix = f"part-b{batch_id if batch_id is not None else 0:06d}-k{task.range.partition:05d}-a{attempt}"
+    prefix = f"part-b{batch_id if batch_id is not None else 0:06d}-k{task.index:05d}-a{attempt}"
     plan = task.plan
     transforms = [parse_transform(t) for t in plan.transforms]
     dlq_transforms = [parse_transform(t) for t in plan.dlq_transforms]
     produced = {t.target[0].lower() for t in transforms}
-    main_schema = plan.main.schema
-    main = plan.main.writer(prefix)
-    dead = plan.dead_letters.writer(prefix) if plan.dead_letters is not None else None
+    writers: dict[str, PartitionedFileWriter] = {}  # by table URI, main and dead-letter tables
     result = TaskResult(writer=writer_process())
+
+    def writer(files: TableFiles) -> PartitionedFileWriter:
+        if files.table_uri not in writers:
+            writers[files.table_uri] = _writer(files, prefix)
+        return writers[files.table_uri]
+
+    current = ""
     try:
-        # Step 0.1. Read and decode (the Kafka source's own reader).
-        for batch in read_range(task.range):
+        # Step 0.1. Read and decode (the Kafka source's own reader), range after range.
+        for index, batch in read_ranges([i.range for i in task.ranges]):
+            item = task.ranges[index]
+            route = task.routes[item.range.topic]
+            current = route.main.table_uri
+            outcome = result.tables.setdefault(
+                current,
+                TableResult(dead_letter_table=route.dead_letters.table_uri if route.dead_letters else None),
+            )
+            main_schema = route.main.schema
             table = pa.Table.from_batches([batch])
-            result.rows += table.num_rows
+            outcome.rows += table.num_rows
             rows, decode_error, unknown = _decoded(table)
             kafka = rows.column(arrow_transforms.KAFKA_COLUMN)
             # Step 0.2. Transforms; failed messages are dead letters.
             rows, failed = arrow_transforms.apply(rows, transforms, target_schema=main_schema)
             error = decode_error if failed is None else pc.coalesce(decode_error, failed)
             ok = pc.is_null(error)
-            _count_unknown(result, unknown, ok, produced)
-            if unknown is not None and len(result.samples) < plan.sample_unknown:
-                _sample_unknown(result, table.column("value"), unknown, ok, produced, plan.sample_unknown)
+            _count_unknown(outcome, unknown, ok, produced)
+            if unknown is not None and len(outcome.samples) < plan.sample_unknown:
+                _sample_unknown(outcome, table.column("value"), unknown, ok, produced, plan.sample_unknown)
             # Step 0.3. Write.
             good = rows.filter(ok)
             if good.num_rows:
+                out = writer(route.main)
                 for part in _conform(good, main_schema).to_batches():
-                    main.write(part)
+                    out.write(part)
             bad = pc.invert(ok)
             count = int(pc.sum(bad).as_py() or 0)
             if count:
-                result.failed += count
-                if result.first_error is None:
-                    result.first_error = pc.drop_null(error)[0].as_py()
-                if dead is not None and plan.dead_letters is not None:
-                    new = pc.and_(bad, pc.greater(table.column("offset"), task.dead_lettered_through))
+                outcome.failed += count
+                if outcome.first_error is None:
+                    outcome.first_error = pc.drop_null(error)[0].as_py()
+                if route.dead_letters is not None:
+                    new = pc.and_(bad, pc.greater(table.column("offset"), item.dead_lettered_through))
                     letters = _dead_letters(
                         table.filter(new), error.filter(new), kafka.filter(new), plan.dlq_format
                     )
                     letters, _ = arrow_transforms.apply(
-                        letters, dlq_transforms, target_schema=plan.dead_letters.schema
+                        letters, dlq_transforms, target_schema=route.dead_letters.schema
                     )
                     letters = _finish_dead_letters(letters)
                     if letters.num_rows:
-                        for part in _conform(letters, plan.dead_letters.schema).to_batches():
-                            dead.write(part)
-        result.main = main.close()
-        result.dead_letters = dead.close() if dead is not None else []
+                        out = writer(route.dead_letters)
+                        for part in _conform(letters, route.dead_letters.schema).to_batches():
+                            out.write(part)
+        dead = {r.dead_letters.table_uri for r in task.routes.values() if r.dead_letters is not None}
+        for uri, out in writers.items():
+            current = uri
+            files = out.close()
+            if uri in dead:
+                result.dead_letters[uri] = files
+            else:
+                result.tables.setdefault(uri, TableResult()).files = files
     except BaseException as exc:
-        main.discard()
-        if dead is not None:
-            dead.discard()
+        for out in writers.values():
+            out.discard()
         if isinstance(exc, OSError):  # the store failed: a classified error the daemon can act on
-            raise storage_error(exc, plan.main.table_uri, "writing data files of") from exc
+            raise storage_error(exc, current, "writing data files of") from exc
         raise
     maybe_crash("write", batch_id)
     # Step 0.4. Describe.
@@ -385,7 +554,7 @@ def _decoded(table: pa.Table) -> tuple[pa.Table, pa.ChunkedArray, pa.ChunkedArra
 
 
 def _count_unknown(
-    result: TaskResult, unknown: pa.ChunkedArray | None, ok: pa.ChunkedArray, produced: set[str]
+    result: TableResult, unknown: pa.ChunkedArray | None, ok: pa.ChunkedArray, produced: set[str]
 ) -> None:
     """Fields of good messages the table lacks (a field a transform produces is not unknown)."""
     if unknown is None or not unknown.null_count < len(unknown):
@@ -398,7 +567,7 @@ def _count_unknown(
 
 
 def _sample_unknown(
-    result: TaskResult,
+    result: TableResult,
     values: pa.ChunkedArray,
     unknown: pa.ChunkedArray,
     ok: pa.ChunkedArray,

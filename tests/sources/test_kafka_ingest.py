@@ -121,18 +121,18 @@ def test_evolution_samples_only_what_can_become_a_column_and_stay_small():
     by a transform), at most ``limit`` of them and about ``SAMPLE_BYTES``."""
     import pyarrow as pa
 
-    from deltaflow.sources.kafka_ingest import SAMPLE_BYTES, TaskResult, _sample_unknown
+    from deltaflow.sources.kafka_ingest import SAMPLE_BYTES, TableResult, _sample_unknown
 
     unknown = pa.chunked_array([[["meta.deep"], ["made"], None, ["tag"], ["Tag", "meta.x"], ["tag"]]])
     values = pa.chunked_array([[b"nested", b"produced", b"known", b"bad", b"new", b"new2"]])
     ok = pa.chunked_array([[True, True, True, False, True, True]])
-    result = TaskResult()
+    result = TableResult()
     _sample_unknown(result, values, unknown, ok, produced={"made"}, limit=10)
     assert result.samples == [b"new", b"new2"]
-    capped = TaskResult()
+    capped = TableResult()
     _sample_unknown(capped, values, unknown, ok, produced={"made"}, limit=1)
     assert capped.samples == [b"new"]
     big = pa.chunked_array([[b"x" * (SAMPLE_BYTES // 2 + 1)] * 6])
-    sized = TaskResult()
+    sized = TableResult()
     _sample_unknown(sized, big, pa.chunked_array([[["tag"]] * 6]), pa.chunked_array([[True] * 6]), set(), 10)
     assert len(sized.samples) == 2  # stops once the bytes reach the cap
