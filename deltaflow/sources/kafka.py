@@ -889,8 +889,10 @@ def read_range(task: KafkaPartitionRange) -> Iterator[pa.RecordBatch]:
 
 
 def read_ranges(tasks: Sequence[KafkaPartitionRange]) -> Iterator[tuple[int, pa.RecordBatch]]:
-    """Read each range in turn with one consumer (a task holding many small topic-partitions
-    connects once): ``(index of the range, batch)`` pairs, each range's batches in order."""
+    """Read the ranges with one consumer: ``(index of the range, batch)`` pairs, each range's
+    batches in offset order. Ranges of different partitions are read together (one fetch
+    covers them all: a task holding many small topic-partitions does not wait for a fetch per
+    range); two ranges of one partition are read one after the other."""
     from confluent_kafka import Consumer
 
     if not tasks:
@@ -907,18 +909,134 @@ def read_ranges(tasks: Sequence[KafkaPartitionRange]) -> Iterator[tuple[int, pa.
     collecting = gc.isenabled()
     gc.disable()
     try:
-        for index, task in enumerate(tasks):
+        if len(tasks) == 1:
+            task = tasks[0]
             with kafka_errors(
                 f"reading {task.topic}[{task.partition}] offsets {task.start}-{task.end}",
                 topic=task.topic,
                 partition=task.partition,
             ):
                 for batch in _read_range(task, consumer):
-                    yield index, batch
+                    yield 0, batch
+            return
+        rounds: list[list[tuple[int, KafkaPartitionRange]]] = []
+        for index, task in enumerate(tasks):  # a partition at most once per round
+            free = next(
+                (
+                    r
+                    for r in rounds
+                    if all(t.topic != task.topic or t.partition != task.partition for _, t in r)
+                ),
+                None,
+            )
+            if free is None:
+                free = []
+                rounds.append(free)
+            free.append((index, task))
+        for together in rounds:
+            with kafka_errors(
+                f"reading {len(together)} ranges of {len({t.topic for _, t in together})} topic(s)"
+            ):
+                yield from _read_together(together, consumer)
     finally:
         if collecting:
             gc.enable()
         consumer.close()
+
+
+@dataclass
+class _Reading:
+    """One range being read by :func:`_read_together`."""
+
+    index: int
+    task: KafkaPartitionRange
+    next_offset: int
+    decoder: Any
+    rows: list[Any] = field(default_factory=list)
+
+
+def _read_together(
+    ranges: Sequence[tuple[int, KafkaPartitionRange]], consumer: Any
+) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """Read ranges of distinct partitions at once; each range's rows in chunks of
+    :data:`CONSUME_CHUNK` as Arrow batches, in offset order."""
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+    state = {
+        (t.topic, t.partition): _Reading(i, t, t.start, _decoder(t.decoding) if t.decoding else None)
+        for i, t in ranges
+        if t.end > t.start
+    }
+    if not state:
+        return
+    assignment = [TopicPartition(t, p, r.task.start) for (t, p), r in state.items()]
+    consumer.assign(assignment)
+    consumer.resume(assignment)  # paused in an earlier round (a second range of the partition)
+    active = set(state)
+    last_progress = time.monotonic()
+
+    def flush(reading: _Reading) -> tuple[int, pa.RecordBatch]:
+        task = reading.task
+        assert task.decoding is not None
+        rows, reading.rows = reading.rows, []
+        return reading.index, _to_arrow(
+            rows, task, task.decoding.arrow_schema, reading.decoder, task.decoding
+        )
+
+    while active:
+        messages = consumer.consume(num_messages=CONSUME_CHUNK, timeout=1.0)
+        ready: list[tuple[int, pa.RecordBatch]] = []
+        done: list[tuple[str, int]] = []
+        for m in messages:
+            key = (m.topic(), m.partition())
+            reading = state.get(key)
+            err = m.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    continue
+                if err.code() == KafkaError._AUTO_OFFSET_RESET and reading is not None:
+                    # read on from the earliest offset (fail_on_data_loss false), or stop
+                    _aged_out_while_reading(consumer, reading.task, reading.next_offset, err)
+                    continue
+                raise KafkaException(err)
+            if reading is None or key not in active:
+                continue
+            offset = m.offset()
+            if offset is None or offset >= reading.task.end:
+                done.append(key)
+                continue
+            reading.rows.append(m)
+            reading.next_offset = offset + 1
+            last_progress = time.monotonic()
+            if reading.next_offset >= reading.task.end:
+                done.append(key)
+            elif len(reading.rows) >= CONSUME_CHUNK:
+                ready.append(flush(reading))
+        if not messages:
+            # The rest of a range may hold no records (transaction markers, compaction).
+            positions = consumer.position([TopicPartition(t, p) for t, p in active])
+            done += [
+                (tp.topic, tp.partition)
+                for tp in positions
+                if tp.offset >= state[tp.topic, tp.partition].task.end
+            ]
+        for key in dict.fromkeys(done):
+            if key in active:
+                active.discard(key)
+                consumer.pause([TopicPartition(*key)])
+                if state[key].rows:
+                    ready.append(flush(state[key]))
+        yield from ready
+        if active and time.monotonic() - last_progress > READ_STALL_TIMEOUT_S:
+            reading = state[next(iter(active))]
+            raise TransientError(
+                f"no progress reading {len(active)} partition(s), e.g. {reading.task.topic}"
+                f"[{reading.task.partition}] at offset {reading.next_offset} (range ends at "
+                f"{reading.task.end}), for {READ_STALL_TIMEOUT_S:.0f} s; is the broker up?",
+                topic=reading.task.topic,
+                partition=reading.task.partition,
+                offset=reading.next_offset,
+            )
 
 
 def _read_range(task: KafkaPartitionRange, consumer: Any) -> Iterator[pa.RecordBatch]:

@@ -1,0 +1,170 @@
+"""Many topics in one query (``deltaflow ingest --topic_pattern REGEX TEMPLATE``), against the
+real broker: each topic exactly its messages in its own table, new topics picked up while the
+query runs, and a table moving between ingest of one topic and of a pattern without a gap."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+
+import pytest
+from click.testing import CliRunner
+from deltalake import DeltaTable
+
+from deltaflow.cli import cli
+from deltaflow.config.ingest import IngestConfig
+from deltaflow.errors import ConfigError
+from deltaflow.pipeline.ingest import ingest
+from deltaflow.pipeline.topic_ingest import start
+from tests.fixtures.ingest_messages import poll, table_rows
+from tests.fixtures.readers import duckdb_delta
+
+
+def _messages(topic: str, count: int, *, bad_every: int = 0) -> list[bytes]:
+    out = []
+    for i in range(count):
+        if bad_every and i % bad_every == bad_every - 1:
+            out.append(b'{"id": not json')
+        else:
+            out.append(json.dumps({"id": i, "name": f"{topic}-{i}", "n": i * 1.5}).encode())
+    return out
+
+
+def _ids(uri) -> list[int]:
+    return sorted(r["id"] for r in DeltaTable(str(uri)).to_pyarrow_table(columns=["id"]).to_pylist())
+
+
+def _duckdb_ids(uri) -> list[int]:
+    con = duckdb_delta()
+    return sorted(r[0] for r in con.execute(f"SELECT id FROM delta_scan('{uri}')").fetchall())
+
+
+def test_fifty_topics_by_pattern_land_each_in_its_own_table_in_one_query(spark, kafka, tmp_path):
+    prefix = f"bronze{uuid.uuid4().hex[:6]}"
+    topics = [f"{prefix}.orders{i:02d}" for i in range(50)]
+    for i, topic in enumerate(topics):
+        kafka.create_topic(partitions=2, name=topic)
+        kafka.produce(topic, _messages(topic, 10 + i, bad_every=7 if i % 10 == 0 else 0), partitions=2)
+    other = kafka.create_topic(partitions=1, name=f"{prefix}-other")  # matches no pattern
+    kafka.produce(other, _messages(other, 5), partitions=1)
+    config = IngestConfig.build(
+        topic_pattern=rf"{prefix}\.(.*)",
+        table_uri=str(tmp_path / "lake" / "{1}"),
+        dlq_table_location=str(tmp_path / "dead-letters"),
+        brokers=kafka.bootstrap,
+        pipeline_id="bronze",
+        ends_at_latest_offsets=True,
+        transforms=["source_topic: kafka.topic", "offset: kafka.offset"],
+    )
+    query = start(spark, config)
+    assert query.awaitTermination(300)
+    assert query.exception() is None
+    progress = query.recentProgress
+    assert len({p["id"] for p in progress}) == 1  # one query for every topic
+
+    letters = DeltaTable(str(tmp_path / "dead-letters")).to_pyarrow_table().to_pylist()
+    for i, topic in enumerate(topics):
+        uri = tmp_path / "lake" / f"orders{i:02d}"
+        expected = [j for j in range(10 + i) if not (i % 10 == 0 and j % 7 == 6)]
+        assert _ids(uri) == expected, topic
+        assert _duckdb_ids(uri) == expected, topic
+        rows = DeltaTable(str(uri)).to_pyarrow_table().to_pylist()
+        assert {r["source_topic"] for r in rows} == {topic}
+        assert all(r["name"] == f"{topic}-{r['id']}" for r in rows)
+        table = DeltaTable(str(uri))
+        # The txn ids of ingest of one topic: <pipeline_id>-<topic>-<partition>.
+        ends = {p: (10 + i + (1 - p)) // 2 - 1 for p in (0, 1)}
+        assert {p: table.transaction_version(f"bronze-{topic}-{p}") for p in (0, 1)} == ends
+        bad = 0 if i % 10 else (10 + i) // 7
+        assert sum(1 for r in letters if r["topic"] == topic) == bad, topic
+    assert not (tmp_path / "lake" / "other").exists()
+    assert sorted(p.name for p in (tmp_path / "lake").iterdir() if not p.name.startswith("_")) == [
+        f"orders{i:02d}" for i in range(50)
+    ]
+
+
+def test_new_topics_land_and_a_table_moves_between_one_topic_and_a_pattern(spark, kafka, tmp_path):
+    prefix = f"evt{uuid.uuid4().hex[:6]}"
+    first = kafka.create_topic(partitions=2, name=f"{prefix}.a")
+    kafka.produce(first, _messages(first, 30), partitions=2)
+    lake = tmp_path / "lake"
+    # The table starts under ingest of its one topic, ...
+    single = IngestConfig.build(
+        topic=first,
+        table_uri=str(lake / "{topic}"),
+        brokers=kafka.bootstrap,
+        pipeline_id="events",
+        ends_at_latest_offsets=True,
+        checkpoint_location=str(tmp_path / "one-topic-checkpoint"),
+    )
+    assert ingest(spark, single.for_one_topic()).awaitTermination(300)
+    assert _ids(lake / first) == list(range(30))
+    kafka.produce(first, _messages(first, 50)[30:], partitions=2)
+    # ... then a pattern takes it (and a new topic), where the table's progress says.
+    config = IngestConfig.build(
+        topic_pattern=rf"{prefix}\..*",
+        table_uri=str(lake / "{topic}"),
+        brokers=kafka.bootstrap,
+        pipeline_id="events",
+        allowed_latency=0.5,
+    )
+    query = start(spark, config)
+    try:
+        poll(lambda: table_rows(lake / first) == 50, 120, "the rest of the first topic", query_alive(query))
+        assert _ids(lake / first) == list(range(50))
+        second = kafka.create_topic(partitions=1, name=f"{prefix}.b")
+        kafka.produce(second, _messages(second, 7), partitions=1)
+        batches = len(query.recentProgress)
+        poll(lambda: table_rows(lake / second) == 7, 120, "the new topic's table", query_alive(query))
+        assert _ids(lake / second) == list(range(7))
+        kafka.produce(first, _messages(first, 60)[50:], partitions=2)
+        poll(lambda: table_rows(lake / first) == 60, 120, "more of the first topic", query_alive(query))
+    finally:
+        query.stop()
+    # The new topic took at most two batches with data after it appeared (one to make its table).
+    landed = [p for p in query.recentProgress[batches:] if p["numInputRows"]]
+    assert landed
+    # A deleted checkpoint: the tables' progress says where each topic is.
+    shutil.rmtree(lake / "_deltaflow" / "checkpoints" / "events")
+    kafka.produce(second, _messages(second, 9)[7:], partitions=1)
+    again = start(spark, config.model_copy(update={"ends_at_latest_offsets": True}))
+    assert again.awaitTermination(300)
+    assert _ids(lake / first) == list(range(60))
+    assert _ids(lake / second) == list(range(9))
+
+
+def query_alive(query):
+    class Alive:
+        returncode = "stopped"
+
+        def poll(self):
+            return None if query.isActive else query.exception()
+
+        def __repr__(self):
+            return f"query {query.name}"
+
+    return Alive()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--topic_pattern", "x.*", "{table}/t"], "one table for several topics"),
+        (["--topic_pattern", "x(.*)", "{table}/{2}"], "has 1 group"),
+        (["a,b", "{table}/{1}"], "listed, not matched"),
+        (
+            ["a,b", "{table}/{topic}", "--engine", "spark"],
+            "--engine spark is not available with several topics",
+        ),
+        (["{table}/{topic}"], "Missing argument 'TABLE_URI'"),
+    ],
+    ids=["no-placeholder", "missing-group", "group-of-a-list", "spark-engine", "no-topic"],
+)
+def test_bad_templates_are_refused_before_anything_is_written(tmp_path, args, message):
+    args = [a.replace("{table}", str(tmp_path / "lake")) for a in args]
+    result = CliRunner().invoke(cli, ["ingest", *args, "--kafka", "127.0.0.1:1"])
+    # A usage error, or a ConfigError (the CLI's boundary, deltaflow.cli.main, exits 2 on it).
+    assert result.exit_code == 2 or isinstance(result.exception, ConfigError), result.output
+    assert message in result.output + str(result.exception)
+    assert not (tmp_path / "lake").exists()
