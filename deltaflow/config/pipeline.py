@@ -558,6 +558,7 @@ class PipelineSpec(_Model):
                 )
         problems += self._postgres_problems()
         problems += self._parquet_files_problems()
+        problems += self._template_problems()
         problems += self._input_file_problems()
         if self.dead_letter is not None and normalize_uri(self.dead_letter.table_uri) in tables:
             problems.append("dead_letter.table_uri must be another table than the sinks'")
@@ -653,14 +654,51 @@ class PipelineSpec(_Model):
     def sink_names(self) -> list[str]:
         return [s.name or f"sink{i}" for i, s in enumerate(self.sinks)]
 
+    def table_per_topic(self) -> bool:
+        """Whether the sink's ``table_uri`` is a template giving each topic its own table
+        (``{topic}``, ``{1}`` ...): ingest of many topics, on the Arrow engine."""
+        from deltaflow.config.table_template import has_placeholders
+
+        return isinstance(self.source, KafkaSourceSpec) and has_placeholders(self.sinks[0].table_uri)
+
+    def _template_problems(self) -> list[str]:
+        from deltaflow.config.table_template import TableTemplate, has_placeholders
+
+        src = self.source
+        templated = [i for i, sink in enumerate(self.sinks) if has_placeholders(sink.table_uri)]
+        if not templated:
+            return []
+        if not isinstance(src, KafkaSourceSpec):
+            return [
+                f"sinks[{templated[0]}]: a table_uri template ({{topic}}, {{1}} ...) takes a Kafka source"
+            ]
+        problems = []
+        several = bool(src.topic_pattern) or len(src.topics) > 1
+        for i in templated:
+            try:
+                TableTemplate.of(self.sinks[i].table_uri, pattern=src.topic_pattern, several=several)
+            except ConfigError as exc:
+                problems.append(f"sinks[{i}].table_uri: {exc}")
+        blockers = self.arrow_blockers()
+        if blockers:
+            problems.append(
+                "a table per topic (table_uri " + repr(self.sinks[templated[0]].table_uri) + ") runs on "
+                "the Arrow engine, which cannot run: " + "; ".join(blockers)
+            )
+        if self.engine == "spark":
+            problems.append("a table per topic runs on the Arrow engine: set engine: arrow or auto")
+        return problems
+
     def arrow_blockers(self) -> list[str]:
         """Why the Arrow engine cannot run this pipeline (empty: it can)."""
         src = self.source
         if not isinstance(src, KafkaSourceSpec):
             return [f"a {src.type} source (the Arrow engine reads Kafka)"]
         reasons = []
-        if src.topic_pattern or len(src.topics) != 1:
-            reasons.append("several topics or a topic_pattern (the Arrow engine reads one topic)")
+        if (src.topic_pattern or len(src.topics) != 1) and not self.table_per_topic():
+            reasons.append(
+                "several topics or a topic_pattern into one table (the Arrow engine writes a table per topic)"
+            )
         if isinstance(src.starting_offsets, dict) and set(src.starting_offsets) - set(src.topics):
             reasons.append("starting_offsets for another topic")
         mappings = [f"{k}: {v}" for k, v in self.transforms.items()]
@@ -697,14 +735,15 @@ class PipelineSpec(_Model):
         src = self.source
         assert isinstance(src, KafkaSourceSpec)
         sink = self.sinks[0]
-        topic = src.topics[0]
+        topics = src.topics
         # Ingest owns the progress and the writer; append is the only mode here (op_column is
         # for merges). The schema mode is the sink's, default included.
         owned = {"table_uri", "write_path", "write_mode", "op_column", "writer_epoch"}
         table = sink.model_dump(exclude={*_ROUTING_KEYS, *owned}, exclude_defaults=True)
         table["schema_mode"] = sink.schema_mode
         values: dict[str, Any] = {
-            "topic": topic,
+            "topic": ",".join(topics),
+            "topic_pattern": src.topic_pattern,
             "table_uri": sink.table_uri,
             "brokers": src.bootstrap_servers,
             "pipeline_id": self.pipeline_id,
@@ -728,7 +767,7 @@ class PipelineSpec(_Model):
             "table_options": table,
         }
         if isinstance(src.starting_offsets, dict):
-            values["seek_offsets"] = src.starting_offsets.get(topic, {})
+            values["seek_offsets"] = src.starting_offsets.get(topics[0], {})
         else:
             values["auto_offset_reset"] = src.starting_offsets
         if self.dead_letter is not None:

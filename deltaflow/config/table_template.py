@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from deltaflow.config.locations import normalize_uri
 from deltaflow.errors import ConfigError
 
-__all__ = ["TableTemplate", "static_prefix"]
+__all__ = ["TableTemplate", "has_placeholders", "static_prefix"]
 
 #: ``{topic}`` or ``{1}`` ... ``{9}``; any other ``{...}`` is refused.
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
@@ -108,6 +108,11 @@ class TableTemplate:
             last = m.end()
         out.append(self.text[last:])
         return normalize_uri("".join(out))
+
+
+def has_placeholders(text: str) -> bool:
+    """Whether ``text`` names a table per topic (``{topic}`` or ``{1}`` ... ``{9}``)."""
+    return any(n == "topic" or _GROUP.fullmatch(n) for n in _PLACEHOLDER.findall(text))
 
 
 def static_prefix(text: str) -> str:

@@ -706,10 +706,10 @@ def start_pipeline(
         return _watch(spark, spec, spec.source, available_now=available_now, on_engine=on_engine)
     engine = choose_engine(spec)
     if engine == "arrow":
-        from deltaflow.pipeline.ingest import ingest
+        from deltaflow.pipeline.topic_ingest import start
 
         logger.info("pipeline %r runs as plain Kafka ingest (the Arrow engine)", spec.pipeline_id)
-        return ingest(spark, spec.ingest_config(available_now=available_now), on_engine=on_engine)
+        return start(spark, spec.ingest_config(available_now=available_now), on_engine=on_engine)
     location = checkpoint_location(spec)
     source = read_source(spark, spec, location)
     good = source.drop(_ERROR, _RAW) if isinstance(spec.source, KafkaSourceSpec) else source

@@ -168,3 +168,38 @@ def test_bad_templates_are_refused_before_anything_is_written(tmp_path, args, me
     assert result.exit_code == 2 or isinstance(result.exception, ConfigError), result.output
     assert message in result.output + str(result.exception)
     assert not (tmp_path / "lake").exists()
+
+
+TOPICS_PIPELINE = """
+pipelines:
+  - pipeline_id: bronze-yaml
+    engine: ${ENGINE}
+    source:
+      type: kafka
+      bootstrap_servers: ${BROKER}
+      topic_pattern: '${PREFIX}\\..*'
+      schema: "id BIGINT, name STRING, n DOUBLE"
+    transforms:
+      source_topic: kafka.topic
+    sinks: [{table_uri: "${DIR}/lake/{topic}"}]
+    dead_letter: {table_uri: "${DIR}/dead-letters"}
+"""
+
+
+def test_a_yaml_pipeline_with_a_table_template_runs_as_ingest_of_many_topics(spark, kafka, tmp_path):
+    from deltaflow.service.daemon import run_pipelines
+    from tests.fixtures.pipelines import pipelines
+
+    prefix = f"y{uuid.uuid4().hex[:6]}"
+    topics = [f"{prefix}.t{i}" for i in range(3)]
+    for i, topic in enumerate(topics):
+        kafka.create_topic(partitions=2, name=topic)
+        kafka.produce(topic, _messages(topic, 8 + i, bad_every=4), partitions=2)
+    specs = pipelines(tmp_path, TOPICS_PIPELINE, BROKER=kafka.bootstrap, PREFIX=prefix, ENGINE="auto")
+    run_pipelines(spark, specs, available_now=True)
+    letters = DeltaTable(str(tmp_path / "dead-letters")).to_pyarrow_table().to_pylist()
+    for i, topic in enumerate(topics):
+        assert _ids(tmp_path / "lake" / topic) == [j for j in range(8 + i) if j % 4 != 3]
+        assert sum(r["topic"] == topic for r in letters) == (8 + i) // 4
+    with pytest.raises(ConfigError, match="a table per topic runs on the Arrow engine"):
+        pipelines(tmp_path, TOPICS_PIPELINE, BROKER=kafka.bootstrap, PREFIX=prefix, ENGINE="spark")
