@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -95,6 +96,8 @@ class Metrics:
         #: Rows committed per (pipeline, table) in this process, for run summaries
         #: (:meth:`rows_committed`); pipelines commit from their own query threads.
         self._committed: dict[tuple[str, str], int] = {}
+        #: When this process last committed to each (pipeline, table) (epoch seconds).
+        self._last_commit: dict[tuple[str, str], float] = {}
         self._committed_lock = threading.Lock()
         self._failed = Counter(
             "deltaflow_ingest_records_failed",
@@ -187,6 +190,12 @@ class Metrics:
         self._batch_max.labels(*labels).set(high)
         with self._committed_lock:
             self._committed[labels] = self._committed.get(labels, 0) + rows
+            self._last_commit[labels] = time.time()
+
+    def last_commits(self, pipeline: str) -> dict[str, float]:
+        """When this process last committed to each table of ``pipeline`` (epoch seconds)."""
+        with self._committed_lock:
+            return {table: at for (p, table), at in self._last_commit.items() if p == pipeline}
 
     def rows_committed(self, pipeline: str) -> dict[str, int]:
         """Rows this process committed for ``pipeline`` so far, per table (its sinks' reports

@@ -564,7 +564,13 @@ def ingest(
     from deltaflow.service.status import board
 
     topics = topic or f"/{topic_pattern}/"
-    board.register(pipeline_id, table_uri=table_uri, source=f"kafka {topics} @ {brokers}", unit="message(s)")
+    board.register(
+        pipeline_id,
+        table_uri=table_uri,
+        source=f"kafka {topics} @ {brokers}",
+        unit="message(s)",
+        table_of=config.table_template().render if config.several_topics else None,
+    )
     serve(metrics_port, status_port)
     from deltaflow.pipeline.arrow_ingest import choose_engine
 

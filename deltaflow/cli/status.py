@@ -92,4 +92,13 @@ def _print_daemon_status(data: dict[str, Any]) -> None:
         )
         if p["error"]:
             click.echo(f"  error: {p['error']}")
+        tables = p.get("tables") or []
+        if len(tables) > 1:
+            click.echo(f"  {len(tables)} tables:")
+            for t in tables:
+                lag = "" if t["lag"] is None else f", lag {t['lag']}"
+                click.echo(
+                    f"    {t['table_uri']}: {t['committed']} committed, last {t['last_commit'] or '-'}{lag}"
+                )
+            return
         _print_health(p["table"])

@@ -200,7 +200,6 @@ class IngestConfig(BaseModel):
             "--seek_offsets (it names partitions of one topic)": self.seek_offsets,
             "--schema_evolution": self.schema_evolution,
             "--engine spark": self.engine == "spark",
-            "--commit_to_group": self.commit_to_group,
         }
         for what, given in refused.items():
             if given:

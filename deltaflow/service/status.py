@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -54,6 +54,10 @@ class _Pipeline:
     #: of the progress points count them), and what its sinks commit.
     unit: str = "row(s)"
     committed_unit: str = "row(s)"
+    #: The table of a topic, for pipelines writing a table per topic (lag per table).
+    table_of: Callable[[str], str | None] | None = None
+    #: ``topic:partition`` -> messages behind, from the last progress report.
+    lags: dict[str, int] = field(default_factory=dict)
 
 
 class StatusBoard:
@@ -72,13 +76,16 @@ class StatusBoard:
         source: str | None = None,
         unit: str = "row(s)",
         committed_unit: str = "row(s)",
+        table_of: Callable[[str], str | None] | None = None,
     ) -> None:
         """A pipeline; ``unit``: what its query's input rows are, ``committed_unit``: what its
-        sinks commit (the page shows both; committed counts come from the metrics facade)."""
+        sinks commit (the page shows both; committed counts come from the metrics facade);
+        ``table_of``: the table of a topic, for a pipeline writing a table per topic (its
+        ``table_uri`` is then the template)."""
         with self._lock:
             if name not in self._pipelines:
                 self._pipelines[name] = _Pipeline(
-                    name, table_uri, source, unit=unit, committed_unit=committed_unit
+                    name, table_uri, source, unit=unit, committed_unit=committed_unit, table_of=table_of
                 )
 
     def set_engine(self, name: str, engine: str) -> None:
@@ -104,7 +111,8 @@ class StatusBoard:
         try:
             stamp = _epoch(str(progress["timestamp"]))
             sources = progress.get("sources") or []
-            lag = sum(sum(source_lags(s).values()) for s in sources)
+            lags = {k: v for s in sources for k, v in source_lags(s).items()}
+            lag = sum(lags.values())
             input_rps, processed_rps = progress_rates(progress)
             point = {
                 "t": stamp,
@@ -121,6 +129,7 @@ class StatusBoard:
             p = self._pipelines.setdefault(name, _Pipeline(name, None, None))
             if p.points and p.points[-1]["t"] == stamp:
                 return
+            p.lags = lags
             p.points.append(point)
             while p.points and p.points[0]["t"] < stamp - self._window_s:
                 p.points.popleft()
@@ -141,7 +150,7 @@ class StatusBoard:
         now = time.time()
         out = []
         for p in pipelines:
-            if p.table_uri and now - p.health_at > HEALTH_TTL_S:
+            if p.table_uri and p.table_of is None and now - p.health_at > HEALTH_TTL_S:
                 p.health, p.health_at = _safe_health(p.table_uri), now
                 if p.health is not None:
                     p.health["checked_at"] = _iso(now)
@@ -167,6 +176,7 @@ class StatusBoard:
                     "lag": points[-1]["lag"] if points else None,
                     "series": [{**x, "t": _iso(x["t"])} for x in points],
                     "table": p.health,
+                    "tables": _tables(p, metrics.rows_committed(p.name), metrics.last_commits(p.name)),
                 }
             )
         return {"generated_at": _iso(now), "window_minutes": self._window_s // 60, "pipelines": out}
@@ -201,6 +211,27 @@ class StatusBoard:
         bound = int(server.server_address[1])
         logger.info("status page on http://%s:%d/", addr, bound)
         return bound
+
+
+def _tables(p: _Pipeline, committed: Mapping[str, int], last: Mapping[str, float]) -> list[dict[str, Any]]:
+    """Each table the pipeline commits to: rows committed by this process, its last commit, and
+    the messages its topics are behind (a table per topic; otherwise the pipeline's lag)."""
+    lag: dict[str, int] = {}
+    if p.table_of is not None:
+        for key, behind in p.lags.items():
+            table = p.table_of(key.rsplit(":", 1)[0])
+            if table is not None:
+                lag[table] = lag.get(table, 0) + behind
+    names = sorted({*committed, *lag})
+    return [
+        {
+            "table_uri": t,
+            "committed": committed.get(t, 0),
+            "last_commit": _iso(last[t]) if t in last else None,
+            "lag": lag.get(t) if p.table_of is not None else None,
+        }
+        for t in names
+    ]
 
 
 def _epoch(iso: str) -> float:

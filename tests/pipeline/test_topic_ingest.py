@@ -120,6 +120,17 @@ def test_new_topics_land_and_a_table_moves_between_one_topic_and_a_pattern(spark
         assert _ids(lake / second) == list(range(7))
         kafka.produce(first, _messages(first, 60)[50:], partitions=2)
         poll(lambda: table_rows(lake / first) == 60, 120, "more of the first topic", query_alive(query))
+        # The status page lists every table: rows committed, last commit, lag of its topics.
+        from deltaflow.service.status import board
+
+        board.register("events", table_uri=config.table_uri, table_of=config.table_template().render)
+        board.progress("events", query.lastProgress)
+        (shown,) = [p for p in board.snapshot()["pipelines"] if p["name"] == "events"]
+        tables = {t["table_uri"]: t for t in shown["tables"]}
+        assert set(tables) == {str(lake / first), str(lake / second)}
+        assert tables[str(lake / first)]["committed"] == 60  # both runs of this process
+        assert tables[str(lake / second)]["committed"] == 7
+        assert all(t["last_commit"] and t["lag"] == 0 for t in tables.values())
     finally:
         query.stop()
     # The new topic took at most two batches with data after it appeared (one to make its table).
