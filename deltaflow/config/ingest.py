@@ -198,7 +198,6 @@ class IngestConfig(BaseModel):
             return
         refused = {
             "--seek_offsets (it names partitions of one topic)": self.seek_offsets,
-            "--schema_evolution": self.schema_evolution,
             "--engine spark": self.engine == "spark",
         }
         for what, given in refused.items():

@@ -114,8 +114,20 @@ def ingest_topics(
         open_sink=preparer.open_sink,
         open_dead_letters=preparer.open_dead_letters,
     )
+    group = None
+    if config.commit_to_group:
+        group = {
+            "bootstrap.servers": config.brokers,
+            **config.kafka_conf,
+            "group.id": config.consumer_group or "",
+        }
     writer = ArrowIngestWriter(
-        tables, pipeline_id=config.pipeline_id, follow_table=config.value_format == "json"
+        tables,
+        pipeline_id=config.pipeline_id,
+        group_config=group,
+        schema_evolution=config.schema_evolution,
+        gzipped=config.decompress_gzip,
+        follow_table=config.value_format == "json",
     )
     stream = arrow_stream(spark, options, plan, writer)
     stream = stream.option("checkpointLocation", location).queryName(config.pipeline_id)

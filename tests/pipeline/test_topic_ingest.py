@@ -145,6 +145,55 @@ def test_new_topics_land_and_a_table_moves_between_one_topic_and_a_pattern(spark
     assert _ids(lake / second) == list(range(9))
 
 
+def test_schema_evolution_and_dead_letters_apply_per_table(kafka, tmp_path):
+    """Each topic's new fields become columns of its own table only (the CLI, whose daemon
+    restarts the query after columns were added), and one topic's bad messages hold up no
+    other table."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    prefix = f"ev{uuid.uuid4().hex[:6]}"
+    a, b = f"{prefix}.a", f"{prefix}.b"
+    for topic, extra in ((a, {"score": 1.5}), (b, {"tag": "x"})):
+        kafka.create_topic(partitions=2, name=topic)
+        values = [json.dumps({"id": i, **(extra if i >= 6 else {})}).encode() for i in range(12)]
+        if topic == b:
+            values[3] = b"{broken"
+        kafka.produce(topic, values, partitions=2)
+    root = Path(__file__).resolve().parents[2]
+    args = [sys.executable, "-m", "deltaflow.cli", "ingest", f"{a},{b}", str(tmp_path / "{topic}")]
+    args += ["--kafka", kafka.bootstrap, "--app_id", "evolve", "--schema", "id LONG"]
+    args += ["--schema_evolution", "--ends_at_latest_offsets", "--max_messages_per_batch", "8"]
+    args += [
+        "--dlq_table_location",
+        str(tmp_path / "dlq"),
+        "--commit_to_group",
+        "--consumer_group_id",
+        prefix,
+    ]
+    out = subprocess.run(args, cwd=root, capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    # The consumer group follows every topic (lag monitoring only).
+    from confluent_kafka import Consumer, TopicPartition
+
+    group = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": prefix})
+    try:
+        done = group.committed([TopicPartition(t, p) for t in (a, b) for p in (0, 1)], timeout=10)
+    finally:
+        group.close()
+    assert {(tp.topic, tp.partition): tp.offset for tp in done} == {(t, p): 6 for t in (a, b) for p in (0, 1)}
+    ta, tb = DeltaTable(str(tmp_path / a)), DeltaTable(str(tmp_path / b))
+    assert ta.schema().to_arrow().names == ["id", "score"]
+    assert tb.schema().to_arrow().names == ["id", "tag"]
+    assert _ids(tmp_path / a) == list(range(12))
+    assert _ids(tmp_path / b) == [i for i in range(12) if i != 3]
+    rows = sorted(ta.to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
+    assert [r["score"] for r in rows] == [None] * 6 + [1.5] * 6
+    letters = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().to_pylist()
+    assert [(r["topic"], r["offset"]) for r in letters] == [(b, 1)]
+
+
 def query_alive(query):
     class Alive:
         returncode = "stopped"
