@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deltaflow.config.ingest import IngestConfig
@@ -73,10 +74,11 @@ def ingest_topics(
             f"ingest of several topics runs on the Arrow engine, which cannot run {', and '.join(blockers)}",
             pipeline_id=config.pipeline_id,
         )
-    if config.value_format == "avro":
+    if config.value_format == "avro" and (config.avro == "" or config.soe_avro):
         raise ConfigError(
-            "ingest of several topics takes JSON (--json, the default) or raw values (--raw) so "
-            "far; Avro topics need one ingest per topic",
+            "ingest of several topics takes Avro values through a schema registry (--avro URL: "
+            "each topic's subject <topic>-value) or one .avsc file; container files (--avro '') "
+            "and single-object encoding (--soe-avro) need one ingest per topic",
             pipeline_id=config.pipeline_id,
         )
     register(spark)
@@ -231,15 +233,28 @@ class TablePreparer:
     def _decoding(self) -> Decoding:
         from deltaflow.sources.kafka import METADATA_COLUMNS, Decoding
 
-        options = topics_source_options(self._config)
+        config = self._config
+        options = topics_source_options(config)
+        formats = {"raw": "binary", "json": "json", "avro": "avro"}
+        registry = config.json_registry
+        avro_schema = config.avro_schema
+        if config.value_format == "avro" and config.avro:
+            if config.avro.startswith(("http://", "https://")):
+                registry = config.avro
+            elif not avro_schema:
+                try:
+                    avro_schema = Path(config.avro).read_text()
+                except OSError as exc:
+                    raise ConfigError(f"cannot read the Avro schema file {config.avro!r}: {exc}") from None
         return Decoding(
-            value_format="binary" if self._config.value_format == "raw" else "json",
+            value_format=formats[config.value_format],
             arrow_schema=self.kafka_schema,
-            compression="gzip" if self._config.decompress_gzip else "none",
+            compression="gzip" if config.decompress_gzip else "none",
             keep_value=options.get("keep_value") == "true",
             metadata=frozenset(c for c in options["metadata"].split(",") if c in METADATA_COLUMNS),
-            registry_url=self._config.json_registry,
-            registry_auth=self._config.registry_auth,
+            avro_schema=avro_schema,
+            registry_url=registry,
+            registry_auth=config.registry_auth,
         )
 
     def _router(self) -> TopicRouter:
@@ -337,7 +352,7 @@ class TablePreparer:
         values = self._value_fields(missing, at_start=at_start)
         schemas: dict[str, pa.Schema] = {}
         for uri, fields in values.items():
-            source = self.router.decoding_for(fields).arrow_schema
+            source = self.router.decoding_for(fields, missing[uri][0]).arrow_schema
             schema = table_schema(source, self._config.transforms)
             try:
                 check_partition_columns(schema, list(self._config.partition_by), uri)
@@ -374,6 +389,8 @@ class TablePreparer:
             return {uri: pa.schema([]) for uri in missing}
         if self._given is not None:
             return {uri: self._given for uri in missing}
+        if self._config.value_format == "avro":
+            return {uri: self._avro_fields(topics[0]) for uri, topics in missing.items()}
         from pyspark.sql.types import StructType
 
         from deltaflow.delta.schema import spark_to_arrow
@@ -407,6 +424,19 @@ class TablePreparer:
                 continue
             out[uri] = spark_to_arrow(StructType(list(fields.values())))
         return out
+
+    def _avro_fields(self, topic: str) -> pa.Schema:
+        """The columns of ``topic``'s Avro reader schema."""
+        from pyspark.sql.types import StructType
+
+        from deltaflow.delta.schema import spark_to_arrow
+        from deltaflow.sources.decode import avro_to_spark_ddl
+
+        reader = self.router.reader_schema(topic)
+        assert reader is not None
+        parsed = StructType.fromDDL(avro_to_spark_ddl(reader))
+        assert isinstance(parsed, StructType)
+        return spark_to_arrow(parsed)
 
     def _start_at_latest(self, made: Mapping[str, list[str]]) -> None:
         """``--auto_offset_reset latest`` for topics that appeared while running: their new

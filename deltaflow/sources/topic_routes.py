@@ -117,10 +117,23 @@ class TopicRouter:
         dlq_uri = self.dead_letter_uri(topic)
         if dlq_uri is not None and self.dead_letter_files is not None:
             letters = dataclasses.replace(self.dead_letter_files, table_uri=dlq_uri)
-        return TopicRoute(main, letters, self.decoding_for(schema))
+        return TopicRoute(main, letters, self.decoding_for(schema, topic))
 
-    def decoding_for(self, table_schema: pa.Schema) -> Decoding:
-        """How values decode into a table of ``table_schema``."""
+    def reader_schema(self, topic: str) -> str | None:
+        """The Avro reader schema of ``topic``'s values: the one given for every topic, else
+        the latest of its registry subject ``<topic>-value`` (``None``: values are not Avro)."""
+        if self.decoding.value_format != "avro":
+            return None
+        if self.decoding.avro_schema:
+            return self.decoding.avro_schema
+        from deltaflow.sources.decode import SchemaRegistry
+
+        assert self.decoding.registry_url is not None
+        registry = SchemaRegistry(self.decoding.registry_url, basic_auth=self.decoding.registry_auth)
+        return registry.latest(f"{topic}-value")[1]
+
+    def decoding_for(self, table_schema: pa.Schema, topic: str) -> Decoding:
+        """How ``topic``'s values decode into a table of ``table_schema``."""
         kafka = pa.ipc.read_schema(pa.py_buffer(self.kafka_schema_ipc))
         if self.decoding.value_format == "binary":
             return dataclasses.replace(self.decoding, arrow_schema=kafka)
@@ -134,7 +147,7 @@ class TopicRouter:
                 pa.field("unknown_fields", pa.list_(pa.string())),
             ]
         )
-        return dataclasses.replace(self.decoding, arrow_schema=source)
+        return dataclasses.replace(self.decoding, arrow_schema=source, avro_schema=self.reader_schema(topic))
 
 
 def decoded_fields(

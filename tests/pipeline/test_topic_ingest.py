@@ -194,6 +194,42 @@ def test_schema_evolution_and_dead_letters_apply_per_table(kafka, tmp_path):
     assert [(r["topic"], r["offset"]) for r in letters] == [(b, 1)]
 
 
+def test_avro_topics_take_their_own_registry_subjects(spark, kafka, schema_registry, tmp_path):
+    """``--avro URL`` with several topics: each topic's columns come from its subject
+    ``<topic>-value``."""
+    from tests.fixtures.registry import AVRO_V1
+
+    prefix = f"av{uuid.uuid4().hex[:6]}"
+    other = {
+        "type": "record",
+        "name": "Pay",
+        "fields": [{"name": "id", "type": "long"}, {"name": "amount", "type": "double"}],
+    }
+    clicks, pays = f"{prefix}.clicks", f"{prefix}.pays"
+    for topic, schema, record in (
+        (clicks, AVRO_V1, lambda i: {"id": i, "url": f"/p{i}", "at": 1_700_000_000_000 + i}),
+        (pays, other, lambda i: {"id": i, "amount": i * 2.5}),
+    ):
+        schema_id = schema_registry.register(f"{topic}-value", schema)
+        kafka.create_topic(partitions=2, name=topic)
+        kafka.produce(topic, [schema_registry.encode(schema_id, record(i)) for i in range(9)], partitions=2)
+    config = IngestConfig.build(
+        topic_pattern=rf"{prefix}\..*",
+        table_uri=str(tmp_path / "{topic}"),
+        brokers=kafka.bootstrap,
+        pipeline_id="avro-topics",
+        value_format="avro",
+        avro=schema_registry.url,
+        ends_at_latest_offsets=True,
+    )
+    assert start(spark, config).awaitTermination(300)
+    assert DeltaTable(str(tmp_path / clicks)).schema().to_arrow().names == ["id", "url", "at"]
+    assert DeltaTable(str(tmp_path / pays)).schema().to_arrow().names == ["id", "amount"]
+    assert _ids(tmp_path / clicks) == _ids(tmp_path / pays) == list(range(9))
+    rows = sorted(DeltaTable(str(tmp_path / pays)).to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
+    assert [r["amount"] for r in rows] == [i * 2.5 for i in range(9)]
+
+
 def query_alive(query):
     class Alive:
         returncode = "stopped"
