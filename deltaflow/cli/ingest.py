@@ -86,6 +86,17 @@ STOP_POLL_S = 1
     help="Admission control per micro-batch (0 = no limit).",
 )
 @click.option(
+    "--min-task-messages",
+    "--min_task_messages",
+    type=click.IntRange(min=1),
+    default=20_000,
+    envvar="MIN_TASK_MESSAGES",
+    show_envvar=True,
+    help="Arrow engine: a task reads at least this many messages when the batch holds more; "
+    "small topic-partitions share a task, large ones are split, so that a batch makes at least "
+    "as many tasks as Spark has cores.",
+)
+@click.option(
     "-o",
     "--auto-offset-reset",
     "--auto_offset_reset",
@@ -419,6 +430,7 @@ def ingest(
     consumer_group: str | None,
     allowed_latency: float,
     max_messages_per_batch: int,
+    min_task_messages: int,
     auto_offset_reset: str,
     seek_offsets: str | None,
     transforms: tuple[str, ...],
@@ -522,6 +534,7 @@ def ingest(
         pipeline_id=pipeline_id,
         allowed_latency=allowed_latency,
         max_messages_per_batch=max_messages_per_batch,
+        min_task_messages=min_task_messages,
         auto_offset_reset=auto_offset_reset,
         seek_offsets=seek,
         transforms=transforms,

@@ -94,6 +94,8 @@ class IngestConfig(BaseModel):
     pipeline_id: PipelineId = Field(validation_alias=AliasChoices("pipeline_id", "app_id"))
     allowed_latency: float | None = Field(default=None, ge=0)
     max_messages_per_batch: int = Field(default=0, ge=0)
+    #: Arrow engine: a task reads at least this many messages when the batch holds more.
+    min_task_messages: int = Field(default=20_000, ge=1)
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     seek_offsets: dict[str, int] | None = None
     transforms: tuple[str, ...] = ()

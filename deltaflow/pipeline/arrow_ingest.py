@@ -102,6 +102,7 @@ def ingest_plan(
         dlq_format=config.dlq_format,
         sample_unknown=SCHEMA_SAMPLE_PER_PARTITION if config.schema_evolution else 0,
         task_parallelism=parallelism,
+        min_task_messages=config.min_task_messages,
     )
 
 

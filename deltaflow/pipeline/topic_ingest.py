@@ -105,6 +105,7 @@ def ingest_topics(
         dlq_format=config.dlq_format,
         sample_unknown=SCHEMA_SAMPLE_PER_PARTITION if config.schema_evolution else 0,
         task_parallelism=default_parallelism(spark),
+        min_task_messages=config.min_task_messages,
     )
     check_plan(plan)  # what the Arrow engine cannot run fails here, before the query starts
     tables = IngestTables(

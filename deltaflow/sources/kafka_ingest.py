@@ -82,7 +82,7 @@ RESULT_SCHEMA = "result BINARY, rows BIGINT"
 _RESULT = pa.schema([("result", pa.binary()), ("rows", pa.int64())])
 #: Bytes of message values a task samples for schema evolution at most.
 SAMPLE_BYTES = 1024 * 1024
-#: A task reads at least this many messages when it can (``IngestPlan.task_parallelism``): many
+#: A task reads at least this many messages when it can (``IngestPlan.min_task_messages``): many
 #: small topic-partitions share a task, since each task costs a Python worker round trip and a
 #: file per table it holds; fewer would make small files and slow batches.
 MIN_TASK_MESSAGES = 20_000
@@ -130,6 +130,7 @@ class IngestPlan:
     #: Schema evolution: return up to this many raw values of good messages with unknown fields.
     sample_unknown: int = 0
     task_parallelism: int = 1
+    min_task_messages: int = MIN_TASK_MESSAGES
     #: The pipeline whose txns hold each topic's progress (default: the source's ``pipeline_id``).
     pipeline_id: str | None = None
 
@@ -341,7 +342,7 @@ class KafkaIngestReader(KafkaStreamReader):
             items.append(IngestRange(r, held))
         bare = dataclasses.replace(self._plan, routes={}, router=None)
         tasks = []
-        for i, group in enumerate(pack(items, self._plan.task_parallelism)):
+        for i, group in enumerate(pack(items, self._plan.task_parallelism, self._plan.min_task_messages)):
             routes = {g.range.topic: self._routes[g.range.topic] for g in group}
             tasks.append(IngestTask(tuple(group), routes, bare, i))
         return tasks
@@ -373,14 +374,16 @@ class KafkaIngestReader(KafkaStreamReader):
         yield write_task(partition)
 
 
-def pack(ranges: Sequence[IngestRange], parallelism: int) -> list[list[IngestRange]]:
-    """The ranges as tasks sized by messages, not by partitions: at least ``parallelism`` tasks
-    of :data:`MIN_TASK_MESSAGES` or more, a larger range split by offsets, smaller ones
-    sharing a task (the least loaded that has room, the largest placed first)."""
+def pack(
+    ranges: Sequence[IngestRange], parallelism: int, least: int = MIN_TASK_MESSAGES
+) -> list[list[IngestRange]]:
+    """The ranges as tasks sized by messages, not by partitions: ``parallelism`` tasks or more
+    when each can have ``least`` messages or more, a larger range split by offsets, smaller ones
+    sharing a task (each to the least loaded, the largest first)."""
     total = sum(r.size for r in ranges)
     if not ranges:
         return []
-    size = max(MIN_TASK_MESSAGES, math.ceil(total / max(1, parallelism)))
+    size = max(least, math.ceil(total / max(1, parallelism)))
     pieces: list[IngestRange] = []
     for r in ranges:
         if r.size <= size:
@@ -391,17 +394,19 @@ def pack(ranges: Sequence[IngestRange], parallelism: int) -> list[list[IngestRan
         for begin in range(r.range.start, r.range.end, step):
             cut = dataclasses.replace(r.range, start=begin, end=min(begin + step, r.range.end))
             pieces.append(IngestRange(cut, r.dead_lettered_through))
-    tasks: list[list[IngestRange]] = []
-    loads: list[int] = []
+    # As many tasks as the messages need, each piece to the least loaded one (largest first),
+    # a new task only when even that one has no room.
+    count = max(1, math.ceil(total / size))
+    tasks: list[list[IngestRange]] = [[] for _ in range(count)]
+    loads = [0] * count
     for piece in sorted(pieces, key=lambda p: (-p.size, p.range.topic, p.range.partition, p.range.start)):
-        fits = [i for i, load in enumerate(loads) if load + piece.size <= size]
-        if fits:
-            i = min(fits, key=loads.__getitem__)
-            tasks[i].append(piece)
-            loads[i] += piece.size
-        else:
-            tasks.append([piece])
-            loads.append(piece.size)
+        i = min(range(len(loads)), key=loads.__getitem__)
+        if loads[i] and loads[i] + piece.size > size:
+            tasks.append([])
+            loads.append(0)
+            i = len(loads) - 1
+        tasks[i].append(piece)
+        loads[i] += piece.size
     return tasks
 
 

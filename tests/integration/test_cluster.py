@@ -99,6 +99,7 @@ def test_arrow_ingest_on_two_executors_commits_files_from_both_exactly_once(tmp_
     args += [str(Path(deltaflow.cli.__file__).with_name("__main__.py")), "ingest", topic, str(tmp_path / "t")]
     args += ["--kafka", kafka.bootstrap, "--engine", "arrow", "--ends-at-latest-offsets", "--schema", SCHEMA]
     args += ["--dlq-table-location", str(tmp_path / "dlq"), "--max-messages-per-batch", "100"]
+    args += ["--min-task-messages", "1"]  # a task per partition (by default small ones share one)
     args += ["--checkpoint-location", str(tmp_path / "cp")]
     for t in TRANSFORMS:
         args += ["-t", t]
@@ -111,3 +112,41 @@ def test_arrow_ingest_on_two_executors_commits_files_from_both_exactly_once(tmp_
         commits = [h for h in DeltaTable(str(tmp_path / table)).history() if "deltaflow.epoch" in h]
         assert sorted(h["deltaflow.epoch"] for h in commits) == [0, 1, 2, 3], commits
         assert max(h.get("deltaflow.writers", 0) for h in commits) == 2, commits
+
+
+def test_many_topics_on_two_executors_spread_one_batch_over_both(tmp_path, kafka):
+    """``deltaflow ingest --topic_pattern`` on ``local-cluster``: the topic-partitions of one
+    batch are cut into tasks by messages and spread over both executors (the large topic's
+    commit holds files of both), and every topic lands in its own table exactly once."""
+    import json
+    import uuid
+
+    prefix = f"c{uuid.uuid4().hex[:6]}"
+    sizes = {f"{prefix}.a": (2, 200), f"{prefix}.b": (1, 20), f"{prefix}.c": (1, 20)}
+    for topic, (partitions, count) in sizes.items():
+        kafka.create_topic(partitions=partitions, name=topic)
+        values = [json.dumps({"id": i}).encode() for i in range(count)]
+        kafka.produce(topic, values, partitions=partitions, batched=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DELTAFLOW_")}
+    env["PYSPARK_PYTHON"] = sys.executable
+    env["PYTHONPATH"] = str(ROOT)
+    import deltaflow.cli
+
+    submit = Path(sys.executable).with_name("spark-submit")
+    args = [str(submit), "--master", "local-cluster[2,1,1024]", "--conf", "spark.executor.memory=1g"]
+    args += ["--conf", "spark.cores.max=2", "--conf", "spark.scheduler.minRegisteredResourcesRatio=1.0"]
+    args += ["--conf", "spark.scheduler.maxRegisteredResourcesWaitingTime=180s"]
+    args += ["--conf", f"spark.executorEnv.PYTHONPATH={ROOT}"]
+    args += [str(Path(deltaflow.cli.__file__).with_name("__main__.py")), "ingest"]
+    args += ["--topic-pattern", rf"{prefix}\.(.*)", str(tmp_path / "lake" / "{1}")]
+    args += ["--kafka", kafka.bootstrap, "--ends-at-latest-offsets", "--schema", "id LONG"]
+    args += ["--min-task-messages", "1", "--checkpoint-location", str(tmp_path / "cp")]
+    done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for topic, (_, count) in sizes.items():
+        table = DeltaTable(str(tmp_path / "lake" / topic.rsplit(".", 1)[1]))
+        ids = sorted(r["id"] for r in table.to_pyarrow_table().to_pylist())
+        assert ids == sorted(i for i in range(count)), topic
+    large = DeltaTable(str(tmp_path / "lake" / "a"))
+    commits = [h for h in large.history() if "deltaflow.epoch" in h]
+    assert max(h.get("deltaflow.writers", 0) for h in commits) == 2, commits

@@ -136,3 +136,26 @@ def test_evolution_samples_only_what_can_become_a_column_and_stay_small():
     sized = TableResult()
     _sample_unknown(sized, big, pa.chunked_array([[["tag"]] * 6]), pa.chunked_array([[True] * 6]), set(), 10)
     assert len(sized.samples) == 2  # stops once the bytes reach the cap
+
+
+def test_tasks_are_sized_by_messages_not_partitions():
+    """Small topic-partitions share a task, a large one is split by offsets, and the tasks are
+    balanced: at least the cores' count of tasks once each can hold the least messages."""
+    from deltaflow.sources.kafka import KafkaPartitionRange
+    from deltaflow.sources.kafka_ingest import IngestRange, pack
+
+    def ranges(*sizes):
+        return [IngestRange(KafkaPartitionRange(f"t{i}", 0, 10, 10 + n)) for i, n in enumerate(sizes)]
+
+    def loads(tasks):
+        return sorted(sum(r.size for r in task) for task in tasks)
+
+    assert len(pack(ranges(*[5] * 200), parallelism=2, least=20_000)) == 1  # 200 small topics: 1 task
+    assert loads(pack(ranges(*[5] * 200), parallelism=2, least=100)) == [500, 500]
+    split = pack(ranges(1_000_000), parallelism=4, least=20_000)
+    assert loads(split) == [250_000] * 4
+    pieces = sorted((r.range.start, r.range.end) for task in split for r in task)
+    assert pieces[0][0] == 10 and pieces[-1][1] == 1_000_010
+    assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:], strict=False))  # no gap, no overlap
+    assert loads(pack(ranges(100, 100, 20, 20), parallelism=2, least=1)) == [120, 120]
+    assert pack([], parallelism=2) == []
