@@ -6,6 +6,7 @@ killed at each step of its commit sequence and restarted, and holds every messag
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import signal
 from pathlib import Path
@@ -156,6 +157,6 @@ def test_tasks_are_sized_by_messages_not_partitions():
     assert loads(split) == [250_000] * 4
     pieces = sorted((r.range.start, r.range.end) for task in split for r in task)
     assert pieces[0][0] == 10 and pieces[-1][1] == 1_000_010
-    assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:], strict=False))  # no gap, no overlap
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(pieces))  # no gap, no overlap
     assert loads(pack(ranges(100, 100, 20, 20), parallelism=2, least=1)) == [120, 120]
     assert pack([], parallelism=2) == []
