@@ -678,7 +678,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Never read what the table already holds: a batch replayed after its commit landed, or
         # planned from a checkpoint older than the table, reads only the rest. A partition the
         # batch restarts (its offsets went back) ignores the stale progress it restarted from.
-        committed = self._committed({t: list(parts) for t, parts in end.items()})
+        # Only partitions with something to read ask the table (a query of many topics reads
+        # the progress of the tables that get messages, not of every table).
+        moving = {
+            t: [k for k, stop in parts.items() if k in lost.get(t, {}) or stop > start.get(t, {}).get(k, -1)]
+            for t, parts in end.items()
+        }
+        committed = self._committed({t: keys for t, keys in moving.items() if keys})
         # A partition absent from ``start`` appeared after the last batch: read it from its
         # earliest offset, as latestOffset() planned it.
         new = {t: [int(k) for k in parts if k not in start.get(t, {})] for t, parts in end.items()}

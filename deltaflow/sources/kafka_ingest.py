@@ -246,6 +246,7 @@ class KafkaIngestReader(KafkaStreamReader):
         self._routes = dict(plan.routes)
         self._tables: dict[str, Any] = {}  # DeltaTables by URI, brought up to date when read
         self._asked: dict[str, float] = {}  # pending topic -> when the driver was last asked
+        self._seen: set[str] = set()  # the topics of the last batch planned (a deleted one is logged)
 
     # -- routes and progress -------------------------------------------------------------------
 
@@ -305,6 +306,14 @@ class KafkaIngestReader(KafkaStreamReader):
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> dict[str, Any]:  # noqa: N802
         end = super().latestOffset(start, limit)
+        topics = {t for t in end if not t.startswith("$")}
+        gone = self._seen - topics
+        if gone:
+            logger.warning(
+                "topic(s) %s no longer exist on the broker (deleted?): not read; their tables are kept",
+                sorted(gone),
+            )
+        self._seen = topics
         pending = []
         for topic in [t for t in end if not t.startswith("$")]:
             if topic in self._routes or self._route(topic) is not None:

@@ -131,6 +131,17 @@ def test_new_topics_land_and_a_table_moves_between_one_topic_and_a_pattern(spark
         assert tables[str(lake / first)]["committed"] == 60  # both runs of this process
         assert tables[str(lake / second)]["committed"] == 7
         assert all(t["last_commit"] and t["lag"] == 0 for t in tables.values())
+        # A topic deleted while running: the others go on, its table stays.
+        admin = kafka.admin()  # must outlive the future
+        admin.delete_topics([second])[second].result(timeout=10)
+        kafka.produce(first, _messages(first, 64)[60:], partitions=2)
+        poll(
+            lambda: table_rows(lake / first) == 64,
+            120,
+            "the first topic after a deletion",
+            query_alive(query),
+        )
+        assert _ids(lake / second) == list(range(7))
     finally:
         query.stop()
     # The new topic took at most two batches with data after it appeared (one to make its table).
@@ -138,11 +149,10 @@ def test_new_topics_land_and_a_table_moves_between_one_topic_and_a_pattern(spark
     assert landed
     # A deleted checkpoint: the tables' progress says where each topic is.
     shutil.rmtree(lake / "_deltaflow" / "checkpoints" / "events")
-    kafka.produce(second, _messages(second, 9)[7:], partitions=1)
+    kafka.produce(first, _messages(first, 70)[64:], partitions=2)
     again = start(spark, config.model_copy(update={"ends_at_latest_offsets": True}))
     assert again.awaitTermination(300)
-    assert _ids(lake / first) == list(range(60))
-    assert _ids(lake / second) == list(range(9))
+    assert _ids(lake / first) == list(range(70))
 
 
 def test_schema_evolution_and_dead_letters_apply_per_table(kafka, tmp_path):
