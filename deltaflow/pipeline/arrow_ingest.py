@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal
 
 from deltaflow.config.ingest import IngestConfig
-from deltaflow.config.sink import StreamSinkOptions
+from deltaflow.config.sink import SinkOptions, StreamSinkOptions
 from deltaflow.errors import ConfigError
 from deltaflow.io import arrow_transforms
 from deltaflow.metrics import metrics
@@ -158,6 +158,8 @@ class IngestTables:
         open_sink: The sink of a main table this process has not written yet (a topic that
             started to match while the query runs, into a table that exists).
         open_dead_letters: The same for a dead-letter table.
+        checkpoint: Options naming the query's checkpoint (its offset log is read once per
+            batch); default: the first sink's.
     """
 
     def __init__(
@@ -170,6 +172,7 @@ class IngestTables:
         make: Callable[[Sequence[str]], None] | None = None,
         open_sink: Callable[[str], _DeltaSink] | None = None,
         open_dead_letters: Callable[[str], _DeltaSink] | None = None,
+        checkpoint: SinkOptions | None = None,
     ) -> None:
         self.main = dict(main)
         self.dead_letters = dict(dead_letters)
@@ -179,6 +182,7 @@ class IngestTables:
         self._open = open_sink
         self._open_dead_letters = open_dead_letters
         self._lock = threading.Lock()
+        self.checkpoint = checkpoint or next(iter([*self.main.values(), *self.dead_letters.values()])).options
 
     @classmethod
     def one(cls, main: _DeltaSink, dlq: _DeltaSink | None) -> IngestTables:
@@ -250,8 +254,7 @@ class ArrowIngestWriter:
         started = time.monotonic()
         results = [TaskResult.from_row(row.asDict()) for row in batch.collect()]  # the one action
         written = time.monotonic() - started  # the tasks' read, decode, transform and write
-        some = next(iter([*self._tables.main.values(), *self._tables.dead_letters.values()]))
-        offsets = read_batch_end(some.options, batch_id)
+        offsets = read_batch_end(self._tables.checkpoint, batch_id)
         end, lost = split_offsets(offsets)
         by_table = _by_table(results)
         dlq_attempted: set[str] = set()

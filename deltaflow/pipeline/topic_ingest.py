@@ -97,7 +97,7 @@ def ingest_topics(
     plan = IngestPlan(
         source_schema_ipc=preparer.kafka_schema.serialize().to_pybytes(),
         routes=routes,
-        router=preparer.router if config.topic_pattern else None,
+        router=preparer.router,
         pipeline_id=config.pipeline_id,
         transforms=tuple(config.transforms),
         dlq_transforms=tuple(config.dlq_transforms),
@@ -111,6 +111,7 @@ def ingest_topics(
     tables = IngestTables(
         preparer.sinks,
         preparer.dead_letter_sinks,
+        checkpoint=config.sink_options(location, table_uri=static_prefix(config.table_uri)),
         table_of=preparer.router.table_uri,
         dead_letters_of=preparer.router.dead_letter_uri,
         make=preparer.make,

@@ -245,7 +245,8 @@ class KafkaIngestReader(KafkaStreamReader):
         self._plan = plan
         self._routes = dict(plan.routes)
         self._tables: dict[str, Any] = {}  # DeltaTables by URI, brought up to date when read
-        self._asked: dict[str, float] = {}  # pending topic -> when the driver was last asked
+        #: Pending topic -> when the driver was last asked, and the topic's offsets then.
+        self._asked: dict[str, tuple[float, int]] = {}
         self._seen: set[str] = set()  # the topics of the last batch planned (a deleted one is logged)
 
     # -- routes and progress -------------------------------------------------------------------
@@ -315,13 +316,18 @@ class KafkaIngestReader(KafkaStreamReader):
             )
         self._seen = topics
         pending = []
-        for topic in [t for t in end if not t.startswith("$")]:
-            if topic in self._routes or self._route(topic) is not None:
+        now = time.monotonic()
+        for topic in [t for t in end if not t.startswith("$") and t not in self._routes]:
+            # A topic without a table: look for it (its table may exist already) and ask the
+            # driver, again once it has new messages or a minute passed; meanwhile it is not read.
+            size = sum(end[topic].values())
+            asked, seen = self._asked.get(topic, (-PENDING_RETRY_S, -1))
+            due = size > seen or now - asked >= PENDING_RETRY_S
+            if due and self._route(topic) is not None:
                 continue
             del end[topic]  # read once its table exists
-            now = time.monotonic()
-            if now - self._asked.get(topic, -PENDING_RETRY_S) >= PENDING_RETRY_S:
-                self._asked[topic] = now
+            if due:
+                self._asked[topic] = (now, size)
                 pending.append(topic)
         if pending:
             logger.info("topic(s) %s match but have no table yet: the driver makes them", sorted(pending))

@@ -155,6 +155,32 @@ def test_new_topics_land_and_a_table_moves_between_one_topic_and_a_pattern(spark
     assert _ids(lake / first) == list(range(70))
 
 
+def test_a_pattern_that_matches_nothing_yet_waits_for_its_topics(spark, kafka, tmp_path):
+    """No topic at start (and one without messages): the query runs, and a topic that appears,
+    or gets its first messages, gets its table and lands."""
+    prefix = f"w{uuid.uuid4().hex[:6]}"
+    empty = kafka.create_topic(partitions=1, name=f"{prefix}.empty")
+    config = IngestConfig.build(
+        topic_pattern=rf"{prefix}\..*",
+        table_uri=str(tmp_path / "{topic}"),
+        brokers=kafka.bootstrap,
+        pipeline_id="waits",
+        allowed_latency=0.2,
+    )
+    query = start(spark, config)
+    try:
+        assert not (tmp_path / empty).exists()  # nothing to infer its columns from yet
+        late = kafka.create_topic(partitions=2, name=f"{prefix}.late")
+        kafka.produce(late, _messages(late, 6), partitions=2)
+        poll(lambda: table_rows(tmp_path / late) == 6, 120, "the late topic's table", query_alive(query))
+        kafka.produce(empty, _messages(empty, 3), partitions=1)
+        poll(lambda: table_rows(tmp_path / empty) == 3, 30, "the empty topic's table", query_alive(query))
+    finally:
+        query.stop()
+    assert _ids(tmp_path / late) == list(range(6))
+    assert _ids(tmp_path / empty) == list(range(3))
+
+
 def test_schema_evolution_and_dead_letters_apply_per_table(kafka, tmp_path):
     """Each topic's new fields become columns of its own table only (the CLI, whose daemon
     restarts the query after columns were added), and one topic's bad messages hold up no
