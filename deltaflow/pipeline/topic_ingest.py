@@ -300,6 +300,9 @@ class TablePreparer:
             if uri is None:
                 logger.warning("topic %r renders no table from %r: not read", topic, self._template.text)
                 continue
+            if uri in self.dead_letter_sinks or uri == self.router.dead_letter_uri(topic):
+                logger.error("topic %r renders the dead-letter table %s as its table: not read", topic, uri)
+                continue
             by_table.setdefault(uri, []).append(topic)
         loaded = dict(
             zip(

@@ -98,8 +98,8 @@ class TopicRouter:
         from deltaflow.delta.schema import plain_schema
 
         uri = self.table_uri(topic)
-        if uri is None:
-            return None
+        if uri is None or uri == self.dead_letter_uri(topic):
+            return None  # no table, or the dead-letter table's name (never written as a main table)
         if table is None:
             table = delta_log.load(uri, self.files.storage_options)
         if table is None:
