@@ -200,21 +200,21 @@ class IngestTables:
 
     def sink(self, uri: str) -> _DeltaSink:
         """The main table's sink at ``uri`` (opened on first use when new to this process)."""
-        with self._lock:
-            if uri not in self.main:
-                if self._open is None:
-                    raise KeyError(f"no sink for table {uri!r}")
-                self.main[uri] = self._open(uri)
-            return self.main[uri]
+        return self._opened(self.main, self._open, uri)
 
     def dead_letter_sink(self, uri: str) -> _DeltaSink:
         """The dead-letter table's sink at ``uri`` (opened on first use when new to this process)."""
+        return self._opened(self.dead_letters, self._open_dead_letters, uri)
+
+    def _opened(
+        self, sinks: dict[str, _DeltaSink], open_sink: Callable[[str], _DeltaSink] | None, uri: str
+    ) -> _DeltaSink:
         with self._lock:
-            if uri not in self.dead_letters:
-                if self._open_dead_letters is None:
-                    raise KeyError(f"no sink for dead-letter table {uri!r}")
-                self.dead_letters[uri] = self._open_dead_letters(uri)
-            return self.dead_letters[uri]
+            if uri not in sinks:
+                if open_sink is None:
+                    raise KeyError(f"no sink for table {uri!r}")
+                sinks[uri] = open_sink(uri)
+            return sinks[uri]
 
 
 class ArrowIngestWriter:

@@ -31,6 +31,17 @@ def _messages(topic: str, count: int, *, bad_every: int = 0) -> list[bytes]:
     return out
 
 
+def _streaming(kafka, prefix: str, root, pipeline_id: str) -> IngestConfig:
+    """Every topic ``<prefix>.*`` into ``<root>/<topic>``, a batch every 0.2 s."""
+    return IngestConfig.build(
+        topic_pattern=rf"{prefix}\..*",
+        table_uri=str(root / "{topic}"),
+        brokers=kafka.bootstrap,
+        pipeline_id=pipeline_id,
+        allowed_latency=0.2,
+    )
+
+
 def _ids(uri) -> list[int]:
     return sorted(r["id"] for r in DeltaTable(str(uri)).to_pyarrow_table(columns=["id"]).to_pylist())
 
@@ -102,13 +113,7 @@ def test_new_topics_land_and_a_table_moves_between_one_topic_and_a_pattern(spark
     assert _ids(lake / first) == list(range(30))
     kafka.produce(first, _messages(first, 50)[30:], partitions=2)
     # ... then a pattern takes it (and a new topic), where the table's progress says.
-    config = IngestConfig.build(
-        topic_pattern=rf"{prefix}\..*",
-        table_uri=str(lake / "{topic}"),
-        brokers=kafka.bootstrap,
-        pipeline_id="events",
-        allowed_latency=0.5,
-    )
+    config = _streaming(kafka, prefix, lake, "events")
     query = start(spark, config)
     try:
         poll(lambda: table_rows(lake / first) == 50, 120, "the rest of the first topic", query_alive(query))
@@ -160,13 +165,7 @@ def test_a_pattern_that_matches_nothing_yet_waits_for_its_topics(spark, kafka, t
     or gets its first messages, gets its table and lands."""
     prefix = f"w{uuid.uuid4().hex[:6]}"
     empty = kafka.create_topic(partitions=1, name=f"{prefix}.empty")
-    config = IngestConfig.build(
-        topic_pattern=rf"{prefix}\..*",
-        table_uri=str(tmp_path / "{topic}"),
-        brokers=kafka.bootstrap,
-        pipeline_id="waits",
-        allowed_latency=0.2,
-    )
+    config = _streaming(kafka, prefix, tmp_path, "waits")
     query = start(spark, config)
     try:
         assert not (tmp_path / empty).exists()  # nothing to infer its columns from yet
