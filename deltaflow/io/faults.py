@@ -13,6 +13,8 @@ Points, in the order a micro-batch reaches them:
 * ``write``: an executor task has written its files (before returning its commit message).
 * ``before_commit``: the driver holds every file of the batch, nothing is in the Delta log.
 * ``after_commit``: the Delta commit landed; Spark has not recorded the batch as done.
+* ``between_tables``: ingest of many topics, whose tables of a batch commit side by side: the
+  table named (``between_tables:<batch_id>:<text>``) committed first and alone, the others not.
 
 :func:`lose_commit_responses` makes commits of this process land and then raise as if their
 response had been lost (a reset after the store acted): for tables on local disk, where no HTTP
@@ -30,12 +32,30 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-__all__ = ["CRASH_POINTS", "LostResponses", "lose_commit_responses", "maybe_crash", "maybe_lose_response"]
+__all__ = [
+    "CRASH_POINTS",
+    "LostResponses",
+    "crash_target",
+    "lose_commit_responses",
+    "maybe_crash",
+    "maybe_lose_response",
+]
 
-CRASH_POINTS = ("write", "before_commit", "after_commit")
+CRASH_POINTS = ("write", "before_commit", "after_commit", "between_tables")
 
 _ENV_AT = "DELTAFLOW_TEST_CRASH_AT"
 _ENV_PGID = "DELTAFLOW_TEST_KILL_PGID"
+
+
+def crash_target(point: str, batch_id: int | None) -> str | None:
+    """The table text of a crash the test asked for at ``point`` of ``batch_id`` (``""``: any
+    table), or ``None`` when it asked for none there."""
+    wanted = os.environ.get(_ENV_AT)
+    if not wanted or batch_id is None:
+        return None
+    want_point, _, rest = wanted.partition(":")
+    want_batch, _, want_table = rest.partition(":")
+    return want_table if want_point == point and want_batch == str(batch_id) else None
 
 
 def maybe_crash(point: str, batch_id: int | None, table_uri: str = "") -> None:

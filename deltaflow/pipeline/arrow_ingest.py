@@ -22,6 +22,7 @@ from deltaflow.config.ingest import IngestConfig
 from deltaflow.config.sink import SinkOptions, StreamSinkOptions
 from deltaflow.errors import ConfigError
 from deltaflow.io import arrow_transforms
+from deltaflow.io.faults import crash_target, maybe_crash
 from deltaflow.metrics import metrics
 from deltaflow.pipeline.dead_letters import log_failed, log_unknown_fields
 
@@ -294,6 +295,11 @@ class ArrowIngestWriter:
             messages = _messages([(i, r.files, w) for (i, w), r in parts])
             source = _subset(end, lost, uri, self._tables.table_of)
             jobs[uri] = _commit_job(sink, messages, batch_id, source)
+        wanted = crash_target("between_tables", batch_id)  # tests: one table first, then a crash
+        if wanted is not None:
+            for uri in [u for u in jobs if u.rstrip("/").endswith(wanted)]:
+                jobs.pop(uri)()
+                maybe_crash("between_tables", batch_id, uri)
         _run_all(jobs)
         if self._group_config is not None:
             # After the Delta commits, for lag monitoring only: progress is read from the tables.
