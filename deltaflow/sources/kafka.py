@@ -990,7 +990,10 @@ def _read_together(
         )
 
     while active:
-        messages = consumer.consume(num_messages=CONSUME_CHUNK, timeout=1.0)
+        # At most the messages the ranges still hold: consume() returns once it has that many,
+        # else only after its timeout (a task of many small ranges waited a second per call).
+        left = sum(state[k].task.end - state[k].next_offset for k in active)
+        messages = consumer.consume(num_messages=max(1, min(CONSUME_CHUNK, left)), timeout=1.0)
         ready: list[tuple[int, pa.RecordBatch]] = []
         done: list[tuple[str, int]] = []
         for m in messages:
