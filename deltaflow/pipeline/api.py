@@ -35,6 +35,10 @@ def register(spark: SparkSession) -> None:
     ``deltaflow-generator`` (synthetic events); and ``delta`` itself, with Delta Lake's option
     names, unless delta-spark is on the session's classpath
     (:mod:`deltaflow.pipeline.delta_format`).
+
+    The streams deltaflow's pipelines read register their source again, each its own
+    registration (:mod:`deltaflow.sources.streams`: queries of one registration starting at
+    once can corrupt it).
     """
     if getattr(spark, "_deltaflow_registered", False):
         return

@@ -133,14 +133,10 @@ def arrow_stream(
     from pyspark.sql import functions as F  # noqa: N812
 
     from deltaflow.metrics import MESSAGES_OBSERVATION
-    from deltaflow.sources.kafka_ingest import FORMAT_NAME
+    from deltaflow.sources.kafka_ingest import KafkaIngestDataSource
+    from deltaflow.sources.streams import load_stream
 
-    results = (
-        spark.readStream.format(FORMAT_NAME)
-        .options(**source_options)
-        .option("ingest_plan", plan.to_option())
-        .load()
-    )
+    results = load_stream(spark, KafkaIngestDataSource, {**source_options, "ingest_plan": plan.to_option()})
     # Spark counts the task rows; the messages they stand for are reported beside them.
     observed = results.observe(MESSAGES_OBSERVATION, F.coalesce(F.sum("rows"), F.lit(0)).alias("messages"))
     return observed.writeStream.foreachBatch(writer)

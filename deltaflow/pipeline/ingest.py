@@ -473,9 +473,11 @@ def _avsc_files(location: str) -> list[str]:
 def kafka_source(spark: SparkSession, options: Mapping[str, str]) -> DataFrame:
     """The ``deltaflow-kafka`` source with ``options`` (:func:`source_options`) as a stream."""
     from deltaflow.pipeline.api import register
+    from deltaflow.sources.kafka import KafkaDataSource
+    from deltaflow.sources.streams import load_stream
 
     register(spark)
-    return spark.readStream.format("deltaflow-kafka").options(**options).load()
+    return load_stream(spark, KafkaDataSource, options)
 
 
 def empty_source(spark: SparkSession, options: Mapping[str, str]) -> DataFrame:

@@ -48,6 +48,7 @@ from deltaflow.metrics import metrics
 from deltaflow.pipeline.dead_letters import PIPELINE_SCHEMA, pipeline_letters
 from deltaflow.pipeline.transforms import apply_transforms
 from deltaflow.sources.files import BatchFiles, files_stream, read_files, source_schema
+from deltaflow.sources.streams import load_stream
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -122,10 +123,10 @@ def read_source(spark: SparkSession, spec: PipelineSpec, checkpoint: str) -> Dat
 
 
 def _postgres(spark: SparkSession, spec: PipelineSpec, src: PostgresCdcSourceSpec) -> DataFrame:
-    from deltaflow.sources.postgres_cdc import FORMAT_NAME
+    from deltaflow.sources.postgres_cdc import PostgresCdcDataSource
 
     options = src.source_options(spec.pipeline_id, _cdc_sinks_in_order(spec)).to_spark_options()
-    return spark.readStream.format(FORMAT_NAME).options(**options).load()
+    return load_stream(spark, PostgresCdcDataSource, options)
 
 
 def _cdc_sinks_in_order(spec: PipelineSpec) -> list[SinkSpec]:
@@ -135,7 +136,7 @@ def _cdc_sinks_in_order(spec: PipelineSpec) -> list[SinkSpec]:
 
 
 def _delta(spark: SparkSession, src: DeltaSourceSpec) -> DataFrame:
-    from deltaflow.sources.delta import FORMAT_NAME
+    from deltaflow.sources.delta import DeltaTableDataSource
 
     options: dict[str, str] = {"table_uri": src.table_uri}
     for key in ("starting_version", "starting_timestamp", "max_versions_per_trigger"):
@@ -146,13 +147,13 @@ def _delta(spark: SparkSession, src: DeltaSourceSpec) -> DataFrame:
         options[key] = "true" if getattr(src, key) else "false"
     if src.storage_options:
         options["storage_options"] = json.dumps(src.storage_options)
-    return spark.readStream.format(FORMAT_NAME).options(**options).load()
+    return load_stream(spark, DeltaTableDataSource, options)
 
 
 def _generator(spark: SparkSession, src: GeneratorSourceSpec) -> DataFrame:
     from pyspark.sql import functions as F  # noqa: N812
 
-    from deltaflow.sources.generator import FORMAT_NAME
+    from deltaflow.sources.generator import GeneratorDataSource
 
     options = {
         "rows_per_second": str(src.rows_per_second),
@@ -163,7 +164,7 @@ def _generator(spark: SparkSession, src: GeneratorSourceSpec) -> DataFrame:
         options["total_rows"] = str(src.total_rows)
     if src.rows_per_batch is not None:
         options["rows_per_batch"] = str(src.rows_per_batch)
-    df = spark.readStream.format(FORMAT_NAME).options(**options).load()
+    df = load_stream(spark, GeneratorDataSource, options)
     for name, expr in src.fields.items():
         df = df.withColumn(name, F.expr(expr))
     return df
@@ -172,9 +173,9 @@ def _generator(spark: SparkSession, src: GeneratorSourceSpec) -> DataFrame:
 def _kafka(spark: SparkSession, src: KafkaSourceSpec) -> DataFrame:
     from pyspark.sql import functions as F  # noqa: N812
 
-    from deltaflow.sources.kafka import FORMAT_NAME
+    from deltaflow.sources.kafka import KafkaDataSource
 
-    raw = spark.readStream.format(FORMAT_NAME).options(**_kafka_options(src)).load()
+    raw = load_stream(spark, KafkaDataSource, _kafka_options(src))
     meta = F.struct(*(F.col(c) for c in ("topic", "partition", "offset", "timestamp", "key", "headers")))
     return raw.select("data.*", meta.alias("kafka"), F.col("error").alias(_ERROR), F.col("value").alias(_RAW))
 

@@ -128,19 +128,18 @@ def start_watch(
     """
     import json
 
-    from deltaflow.sources.landed_files import FORMAT_NAME, LandedFilesDataSource
+    from deltaflow.sources.landed_files import LandedFilesDataSource
+    from deltaflow.sources.streams import load_stream
 
     folder = normalize_uri(path)
-    spark.dataSource.register(LandedFilesDataSource)
-    reader = (
-        spark.readStream.format(FORMAT_NAME)
-        .option("path", folder)
-        .option("table_uri", normalize_uri(table_uri))
-        .option("storage_options", json.dumps(dict(storage_options or {})))
-    )
+    options = {
+        "path": folder,
+        "table_uri": normalize_uri(table_uri),
+        "storage_options": json.dumps(dict(storage_options or {})),
+    }
     if max_files_per_trigger:
-        reader = reader.option("max_files_per_trigger", max_files_per_trigger)
-    files = reader.load()
+        options["max_files_per_trigger"] = str(max_files_per_trigger)
+    files = load_stream(spark, LandedFilesDataSource, options)
     writer = FileRegistrar(
         normalize_uri(table_uri),
         pipeline_id,

@@ -69,25 +69,24 @@ def files_stream(spark: SparkSession, src: FilesSourceSpec, checkpoint: str) -> 
 
     ``checkpoint`` is the pipeline's Spark checkpoint, where the files taken are recorded.
     """
-    from deltaflow.sources.file_listing import FORMAT_NAME, FileListingDataSource
+    from deltaflow.sources.file_listing import FileListingDataSource
+    from deltaflow.sources.streams import load_stream
 
-    spark.dataSource.register(FileListingDataSource)
     options = {k.lower(): v for k, v in src.options.items()}
-    reader = (
-        spark.readStream.format(FORMAT_NAME)
-        .option("path", src.path)
-        .option("checkpoint", checkpoint)
-        .option("min_file_age_s", str(src.min_file_age))
-        .option("recursive", options.get("recursivefilelookup", "false").lower())
-    )
+    listing = {
+        "path": src.path,
+        "checkpoint": checkpoint,
+        "min_file_age_s": str(src.min_file_age),
+        "recursive": options.get("recursivefilelookup", "false").lower(),
+    }
     glob = options.get("pathglobfilter") or ("*.avro" if src.format == "avro" else None)
     if glob:
-        reader = reader.option("path_glob_filter", glob)
+        listing["path_glob_filter"] = glob
     if src.max_files_per_trigger:
-        reader = reader.option("max_files_per_trigger", str(src.max_files_per_trigger))
+        listing["max_files_per_trigger"] = str(src.max_files_per_trigger)
     if src.max_bytes_per_trigger:
-        reader = reader.option("max_bytes_per_trigger", str(src.max_bytes_per_trigger))
-    return reader.load()
+        listing["max_bytes_per_trigger"] = str(src.max_bytes_per_trigger)
+    return load_stream(spark, FileListingDataSource, listing)
 
 
 class BatchFiles:
