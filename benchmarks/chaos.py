@@ -304,15 +304,21 @@ def run(
         deadline = time.monotonic() + duration_s
         proxy.lose_response("PUT", LOG_ENTRY, times=2)  # at least two lost responses early on
         report.faults["lost_response"] += 2
-        give_up = deadline + duration_s  # kills still missing by then: report, do not spin
-        while time.monotonic() < deadline or (report.kills < min_kills and time.monotonic() < give_up):
+        give_up = deadline + duration_s  # kills or a lost response still missing by then: report, do not spin
+
+        def owed() -> bool:
+            """A slow machine may reach the deadline before the kills asked for, or before any
+            commit met the lost-response rule armed above: go on until both happened."""
+            return report.kills < min_kills or proxy.counts["lose_response"] == 0
+
+        while time.monotonic() < deadline or (owed() and time.monotonic() < give_up):
             for w in workers:
                 before = w.process
                 w.check()
                 if w.process is not before:
                     puts_at_start[w.name] = log_puts(w.name)
             now = time.monotonic()
-            if now >= next_kill:
+            if now >= next_kill and (now < deadline or report.kills < min_kills):
                 # Kill a process that committed since it started (so every kill interrupts work).
                 ready = [
                     w
@@ -336,7 +342,7 @@ def run(
                         f"{now - victim.started_at:.0f} s and {commits} commit request(s) of its own"
                     )
                     next_kill = now + kill_every
-            if now >= next_fault:
+            if now >= next_fault and now < deadline:
                 kind = rng.choice(
                     [
                         "lost_response",
