@@ -16,7 +16,10 @@ files: no entry references them) or whether to try again.
 The sequence of :func:`commit`, once per attempt (DESIGN.md, "The commit rule"). For a
 micro-batch it is step 4 of the batch's sequence (``sinks/datasource.py``), hence the numbers:
 
-Step 4.1. Load the table afresh (its version is the base of the attempt).
+Step 4.1. Load the table afresh (its version is the base of the attempt). The first attempt may
+        start from the table its caller has just loaded (``loaded``): the caller's own checks
+        (a replay, the fence) read that load, and one load per commit is what a batch over
+        hundreds of tables pays per table.
 Step 4.2. Resolve earlier attempts: a log entry after the first attempt's base that carries this
         commit's token means an attempt landed although it reported an error: COMMITTED.
 Step 4.3. Fence: with a writer epoch (:func:`claim_writer`), the table's epoch for the pipeline
@@ -96,6 +99,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+#: ``loaded`` of :func:`commit` when the caller has not loaded the table (the first attempt loads it).
+NOT_LOADED: Any = object()
 
 #: First wait after a failed attempt, doubled after each further failure (100, 200, 400 ms ...),
 #: the schedule Rivven's Delta sink uses. Conflicts on a busy table clear within a few hundred ms.
@@ -396,6 +402,7 @@ def commit(
     policy: RetryPolicy = RetryPolicy(),
     delta_rs_retries: int = DELTA_RS_COMMIT_RETRIES,
     terminal: Callable[[BaseException], bool] = is_terminal,
+    loaded: DeltaTable | None = NOT_LOADED,
 ) -> CommitResult[T]:
     """Commit through ``attempt`` under the commit rule (the steps in the module docstring).
 
@@ -415,6 +422,9 @@ def commit(
         delta_rs_retries: delta-rs' internal conflict retries per attempt (0 for creates and
             leases, which must fail rather than be rebased).
         terminal: Decides which errors are not retried.
+        loaded: The table as the caller loaded it just now (``None``: there was none), for the
+            first attempt; later attempts load it afresh. Only a load made after everything
+            the caller committed itself (a schema change) may be handed over.
 
     Raises:
         CommitError: the last retry failed and the log does not hold the commit (a request in
@@ -431,10 +441,12 @@ def commit(
     first_base: int | None = None  # the version the first attempt started from (-1: no table)
     last_error: BaseException | None = None
     in_doubt = False  # an attempt's request may still be in flight
+    given = loaded  # the first attempt's table, when the caller has loaded it
     while True:
-        # Step 4.1. Load the table afresh.
+        # Step 4.1. Load the table afresh (the first attempt: unless the caller just did).
         try:
-            table = _load(table_uri, storage_options)
+            table = _load(table_uri, storage_options) if given is NOT_LOADED else given
+            given = NOT_LOADED
         except DeltaflowError as exc:
             if isinstance(exc, TerminalError):
                 raise
@@ -619,8 +631,11 @@ def commit_files(
     fence: Fence | None = None,
     partition_filters: Sequence[tuple[str, str, Any]] | None = None,
     replace_schema: bool = False,
+    loaded: DeltaTable | None = NOT_LOADED,
 ) -> CommitResult[None]:
     """Commit ``files`` in ONE transaction with the txns ``txns(table)`` returns.
+
+    ``loaded``: the table as the caller just loaded it (:func:`commit`).
 
     ``mode="overwrite"`` removes every file of the table, or with ``partition_filters`` only
     those of the partitions they select; with ``replace_schema`` the commit also makes
@@ -683,6 +698,7 @@ def commit_files(
         already_done=already_done,
         fence=fence,
         policy=policy,
+        loaded=loaded,
     )
     if result.recovered and files:
         _check_paths(result, files, table_uri, storage_options, what)

@@ -1,10 +1,13 @@
 """Auto-compaction: small files of the partitions a stream writes are bin-packed in the
 background, without blocking or conflicting with the stream's commits.
 
-After each streaming commit the sink hands the partitions it touched to the table's
-:class:`AutoCompactor` (a dict update; nothing else on the commit path). Its thread loads the
-table, counts the small files (below half the target file size) of each of those partitions,
-and compacts a partition once it holds ``min_files`` of them. delta-rs commits a compaction
+After each streaming commit the sink hands the partitions of the files it committed to the
+table's :class:`AutoCompactor` (a dict update; nothing else on the commit path). Its thread
+counts the small files (below half the target file size) of each of those partitions, and
+compacts a partition once it holds ``min_files`` of them. It loads the table to count only when
+a partition is new to it, or when the files committed since its last count could reach
+``min_files`` (each new file counted as small): one ingest of hundreds of tables pays one load
+per table every few dozen commits, not one per commit. delta-rs commits a compaction
 with ``dataChange=false`` and keeps the table's ``txn`` progress; it does not conflict with
 blind appends (DELTA_NOTES). A compaction that conflicts with something else (an overwrite,
 a schema change, another compaction) is retried with backoff, then left for the next commit:
@@ -65,7 +68,11 @@ class AutoCompactor:
         self._storage_options = dict(storage_options)
         self.policy = policy
         self._pipeline = pipeline
-        self._pending: set[PartitionKey] = set()
+        self._pending: dict[PartitionKey, int] = {}  # new files per partition, not yet seen
+        # Small files per partition at the last count, plus the files committed since (a
+        # partition not in it is counted at its next commit); the table's file count alike.
+        self._small: dict[PartitionKey, int] = {}
+        self._files: int | None = None
         self._cond = threading.Condition()
         self._closed = False
         self._busy = False
@@ -78,14 +85,19 @@ class AutoCompactor:
         )
 
     def after_commit(self, partitions: Iterable[Mapping[str, str | None]]) -> None:
-        """Note the partitions a commit added files to (never blocks on compaction)."""
-        keys = {tuple(sorted(p.items())) for p in partitions} if self.policy.compact else set()
+        """Note the partitions a commit added files to, one per file (never blocks on compaction)."""
+        keys: dict[PartitionKey, int] = {}
+        if self.policy.compact:
+            for p in partitions:
+                key = tuple(sorted(p.items()))
+                keys[key] = keys.get(key, 0) + 1
         if not keys and self._next_vacuum is None:
             return
         with self._cond:
             if self._closed:
                 return
-            self._pending |= keys
+            for key, count in keys.items():
+                self._pending[key] = self._pending.get(key, 0) + count
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name=f"deltaflow-compact-{self.table_uri}", daemon=True
@@ -131,7 +143,7 @@ class AutoCompactor:
                     self._cond.wait(self._vacuum_wait())
                 if self._closed:
                     return
-                keys, self._pending = self._pending, set()
+                keys, self._pending = self._pending, {}
                 self._busy = True
             try:
                 if keys:
@@ -169,16 +181,27 @@ class AutoCompactor:
             time.monotonic() - started,
         )
 
-    def _compact_due(self, keys: set[PartitionKey]) -> None:
+    def _compact_due(self, keys: Mapping[PartitionKey, int]) -> None:
         import pyarrow as pa
         import pyarrow.compute as pc
 
         from deltaflow.delta import log as delta_log
 
+        counted = self._small
+        for key, new in keys.items():
+            if key in counted:
+                counted[key] += new
+        if self._files is not None:
+            self._files += sum(keys.values())
+        if all(counted.get(key, self.policy.min_files) < self.policy.min_files for key in keys):
+            if self._files is not None:
+                metrics.table_files(pipeline=self._pipeline, table=self.table_uri, count=self._files)
+            return  # no partition can be due: no load
         table = delta_log.load(self.table_uri, self._storage_options)
         if table is None:
             return
         adds = pa.table(table.get_add_actions(flatten=True))
+        self._files = adds.num_rows
         metrics.table_files(pipeline=self._pipeline, table=self.table_uri, count=adds.num_rows)
         partition_columns = list(table.metadata().partition_columns)
         # Counted in Arrow (no Python object per file): this thread shares the driver's GIL.
@@ -192,7 +215,10 @@ class AutoCompactor:
                 match = pc.is_null(values[column]) if text is None else pc.equal(values[column], text)
                 mask = pc.and_(mask, pc.fill_null(match, False))
             count = int(pc.sum(mask).as_py() or 0)
+            counted[key] = count
             if count >= self.policy.min_files:
+                counted.pop(key)  # counted again at its next commit
+                self._files = None
                 self._compact(ordered, count)
 
     def _compact(self, key: PartitionKey, small_files: int) -> None:

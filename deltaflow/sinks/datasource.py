@@ -239,7 +239,8 @@ class _DeltaSink:
                 or merge: new columns are added now, in a commit of their own), partitioning,
                 and that every file exists with its size.
         Step 4. Commit all files and the txns (the batch's and its checkpoint's) in ONE
-                transaction under the commit rule (:func:`deltaflow.delta.commit.commit`): an
+                transaction under the commit rule (:func:`deltaflow.delta.commit.commit`; its
+                first attempt starts from step 2's load unless step 3 committed): an
                 error is resolved by reading the log, a commit that landed is never repeated,
                 files are deleted only when another commit holds the batch.
         Step 5. Report. Spark records the batch as done only after this returns.
@@ -259,8 +260,18 @@ class _DeltaSink:
         if opts.kafka_offsets and batch_id is not None:
             end, lost = source if source is not None else read_batch_source(opts, batch_id)
 
+        # Per table as loaded (object and version): step 2, the done check and the txns of an
+        # attempt ask the same load (a txn lookup per partition each time: with hundreds of
+        # tables a batch, this was the commit phase's largest cost).
+        known: dict[tuple[int, int], dict[str, int]] = {}
+
         def kafka_txns(table: Any) -> dict[str, int]:
-            return self._kafka_txns(table, end, lost) if end is not None else {}
+            if end is None:
+                return {}
+            key = (id(table), table.version() if table is not None else -1)
+            if key not in known:
+                known[key] = self._kafka_txns(table, end, lost)
+            return dict(known[key])
 
         def already_done(table: Any) -> bool:
             if end is not None:
@@ -290,7 +301,7 @@ class _DeltaSink:
 
         # Step 3. Check the inputs.
         try:
-            self._check(table, files)
+            changed = self._check(table, files)
         except DeltaflowError:
             self.delete_uncommitted(files)
             raise
@@ -330,6 +341,8 @@ class _DeltaSink:
                 replace_schema=self.overwrite and opts.overwrite_schema,
                 already_done=already_done if (txn or end is not None) else None,
                 fence=sink_fence(opts),
+                # The load of step 2 serves the first attempt, unless step 3 committed since.
+                loaded=commit.NOT_LOADED if changed else table,
             )
         except CheckpointMismatchError:
             # Found inside the commit, possibly after an attempt whose outcome the log could no
@@ -463,11 +476,13 @@ class _DeltaSink:
         for a partition the batch restarted because its offsets went back: ``lost``)."""
         return progress.advancing_txns(table, self.options.pipeline_id or "", end, lost)
 
-    def _check(self, table: Any, files: Sequence[WrittenFile]) -> None:
+    def _check(self, table: Any, files: Sequence[WrittenFile]) -> bool:
+        """Step 3; whether it changed the table (columns added in a commit of their own)."""
         from deltaflow.delta import commit
         from deltaflow.delta.schema import check_against_table
 
         opts = self.options
+        changed = False
         if table is not None and opts.replace_where:
             self._check_replace_where(table, files)
         if table is not None and self.overwrite and opts.overwrite_schema:
@@ -498,6 +513,7 @@ class _DeltaSink:
                     [f for f in self.schema if f.name in new],
                     policy=commit.RetryPolicy(max_retries=opts.max_commit_retries),
                 )
+                changed = True
         elif not opts.auto_create_table:
             from deltaflow.errors import TableNotFoundError
 
@@ -536,6 +552,7 @@ class _DeltaSink:
                     table_uri=self.table_uri,
                     path=f.path,
                 )
+        return changed
 
     def _replace_filters(self, table: Any) -> list[tuple[str, str, Any]] | None:
         """``replace_where`` as delta-rs partition filters over the table's partition columns."""

@@ -50,6 +50,39 @@ def test_compactor_compacts_only_partitions_over_the_threshold(tmp_path):
     compactor.close()
 
 
+def test_the_compactor_loads_the_table_only_when_a_partition_can_be_due(tmp_path, monkeypatch):
+    # With hundreds of tables a batch, a load per table and commit was the commit phase's
+    # background cost: it counts again only when the files committed since could reach min_files.
+    import inspect
+
+    from deltaflow.delta import log as delta_log
+
+    uri = str(tmp_path / "t")
+    counts = []  # the compactor's own loads (a compaction's commit loads the table too)
+    real = delta_log.load
+
+    def load(u, so):
+        if inspect.stack()[1].function == "_compact_due":
+            counts.append(u)
+        return real(u, so)
+
+    monkeypatch.setattr(delta_log, "load", load)
+    compactor = AutoCompactor(uri, {}, CompactionPolicy(min_files=4, target_bytes=1024**2))
+    seen = []
+    for b in range(7):
+        write_deltalake(uri, pa.table({"id": [b]}), mode="append")
+        compactor.after_commit([{}])
+        assert compactor.wait_idle(60)
+        seen.append((len(counts), compactor.compactions))
+    # Counted at the first commit (1 small file), due at the 4th, counted afresh after the
+    # compaction (2 files), due again at the 7th.
+    assert seen == [(1, 0), (1, 0), (1, 0), (2, 1), (3, 1), (3, 1), (4, 2)]
+    table = DeltaTable(uri)
+    assert len(table.file_uris()) == 1
+    assert sorted(table.to_pyarrow_table()["id"].to_pylist()) == list(range(7))
+    compactor.close()
+
+
 def test_unpartitioned_table_is_compacted_as_a_whole(tmp_path):
     uri = str(tmp_path / "t")
     for b in range(3):

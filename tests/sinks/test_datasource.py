@@ -410,3 +410,32 @@ def test_a_writer_whose_claim_expired_from_the_txns_is_not_fenced(tmp_path):
     written = WrittenFile("part-x.parquet", path.stat().st_size, {}, 1, stats, mtime)
     sink.commit_batch([DeltaCommitMessage([written])], 1)
     assert DeltaTable(uri).transaction_version(fence) == 1  # recorded again
+
+
+def test_a_batch_with_kafka_progress_loads_its_table_once_and_skips_its_replay(tmp_path, monkeypatch):
+    # One ingest commits hundreds of tables a batch: step 2's load serves the commit's first
+    # attempt, and a replay of the batch (its partitions' txns at the end offsets) is skipped.
+    from deltalake import write_deltalake
+
+    from deltaflow.config.sink import SinkOptions, for_stream
+    from deltaflow.delta import log as delta_log
+    from deltaflow.sinks.datasource import _DeltaSink
+
+    uri = str(tmp_path / "t")
+    data = pa.table({"id": pa.array([1, 2], pa.int64())})
+    write_deltalake(uri, data.slice(0, 0))
+    options = for_stream(SinkOptions(table_uri=uri, pipeline_id="pipe", kafka_offsets=True))
+    sink = _DeltaSink(options, data.schema, overwrite=False)
+    loads = []
+    real = delta_log.load
+    monkeypatch.setattr(delta_log, "load", lambda u, so: loads.append(u) or real(u, so))
+    source = ({"orders": {"0": 2, "1": 5}}, {})
+    sink.commit_batch([sink.write_task(iter(data.to_batches()), batch_id=0)], 0, source=source)
+    assert len(loads) == 1
+    table = DeltaTable(uri)
+    assert table.version() == 1 and table.to_pyarrow_table().num_rows == 2
+    assert [table.transaction_version(f"pipe-orders-{p}") for p in (0, 1)] == [1, 4]
+    replay = sink.write_task(iter(data.to_batches()), batch_id=0)
+    sink.commit_batch([replay], 0, source=source)
+    assert DeltaTable(uri).version() == 1  # skipped, its new file deleted
+    assert not (tmp_path / "t" / replay.files[0].path).exists()
