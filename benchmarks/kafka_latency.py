@@ -37,6 +37,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -52,28 +53,38 @@ APP_ID = "latency"
 
 
 class SteadyProducer(threading.Thread):
-    """Produces ``rate`` msgs/s for ``seconds``, then one marker per partition."""
+    """``rate`` msgs/s for ``seconds`` in a burst every ``BURST_EVERY_S``, message n to
+    ``targets[n % len(targets)]`` (topic, partition); then one single-record marker (``id`` < 0)
+    per target (tansu's high watermark is the base offset of a partition's last record batch + 1).
+    An error is kept in ``error`` for the main thread."""
 
-    def __init__(self, bootstrap: str, topic: str, rate: int, seconds: float) -> None:
+    def __init__(self, bootstrap: str, targets: Sequence[tuple[str, int]], rate: int, seconds: float) -> None:
         super().__init__(name="steady-producer", daemon=True)
-        self.bootstrap, self.topic, self.rate, self.seconds = bootstrap, topic, rate, seconds
+        self.bootstrap, self.targets, self.rate, self.seconds = bootstrap, list(targets), rate, seconds
         # Everything but the leading "id" of kafka_ingest's messages: {"id":N,<tail>,"produced_us":T}
         self.tails = [m[m.index(b",") + 1 : -1] for m in messages(10_000)]
         self.count = 0
         self.started = self.ended = 0.0  # wall clock
         self.max_behind_s = 0.0  # how late the worst burst was
+        self.error: BaseException | None = None
 
     def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            self.error = exc
+
+    def _run(self) -> None:
         from confluent_kafka import Producer
 
         producer = Producer(
             {"bootstrap.servers": self.bootstrap, "linger.ms": 5, "batch.num.messages": 10_000}
         )
         per_burst = max(1, round(self.rate * BURST_EVERY_S))
-        tails, n, topic = self.tails, 0, self.topic
+        tails, targets, n = self.tails, self.targets, 0
+        count = len(targets)
         self.started = time.time()
-        begin = time.monotonic()
-        tick = begin
+        begin = tick = time.monotonic()
         while tick - begin < self.seconds:
             now = time.monotonic()
             if tick > now:
@@ -81,10 +92,11 @@ class SteadyProducer(threading.Thread):
             else:
                 self.max_behind_s = max(self.max_behind_s, now - tick)
             for _ in range(per_burst):
+                topic, partition = targets[n % count]
                 body = b'{"id":%d,%s,"produced_us":%d}' % (n, tails[n % len(tails)], time.time_ns() // 1000)
                 while True:
                     try:
-                        producer.produce(topic, body, partition=n % PARTITIONS)
+                        producer.produce(topic, body, partition=partition)
                         break
                     except BufferError:
                         producer.poll(0.01)
@@ -93,11 +105,13 @@ class SteadyProducer(threading.Thread):
             tick += BURST_EVERY_S
         self.ended = time.time()
         self.count = n
-        assert producer.flush(30) == 0
+        assert producer.flush(60) == 0
         single = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 0, "batch.num.messages": 1})
-        for p in range(PARTITIONS):
-            single.produce(topic, b'{"id":%d}' % (-1 - p), partition=p)
-        assert single.flush(30) == 0
+        for i, (topic, partition) in enumerate(targets):
+            single.produce(topic, b'{"id":%d}' % (-1 - i), partition=partition)
+            if i % 100 == 0:
+                single.poll(0)
+        assert single.flush(60) == 0
 
 
 class LogPoller(threading.Thread):
@@ -198,7 +212,8 @@ def main() -> None:
             time.sleep(0.2)
         poller = LogPoller(table)
         poller.start()
-        producer = SteadyProducer(broker.bootstrap, topic, args.rate, args.seconds)
+        targets = [(topic, p) for p in range(PARTITIONS)]
+        producer = SteadyProducer(broker.bootstrap, targets, args.rate, args.seconds)
         print(
             f"producing {args.rate:,} msgs/s for {args.seconds:.0f} s; ingest trigger {args.trigger} s; "
             f"load average {os.getloadavg()[0]:.2f}",
@@ -211,6 +226,8 @@ def main() -> None:
             progress.update((p["batchId"], p) for p in query.recentProgress)
             if query.exception() is not None:
                 raise RuntimeError(query.exception())
+        if producer.error is not None:
+            raise producer.error
         last = last_offsets(broker.bootstrap, topic)
         deadline = time.monotonic() + 120
         while not caught_up(table, topic, last):

@@ -80,6 +80,7 @@ import psutil
 import pyarrow.parquet as pq
 from cpu import TreeCpu
 from kafka_ingest import SCHEMA_DDL, messages
+from kafka_latency import SteadyProducer
 from machine import describe
 
 DELTAFLOW = Path(sys.executable).parent / "deltaflow"
@@ -734,65 +735,6 @@ def drain(args: argparse.Namespace, work: Path) -> list[dict]:
 
 
 # -- phase 3: steady load ---------------------------------------------------------------------
-
-
-class SteadyProducer(threading.Thread):
-    """``rate`` msgs/s for ``seconds``, message n to ``targets[n % len(targets)]``; then one
-    single-record marker (``id`` < 0) per target."""
-
-    def __init__(self, bootstrap: str, targets: Sequence[tuple[str, int]], rate: int, seconds: float) -> None:
-        super().__init__(name="steady-producer", daemon=True)
-        self.bootstrap, self.targets, self.rate, self.seconds = bootstrap, list(targets), rate, seconds
-        self.tails = [m[m.index(b",") + 1 : -1] for m in messages(10_000)]
-        self.count = 0
-        self.started = self.ended = 0.0
-        self.max_behind_s = 0.0
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self._run()
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-            self.error = exc
-
-    def _run(self) -> None:
-        from confluent_kafka import Producer
-
-        producer = Producer(
-            {"bootstrap.servers": self.bootstrap, "linger.ms": 5, "batch.num.messages": 10_000}
-        )
-        per_burst = max(1, round(self.rate * BURST_EVERY_S))
-        tails, targets, n = self.tails, self.targets, 0
-        count = len(targets)
-        self.started = time.time()
-        begin = tick = time.monotonic()
-        while tick - begin < self.seconds:
-            now = time.monotonic()
-            if tick > now:
-                time.sleep(tick - now)
-            else:
-                self.max_behind_s = max(self.max_behind_s, now - tick)
-            for _ in range(per_burst):
-                topic, partition = targets[n % count]
-                body = b'{"id":%d,%s,"produced_us":%d}' % (n, tails[n % len(tails)], time.time_ns() // 1000)
-                while True:
-                    try:
-                        producer.produce(topic, body, partition=partition)
-                        break
-                    except BufferError:
-                        producer.poll(0.01)
-                n += 1
-            producer.poll(0)
-            tick += BURST_EVERY_S
-        self.ended = time.time()
-        self.count = n
-        assert producer.flush(60) == 0
-        single = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 0, "batch.num.messages": 1})
-        for i, (topic, partition) in enumerate(targets):
-            single.produce(topic, b'{"id":%d}' % (-1 - i), partition=partition)
-            if i % 100 == 0:
-                single.poll(0)
-        assert single.flush(60) == 0
 
 
 def steady(args: argparse.Namespace, work: Path) -> dict:

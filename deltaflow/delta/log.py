@@ -11,7 +11,8 @@ Every write goes through :mod:`deltaflow.delta.commit`. Facts from measurements 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TypeVar
 from urllib.parse import unquote
 
 from deltalake import DeltaTable
@@ -23,6 +24,7 @@ from deltaflow.errors import ConfigError, DataFilesGoneError, storage_error
 from deltaflow.io.storage import filesystem
 
 __all__ = [
+    "TABLE_THREADS",
     "active_paths",
     "bytes_per_row",
     "check_files_present",
@@ -31,11 +33,18 @@ __all__ = [
     "indexed_columns",
     "load",
     "missing_files",
+    "side_by_side",
     "timestamp_millis",
     "version_as_of",
 ]
 
 logger = logging.getLogger(__name__)
+
+#: Tables loaded, made or claimed at once by :func:`side_by_side` (each mostly waits on the store).
+TABLE_THREADS = 8
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 #: Delta's default number of leading columns that get file statistics.
 DEFAULT_INDEXED_COLUMNS = 32
@@ -59,6 +68,19 @@ def load(table_uri: str, storage_options: Mapping[str, str]) -> DeltaTable | Non
         return None
     except (DeltaError, OSError) as exc:
         raise storage_error(exc, table_uri, "reading the Delta log of") from exc
+
+
+def side_by_side(fn: Callable[[T], R], items: Sequence[T], *, name: str = "tables") -> list[R]:
+    """``fn`` over ``items`` in up to :data:`TABLE_THREADS` threads (in one when there is one
+    item), results in their order; the first error is raised. For work on many tables that
+    mostly waits on the store (loads, creations, claims): an ingest of hundreds of topics does
+    it for a table each, at start and in every batch's plan."""
+    if len(items) <= 1:
+        return [fn(i) for i in items]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(TABLE_THREADS, len(items)), thread_name_prefix=name) as pool:
+        return list(pool.map(fn, items))
 
 
 def indexed_columns(table: DeltaTable | None, properties: Mapping[str, str] | None = None) -> int:

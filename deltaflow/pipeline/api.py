@@ -149,18 +149,11 @@ def _claim(options: SinkOptions) -> StreamSinkOptions:
     return options.model_copy(update={"writer_epoch": epoch})
 
 
-#: Claims (commits) made at once by :func:`claim_all`: each mostly waits on the store.
-CLAIM_THREADS = 8
-
-
 def claim_all(options: Sequence[SinkOptions]) -> list[StreamSinkOptions]:
     """:func:`_claim` for many tables, side by side (one ingest of many topics claims each)."""
-    if len(options) <= 1:
-        return [_claim(o) for o in options]
-    from concurrent.futures import ThreadPoolExecutor
+    from deltaflow.delta.log import side_by_side
 
-    with ThreadPoolExecutor(max_workers=min(CLAIM_THREADS, len(options)), thread_name_prefix="claim") as pool:
-        return list(pool.map(_claim, options))
+    return side_by_side(_claim, options, name="claim")
 
 
 def write_stream(

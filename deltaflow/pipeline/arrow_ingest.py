@@ -257,7 +257,7 @@ class ArrowIngestWriter:
         dlq_attempted: set[str] = set()
         try:
             self._tables.make(pending_topics(offsets))
-            sinks = {uri: self._sink(uri) for uri in by_table}
+            sinks = {uri: self._tables.sink(uri) for uri in by_table}
             for uri, parts in by_table.items():
                 metrics.batch_written(pipeline=self._pipeline, table=uri, seconds=written)
                 self._report(uri, [r for _, r in parts], batch_id)
@@ -265,14 +265,14 @@ class ArrowIngestWriter:
                 self._follow(batch, by_table, sinks, batch_id)
             # Step 1 of each table: the dead letters first, so that no main row is committed
             # while its failed neighbours are not.
-            jobs = self._dead_letter_jobs(results, by_table, end, lost, batch_id)
+            jobs = self._dead_letter_jobs(results, by_table, end, lost, batch_id, written)
             dlq_attempted = set(jobs)
             _run_all(jobs)
         except BaseException:
             # In no commit, so nothing references them (a dead-letter commit that was tried may
             # have landed: its files stay, the commit rule).
             deleted = sum(
-                self._sink(uri).delete_uncommitted([f for _, r in parts for f in r.files])
+                self._tables.sink(uri).delete_uncommitted([f for _, r in parts for f in r.files])
                 for uri, parts in by_table.items()
                 if uri in self._tables.main
             )
@@ -283,14 +283,14 @@ class ArrowIngestWriter:
                 logger.info("batch %s: %d uncommitted file(s) deleted", batch_id, deleted)
             raise
         # Step 2: every main table that read messages (or restarted a partition), in parallel.
-        touched = set(by_table) | {u for t in lost if (u := self._tables.table_of(t)) is not None}
+        sources = _by_uri(end, lost, self._tables.table_of)
+        touched = set(by_table) | {u for u, (_, restarted) in sources.items() if restarted}
         jobs = {}
         for uri in sorted(touched):
-            sink = self._sink(uri)
+            sink = self._tables.sink(uri)
             parts = by_table.get(uri, [])
             messages = _messages([(i, r.files, w) for (i, w), r in parts])
-            source = _subset(end, lost, uri, self._tables.table_of)
-            jobs[uri] = _commit_job(sink, messages, batch_id, source)
+            jobs[uri] = _commit_job(sink, messages, batch_id, sources.get(uri, ({}, {})))
         wanted = crash_target("between_tables", batch_id)  # tests: one table first, then a crash
         if wanted is not None:
             for uri in [u for u in jobs if u.rstrip("/").endswith(wanted)]:
@@ -303,9 +303,6 @@ class ArrowIngestWriter:
 
             commit_to_group(self._group_config, end)
 
-    def _sink(self, uri: str) -> _DeltaSink:
-        return self._tables.sink(uri)
-
     def _dead_letter_jobs(
         self,
         results: list[TaskResult],
@@ -313,6 +310,7 @@ class ArrowIngestWriter:
         end: Mapping[str, Mapping[str, int]],
         lost: Mapping[str, Mapping[str, Any]],
         batch_id: int,
+        written: float,
     ) -> dict[str, Callable[[], None]]:
         """The dead-letter tables to commit: those of tables with failed messages, and those
         whose topics restarted a partition because its offsets went back (their progress from
@@ -328,12 +326,12 @@ class ArrowIngestWriter:
         files = _dead_letter_files_by_task(results)
         wanted |= set(files)
         jobs = {}
+        sources = _by_uri(end, lost, self._tables.dead_letters_of)
         for uri in sorted(u for u in wanted if u is not None):
             sink = self._tables.dead_letter_sink(uri)
-            metrics.batch_written(pipeline=sink.options.pipeline_id or "", table=uri, seconds=0.0)
+            metrics.batch_written(pipeline=sink.options.pipeline_id or "", table=uri, seconds=written)
             messages = _messages(files.get(uri, []))
-            source = _subset(end, lost, uri, self._tables.dead_letters_of)
-            jobs[uri] = _commit_job(sink, messages, batch_id, source)
+            jobs[uri] = _commit_job(sink, messages, batch_id, sources.get(uri, ({}, {})))
         return jobs
 
     def _follow(
@@ -419,17 +417,20 @@ def _commit_job(
     return lambda: sink.commit_batch(messages, batch_id, source=source)
 
 
-def _subset(
+def _by_uri(
     end: Mapping[str, Mapping[str, int]],
     lost: Mapping[str, Mapping[str, Any]],
-    uri: str,
     table_of: Callable[[str], str | None],
-) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, Any]]]:
-    """The end offsets and restarts of the topics that go to the table at ``uri``."""
-    return (
-        {t: dict(p) for t, p in end.items() if table_of(t) == uri},
-        {t: dict(p) for t, p in lost.items() if table_of(t) == uri},
-    )
+) -> dict[str, tuple[dict[str, dict[str, int]], dict[str, dict[str, Any]]]]:
+    """The end offsets and restarts of each table's topics (one pass over the topics: asking
+    every table about every topic cost topics x tables lookups a batch)."""
+    out: dict[str, tuple[dict[str, dict[str, int]], dict[str, dict[str, Any]]]] = {}
+    for part, offsets in ((0, end), (1, lost)):
+        for topic, parts in offsets.items():
+            uri = table_of(topic)
+            if uri is not None:
+                out.setdefault(uri, ({}, {}))[part][topic] = dict(parts)
+    return out
 
 
 def _by_table(results: list[TaskResult]) -> dict[str, list[tuple[tuple[int, str], TableResult]]]:
@@ -442,11 +443,11 @@ def _by_table(results: list[TaskResult]) -> dict[str, list[tuple[tuple[int, str]
 
 
 def _dead_letter_files(results: list[TaskResult]) -> dict[str, list[WrittenFile]]:
-    out: dict[str, list[WrittenFile]] = {}
-    for r in results:
-        for uri, files in r.dead_letters.items():
-            out.setdefault(uri, []).extend(files)
-    return out
+    """Each dead-letter table's files, of every task."""
+    return {
+        uri: [f for _, files, _ in parts for f in files]
+        for uri, parts in _dead_letter_files_by_task(results).items()
+    }
 
 
 def _dead_letter_files_by_task(

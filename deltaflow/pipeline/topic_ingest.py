@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,9 +39,6 @@ if TYPE_CHECKING:
 __all__ = ["TablePreparer", "ingest_topics", "start"]
 
 logger = logging.getLogger(__name__)
-
-#: Tables loaded, made or claimed at once at start (each mostly waits on the store).
-PREPARE_THREADS = 8
 
 
 def start(
@@ -304,13 +300,9 @@ class TablePreparer:
                 logger.error("topic %r renders the dead-letter table %s as its table: not read", topic, uri)
                 continue
             by_table.setdefault(uri, []).append(topic)
-        loaded = dict(
-            zip(
-                by_table,
-                _side_by_side(lambda u: delta_log.load(u, self._storage()), list(by_table)),
-                strict=True,
-            )
-        )
+        storage = self._storage()
+        tables = delta_log.side_by_side(lambda u: delta_log.load(u, storage), list(by_table), name="prepare")
+        loaded = dict(zip(by_table, tables, strict=True))
         missing = {uri: ts for uri, ts in by_table.items() if loaded[uri] is None}
         if missing:
             made = self._make_tables(missing, at_start=at_start)
@@ -351,6 +343,7 @@ class TablePreparer:
         """Make the tables of ``missing`` (URI -> its topics): columns from ``--schema``, raw
         values, or inferred from the topics' messages."""
         from deltaflow.delta import commit
+        from deltaflow.delta import log as delta_log
         from deltaflow.delta.schema import check_partition_columns
         from deltaflow.sources.kafka_ingest import table_schema
 
@@ -378,7 +371,7 @@ class TablePreparer:
                 storage_options=self._storage(),
             )
 
-        made = dict(zip(schemas, _side_by_side(make, list(schemas)), strict=True))
+        made = dict(zip(schemas, delta_log.side_by_side(make, list(schemas), name="prepare"), strict=True))
         if made:
             logger.info("made %d table(s): %s", len(made), ", ".join(sorted(made)[:20]))
         if self._config.auto_offset_reset == "latest" and not at_start:
@@ -507,13 +500,3 @@ class TablePreparer:
             (claimed,) = claim_all([dlq])
             sink = self.dead_letter_sinks[uri] = _DeltaSink(claimed, self._dlq_schema, overwrite=False)
         return sink
-
-
-def _side_by_side(fn: Callable[[str], Any], items: list[str]) -> list[Any]:
-    """``fn`` over ``items`` in threads (table loads, creations: each waits on the store)."""
-    if len(items) <= 1:
-        return [fn(i) for i in items]
-    with ThreadPoolExecutor(
-        max_workers=min(PREPARE_THREADS, len(items)), thread_name_prefix="prepare"
-    ) as pool:
-        return list(pool.map(fn, items))

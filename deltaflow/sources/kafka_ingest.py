@@ -277,15 +277,22 @@ class KafkaIngestReader(KafkaStreamReader):
 
     def _committed(self, layout: Mapping[str, Sequence[int | str]]) -> Offsets:
         """Next offset to read per partition, from each topic's table."""
+        from deltaflow.delta.log import side_by_side
         from deltaflow.delta.progress import kafka_progress, resumed_progress
 
         app = self._plan.pipeline_id or self._options.pipeline_id
         if app is None:
             return {}
         done: Offsets = {}
-        for uri, topics in progress_layout(self._routes, layout).items():
-            route = self._routes[next(iter(topics))]
-            table = self._load_table(uri, route.main.storage_options)
+        by_table = progress_layout(self._routes, layout)
+
+        def load(uri: str) -> Any:
+            return self._load_table(uri, self._routes[next(iter(by_table[uri]))].main.storage_options)
+
+        # Side by side: a batch of many topics reads every table that gets messages.
+        tables = dict(zip(by_table, side_by_side(load, list(by_table), name="progress"), strict=True))
+        for uri, topics in by_table.items():
+            table = tables[uri]
             if self._options.kafka_delta_ingest_txns and len(self._routes) == 1:
                 [(topic, parts)] = topics.items()
                 done[topic] = resumed_progress(table, app, topic, parts)
