@@ -364,7 +364,7 @@ class ArrowIngestWriter:
             if top:
                 texts = sample_texts([v for _, r in parts for v in r.samples], self._gzipped)
                 spark = batch.sparkSession
-                evolve_schema(spark, options, batch_id, top, spark.sparkContext.parallelize(texts))
+                evolve_schema(spark, options, batch_id, top, texts)
 
     def _report(self, table: str, results: list[TableResult], batch_id: int) -> None:
         """Count, meter and log one table's unknown fields and failed messages."""

@@ -31,6 +31,7 @@ from deltaflow.pipeline.dead_letters import ingest_letters, log_failed, log_unkn
 from deltaflow.pipeline.evolution import (
     SCHEMA_SAMPLE_PER_PARTITION,
     evolve_schema,
+    infer_json,
     new_top_level_fields,
     restart_if_table_gained,
     sample_text,
@@ -235,7 +236,7 @@ def _value_schema(spark: SparkSession, config: IngestConfig) -> StructType:
             f"{config.table_uri!r} does not exist; pass a schema (--schema 'id LONG, ...')",
             topic=config.topic,
         )
-    inferred = spark.read.json(spark.sparkContext.parallelize(samples)).schema
+    inferred = infer_json(spark, samples)
     # Spark keeps unparsable samples in a column of its own: those messages are dead letters.
     inferred = StructType([f for f in inferred.fields if f.name != "_corrupt_record"])
     logger.info("inferred the JSON schema from %d message(s): %s", len(samples), inferred.simpleString())

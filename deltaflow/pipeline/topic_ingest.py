@@ -392,6 +392,7 @@ class TablePreparer:
         from pyspark.sql.types import StructType
 
         from deltaflow.delta.schema import spark_to_arrow
+        from deltaflow.pipeline.evolution import infer_json
         from deltaflow.pipeline.ingest import sample_topics
 
         topics = sorted({t for ts in missing.values() for t in ts})
@@ -399,9 +400,7 @@ class TablePreparer:
         index = {t: i for i, t in enumerate(topics)}
         # One inference for every topic: each message wrapped as {"t<i>": message}.
         wrapped = [f'{{"t{index[t]}":{text}}}' for t, texts in samples.items() for text in texts]
-        inferred = StructType([])
-        if wrapped:
-            inferred = self._spark.read.json(self._spark.sparkContext.parallelize(wrapped)).schema
+        inferred = infer_json(self._spark, wrapped)
         types = {f.name: f.dataType for f in inferred.fields}
         out = {}
         for uri, ts in missing.items():
