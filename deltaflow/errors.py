@@ -30,6 +30,7 @@ __all__ = [
     "DeltaflowError",
     "ExpectationFailedError",
     "FileSchemaMismatchError",
+    "JobGaveUpError",
     "KafkaAccessError",
     "KafkaDataLossError",
     "KafkaUnavailableError",
@@ -224,6 +225,12 @@ class ExpectationFailedError(TerminalError):
 
 class QueryFailedError(TerminalError):
     """A streaming query failed with an error deltaflow does not know to be transient."""
+
+
+class JobGaveUpError(TransientError):
+    """A job (a run that ends on its own: ``--available-now``, ``--ends_at_latest_offsets``)
+    made no progress through its restarts for its bounded wait (``--give_up_after``). Transient:
+    the same job may succeed later, run again by its scheduler."""
 
 
 class KafkaUnavailableError(TransientError):

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from deltaflow.cli.options import LINES, METRICS_PORT, STATUS_PORT, key_values, serve
+from deltaflow.cli.options import GIVE_UP_AFTER, LINES, METRICS_PORT, STATUS_PORT, key_values, serve
 from deltaflow.cli.output import ProgressLine, verbose
 from deltaflow.io import logs
 
@@ -199,6 +199,7 @@ STOP_POLL_S = 1
     show_envvar=True,
     help="Read up to the offsets at start, commit, exit 0.",
 )
+@GIVE_UP_AFTER
 @click.option(
     "-c",
     "--checkpoints",
@@ -442,6 +443,7 @@ def ingest(
     statsd_endpoint: str | None,
     log_level: str | None,
     ends_at_latest_offsets: bool,
+    give_up_after_s: float,
     checkpoints: bool,
     json_option: str | None,
     value_format: str,
@@ -603,6 +605,7 @@ def ingest(
                 name=pipeline_id,
                 poll_s=STOP_POLL_S,
                 on_progress=bar.show if bar else None,
+                give_up_after_s=give_up_after_s if ends_at_latest_offsets else None,
             )
         finally:
             if bar:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-__all__ = ["JSON", "LINES", "METRICS_PORT", "STATUS_PORT", "STORAGE", "key_values", "serve"]
+__all__ = ["GIVE_UP_AFTER", "JSON", "LINES", "METRICS_PORT", "STATUS_PORT", "STORAGE", "key_values", "serve"]
 
 
 class _Lines(click.types.StringParamType):
@@ -40,6 +40,30 @@ STATUS_PORT = click.option(
     show_envvar=True,
     help="Serve a read-only status page on this port (/ and /status.json): state, last batch, "
     "throughput and lag over the last 15 minutes, table health.",
+)
+
+
+def _seconds(_ctx: click.Context, param: click.Parameter, value: str) -> float:
+    from deltaflow.config.units import parse_seconds
+
+    try:
+        return parse_seconds(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"{value!r} {exc}", param=param) from None
+
+
+GIVE_UP_AFTER = click.option(
+    "--give-up-after",
+    "--give_up_after",
+    "give_up_after_s",
+    default="5 min",
+    show_default=True,
+    envvar="DELTAFLOW_GIVE_UP_AFTER",
+    show_envvar=True,
+    callback=_seconds,
+    help="For a job (a run that ends on its own): stop with exit code 1 after this long without "
+    "progress through restarts (a broker that never comes up, a store that stays down), and say "
+    "why. A service restarts for as long as it runs.",
 )
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from deltaflow.cli.options import METRICS_PORT, STATUS_PORT, serve
+from deltaflow.cli.options import GIVE_UP_AFTER, METRICS_PORT, STATUS_PORT, serve
 from deltaflow.cli.output import run_summary
 
 __all__ = ["run", "sql", "validate"]
@@ -47,6 +47,7 @@ def _run_options(command: Callable[..., None]) -> Callable[..., None]:
                 is_flag=True,
                 help="Commit all input available now, then exit 0 (Spark's availableNow trigger).",
             ),
+            GIVE_UP_AFTER,
             METRICS_PORT,
             STATUS_PORT,
             click.option(
@@ -70,6 +71,7 @@ def run(
     pipeline_file: str,
     pipeline_ids: tuple[str, ...],
     available_now: bool,
+    give_up_after_s: float,
     metrics_port: int | None,
     status_port: int | None,
     spark_master: str | None,
@@ -86,6 +88,7 @@ def run(
         load_pipelines(pipeline_file),
         pipeline_ids,
         available_now,
+        give_up_after_s,
         metrics_port,
         status_port,
         spark_master,
@@ -103,6 +106,7 @@ def sql(
     only_validate: bool,
     pipeline_ids: tuple[str, ...],
     available_now: bool,
+    give_up_after_s: float,
     metrics_port: int | None,
     status_port: int | None,
     spark_master: str | None,
@@ -117,7 +121,9 @@ def sql(
     if only_validate:
         _describe_pipelines(sql_file, file, notes_from="arroyo")
         return
-    _run_file(sql_file, file, pipeline_ids, available_now, metrics_port, status_port, spark_master)
+    _run_file(
+        sql_file, file, pipeline_ids, available_now, give_up_after_s, metrics_port, status_port, spark_master
+    )
 
 
 def _describe_pipelines(name: str, file: Any, *, notes_from: str = "rivven") -> None:
@@ -154,6 +160,7 @@ def _run_file(
     file: Any,
     pipeline_ids: tuple[str, ...],
     available_now: bool,
+    give_up_after_s: float,
     metrics_port: int | None,
     status_port: int | None,
     spark_master: str | None,
@@ -170,7 +177,9 @@ def _run_file(
 
     spark = deltaflow.spark_session(spark_master or file.spark.master, **file.spark.conf)
     try:
-        summaries = run_pipelines(spark, selected, available_now=available_now)
+        summaries = run_pipelines(
+            spark, selected, available_now=available_now, give_up_after_s=give_up_after_s
+        )
     finally:
         spark.stop()
     for pipeline, summary in summaries.items():

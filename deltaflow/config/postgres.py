@@ -163,8 +163,16 @@ class PostgresCdcOptions(BaseModel):
         return out
 
     def where(self) -> str:
-        """The server for messages: ``host:port/database`` (libpq's defaults where unset)."""
-        return f"{self.host or '$PGHOST'}:{self.port or '$PGPORT'}/{self.database or '$PGDATABASE'}"
+        """The server for messages: ``host:port/database``, each from the settings, else from
+        libpq's environment (``PGHOST``, ``PGPORT``, ``PGDATABASE``), else libpq's default."""
+        import getpass
+        import os
+
+        env = os.environ
+        host = self.host or env.get("PGHOST") or "[local]"  # libpq's default: a Unix socket, as psql says
+        port = self.port or env.get("PGPORT") or 5432
+        database = self.database or env.get("PGDATABASE") or env.get("PGUSER") or getpass.getuser()
+        return f"{host}:{port}/{database}"
 
     def to_spark_options(self) -> dict[str, str]:
         out: dict[str, str] = {}

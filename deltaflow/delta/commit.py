@@ -134,6 +134,19 @@ _STORAGE_TRANSIENT = re.compile(
     re.IGNORECASE,
 )
 
+#: delta-rs errors about the data itself (a value that does not parse or cast, a schema that does
+#: not fit): the same data fails the same way every time, though delta-rs wraps them as
+#: "Generic DeltaTable error", the wording of its store failures too.
+_DATA_ERROR = re.compile(
+    r"Arrow error|Parser error|Cast error|Schema error|Json error|Invalid argument error|Invalid data"
+    r"|Unsupported|not supported|SQL error|Plan\(|Error during planning",
+    re.IGNORECASE,
+)
+#: ... unless it is the store that failed underneath (Arrow wraps I/O errors too).
+_IO_UNDERNEATH = re.compile(
+    r"Io error|I/O error|os error|connection|timed? ?out|reset by peer", re.IGNORECASE
+)
+
 
 @dataclass(frozen=True)
 class RetryPolicy:
@@ -244,8 +257,9 @@ def is_terminal(error: BaseException) -> bool:
     """Whether retrying ``error`` cannot help (the attempt did not land either way).
 
     delta-rs conflicts and store or network failures (5xx, throttling, timeouts, resets) are
-    transient; denied access, a missing bucket, protocol and schema errors, and anything that is
-    not a storage error (a bug, bad input) are terminal.
+    transient; denied access, a missing bucket, protocol and schema errors, errors about the data
+    (a value that does not parse: ``'infinity'`` as a timestamp), and anything that is not a
+    storage error (a bug, bad input) are terminal.
     """
     if isinstance(error, TransientError):
         return False
@@ -255,6 +269,8 @@ def is_terminal(error: BaseException) -> bool:
         return False
     if isinstance(error, (DeltaError, OSError)):
         text = str(error)
+        if _DATA_ERROR.search(text) and not _IO_UNDERNEATH.search(text):
+            return True
         return bool(ACCESS_DENIED.search(text)) or not _STORAGE_TRANSIENT.search(text)
     return True
 

@@ -824,7 +824,7 @@ def _mirrors(spec: PipelineSpec, location: str) -> list[MirrorWriter]:
     if not isinstance(src, PostgresCdcSourceSpec) or not wanted:
         return []
     from deltaflow.sinks.mirror import MirrorWriter
-    from deltaflow.sources.postgres_catalog import describe_table, published_streams
+    from deltaflow.sources.postgres_catalog import describe_table, published_streams, table_exists
 
     options = src.source_options(spec.pipeline_id, _cdc_sinks_in_order(spec))
     published = published_streams(options)
@@ -832,9 +832,18 @@ def _mirrors(spec: PipelineSpec, location: str) -> list[MirrorWriter]:
     for sink in wanted:
         stream = sink.stream or ""
         if stream not in published:
+            where = f"pipeline {spec.pipeline_id!r}: the mirror of {stream} ({sink.table_uri})"
+            if not table_exists(options, stream):
+                raise ConfigError(
+                    f"{where} reads {stream}, a table {options.where()} does not have (dropped? a "
+                    "typo in stream?). Remove that sink from the pipeline (a mirror of a dropped "
+                    "table stays as it was at the drop), or name an existing table in stream (one "
+                    f"created again must be published too: ALTER PUBLICATION {src.publication} ADD "
+                    f"TABLE {stream})",
+                    pipeline_id=spec.pipeline_id,
+                )
             raise ConfigError(
-                f"pipeline {spec.pipeline_id!r}: the mirror of {stream} ({sink.table_uri}) reads a table "
-                f"publication {src.publication!r} does not publish (it has "
+                f"{where} reads a table publication {src.publication!r} does not publish (it has "
                 f"{', '.join(published) or 'none'}): ALTER PUBLICATION {src.publication} ADD TABLE {stream}",
                 pipeline_id=spec.pipeline_id,
             )
@@ -879,23 +888,28 @@ def describe_source(spec: PipelineSpec) -> str:
     if isinstance(src, GeneratorSourceSpec):
         return f"generator at {src.rows_per_second:g} rows/s"
     if isinstance(src, ParquetFilesSourceSpec):
-        return f"parquet files landing in {src.path} (registered in place)"
+        how = (
+            "copied below the table where outside it, then registered" if src.copy_ else "registered in place"
+        )
+        return f"parquet files landing in {src.path} ({how})"
     if isinstance(src, PostgresCdcSourceSpec):
         return f"postgres-cdc publication {src.publication} (slot {src.slot_name}) @ {src.where()}"
     return f"kafka {','.join(src.topics) or src.topic_pattern} @ {src.bootstrap_servers}"
 
 
-def source_units(spec: PipelineSpec) -> tuple[str, str]:
-    """What the pipeline's streaming query counts as input rows, and what its sinks commit.
+def source_units(spec: PipelineSpec) -> tuple[str, str, str]:
+    """What the pipeline's streaming query counts as input rows, what its sinks commit, and what
+    its lag behind the source's newest position counts ("": it reports none).
 
     A files source's stream is the files each batch takes (their rows are read in the batch);
-    a parquet-files source's is the files it registers; a CDC source's are changes.
+    a parquet-files source's is the files it registers; a CDC source's are changes, and its lag
+    is the WAL between the slot's position and the server's newest (bytes, not changes).
     """
     src = spec.source
     if isinstance(src, (FilesSourceSpec, ParquetFilesSourceSpec)):
-        return "file(s)", "row(s)"
+        return "file(s)", "row(s)", ""
     if isinstance(src, PostgresCdcSourceSpec):
-        return "change(s)", "change(s)"
+        return "change(s)", "change(s)", "byte(s) of WAL"
     if isinstance(src, KafkaSourceSpec):
-        return "message(s)", "row(s)"
-    return "row(s)", "row(s)"
+        return "message(s)", "row(s)", "message(s)"
+    return "row(s)", "row(s)", ""

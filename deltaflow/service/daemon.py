@@ -13,6 +13,12 @@
    step 1. Terminal (anything else): raise it as a :class:`~deltaflow.errors.TerminalError`.
 5. When the query ends on its own (``availableNow``), return.
 
+A job (a query that ends on its own) may be given ``give_up_after_s``: when its restarts have
+read nothing for that long (a broker that never comes up, a store that stays down, a failure
+taken for transient that keeps coming back), it stops with
+:class:`~deltaflow.errors.JobGaveUpError` (transient: exit code 1) and says why, instead of
+restarting without end. A service (no bound) restarts for as long as it runs.
+
 Restarting is safe: the query resumes from its Spark checkpoint, and the Kafka source never
 reads an offset the Delta table already holds, so no message is lost or written twice.
 """
@@ -34,6 +40,7 @@ from deltaflow import errors
 from deltaflow.errors import (
     ConfigError,
     DeltaflowError,
+    JobGaveUpError,
     QueryFailedError,
     TerminalError,
     TransientError,
@@ -154,6 +161,7 @@ def run_until_stopped(
     poll_s: int = POLL_S,
     on_progress: Callable[[int, int, float], None] | None = None,
     units: SourceUnits | None = None,
+    give_up_after_s: float | None = None,
 ) -> RunSummary:
     """Run the query ``start_query()`` starts until it ends, a signal stops it, or it fails for good.
 
@@ -170,11 +178,14 @@ def run_until_stopped(
             the messages behind the newest offsets, and the processing rate (rows/s).
         units: What the query's input rows are and what its sinks commit [default: messages,
             rows].
+        give_up_after_s: For a job: stop after this long without progress through restarts
+            (``None``: restart for as long as it runs).
 
     Returns:
         Messages and batches ingested over all restarts, restarts, and the stopping signal.
 
     Raises:
+        JobGaveUpError: ``give_up_after_s`` passed without progress (transient).
         TerminalError: the query failed in a way retrying cannot fix (a configuration error,
             a schema mismatch, a checkpoint mismatch, a failure deltaflow does not know).
     """
@@ -186,7 +197,7 @@ def run_until_stopped(
     tally = _Tally(name, on_progress, units or KAFKA_UNITS)
     try:
         with _stop_signals() as received:
-            return _loop(start_query, received, tally, name, poll_s, max_backoff_s)
+            return _loop(start_query, received, tally, name, poll_s, max_backoff_s, give_up_after_s)
     except Exception as exc:
         board.set_state(name, "failed", error=f"{type(exc).__name__}: {exc}")
         raise
@@ -207,6 +218,7 @@ def run_all(
     max_backoff_s: float = DEFAULT_MAX_BACKOFF_S,
     poll_s: int = POLL_S,
     units: Mapping[str, SourceUnits] | None = None,
+    give_up_after_s: float | None = None,
 ) -> dict[str, RunSummary]:
     """Run several queries in one application, each as :func:`run_until_stopped` runs one.
 
@@ -216,7 +228,7 @@ def run_all(
     and its error is raised.
 
     ``units``: per query, what its input rows are and what its sinks commit [default: messages,
-    rows].
+    rows]. ``give_up_after_s``: as for :func:`run_until_stopped`, per query.
 
     Returns:
         Each query's summary by name.
@@ -232,7 +244,9 @@ def run_all(
             def watch(name: str, start: Callable[[], StreamingQuery]) -> None:
                 try:
                     tally = _Tally(name, units=(units or {}).get(name, KAFKA_UNITS))
-                    results[name] = _loop(start, received, tally, name, poll_s, max_backoff_s)
+                    results[name] = _loop(
+                        start, received, tally, name, poll_s, max_backoff_s, give_up_after_s
+                    )
                 except BaseException as exc:  # noqa: BLE001 - re-raised by the main thread
                     board.set_state(name, "failed", error=f"{type(exc).__name__}: {exc}")
                     errors[name] = exc
@@ -267,9 +281,11 @@ def _loop(
     name: str,
     poll_s: int,
     max_backoff_s: float,
+    give_up_after_s: float | None = None,
 ) -> RunSummary:
     restarts = 0
     backoff = INITIAL_BACKOFF_S
+    progress_at = time.monotonic()  # the start, or the last restart that read something
     while True:
         failure: TransientError | None
         board.set_state(name, "restarting" if restarts else "starting")
@@ -288,6 +304,18 @@ def _loop(
                 return tally.summary(restarts, received[0] if received else None)
             if tally.messages > before:
                 backoff = INITIAL_BACKOFF_S  # it recovered once: a new outage starts over
+                progress_at = time.monotonic()
+        stalled = time.monotonic() - progress_at
+        if give_up_after_s is not None and stalled + min(backoff, max_backoff_s) > give_up_after_s:
+            gave_up = JobGaveUpError(
+                f"{name!r} gave up after {stalled:.0f} s without progress and {restarts} "
+                f"restart(s) (--give_up_after {give_up_after_s:g} s); the last failure: {failure}",
+                pipeline_id=name,
+                restarts=restarts,
+            )
+            logger.error("query %r stops: %s", name, gave_up)
+            board.set_state(name, "failed", error=f"{type(gave_up).__name__}: {gave_up}")
+            raise gave_up from failure
         board.set_state(name, "restarting", error=f"{type(failure).__name__}: {failure}")
         logger.warning(
             "query %r failed, restarting in %.0f s (transient: retrying may help): %s",
@@ -373,11 +401,14 @@ def _stop_signals() -> Iterator[list[int]]:
 
 @dataclass(frozen=True)
 class SourceUnits:
-    """What a query's input rows are (``file(s)`` of a files source) and what its sinks commit
-    (``row(s)``, ``change(s)``), as log lines and summaries name them."""
+    """What a query's input rows are (``file(s)`` of a files source), what its sinks commit
+    (``row(s)``, ``change(s)``) and what its lag counts (``message(s)`` behind the newest
+    offsets, ``byte(s) of WAL``; "": the source reports none), as log lines and summaries name
+    them."""
 
     read: str
     committed: str = "row(s)"
+    behind: str = "message(s)"
 
 
 #: A Kafka query's units (``deltaflow ingest``).
@@ -430,10 +461,11 @@ class _Tally:
         if new_batches:
             self.batches += new_batches
             self.messages += new_messages
-            read, committed = self.units.read, self.units.committed
+            read, committed, behind = self.units.read, self.units.committed, self.units.behind
+            # A time estimate only where the lag counts what the rate does (not WAL bytes).
+            eta = f" (~{lag / rate:.0f} s at {rate:,.0f}/s)" if lag and rate and behind == read else ""
             logger.info(
-                "query %r: %d %s in %d batch(es); %d %s in %d batch(es) in all, %d %s committed; "
-                "%d behind the newest offsets%s",
+                "query %r: %d %s in %d batch(es); %d %s in %d batch(es) in all, %d %s committed%s",
                 self.name,
                 new_messages,
                 read,
@@ -443,8 +475,7 @@ class _Tally:
                 self.batches,
                 sum(self.committed().values()),
                 committed,
-                lag,
-                f" (~{lag / rate:.0f} s at {rate:,.0f}/s)" if lag and rate else "",
+                f"; {lag} {behind} behind the newest position{eta}" if behind else "",
             )
         if self._on_progress is not None:
             self._on_progress(self.messages, lag, rate)
@@ -533,9 +564,11 @@ def run_pipelines(
     *,
     available_now: bool = False,
     on_start: Callable[[str], None] | None = None,
+    give_up_after_s: float | None = None,
 ) -> Mapping[str, RunSummary]:
     """Run ``pipelines`` in this Spark application until stopped, or until all available input
-    is committed (``available_now``). Transient failures restart a pipeline with backoff.
+    is committed (``available_now``). Transient failures restart a pipeline with backoff (with
+    ``available_now``, for at most ``give_up_after_s`` without progress).
 
     Raises:
         TerminalError: a pipeline failed for good (the others were stopped cleanly first).
@@ -565,4 +598,8 @@ def run_pipelines(
 
         return start
 
-    return run_all({spec.pipeline_id: starter(spec) for spec in pipelines}, units=units)
+    return run_all(
+        {spec.pipeline_id: starter(spec) for spec in pipelines},
+        units=units,
+        give_up_after_s=give_up_after_s if available_now else None,
+    )

@@ -211,6 +211,14 @@ class Folded:
     rows: list[_Row]
     truncated_below: int | None  # delete every table row with a lower sequence (not in rows)
     changes: int
+    truncates: int = 0  # TRUNCATE events among the changes
+    snapshot: bool = False  # the batch holds a snapshot (it replaces the rows before it)
+
+    def replaced(self) -> str:
+        """What replaced the table's earlier rows, for log lines ("" when nothing did)."""
+        if self.truncates:
+            return " after a truncate"
+        return " as a snapshot (rows not in it removed)" if self.snapshot else ""
 
 
 def fold(events: pa.Table, key: Sequence[str], columns: Sequence[str]) -> Folded:
@@ -267,7 +275,13 @@ def fold(events: pa.Table, key: Sequence[str], columns: Sequence[str]) -> Folded
             state[key_of(doc)] = _Row("delete", doc, sequence, False)
     if snapshot_floor is not None:
         truncated = max(truncated or 0, snapshot_floor)
-    return Folded(list(state.values()), truncated, len(kinds))
+    return Folded(
+        list(state.values()),
+        truncated,
+        len(kinds),
+        truncates=kinds.count("truncate"),
+        snapshot=snapshot_floor is not None,
+    )
 
 
 # -- the writer ----------------------------------------------------------------------------------
@@ -328,8 +342,16 @@ class MirrorWriter:
         key = self._options.key_columns or table.primary_key
         where = f"mirror of {self._stream} ({self._uri})"
         if not key:
+            # All the advice at once: a key alone is not enough while deletes carry no columns.
+            identity = (
+                f", and ALTER TABLE {self._stream} REPLICA IDENTITY FULL (or USING INDEX on a unique "
+                "index of those columns) so that a delete carries them"
+                if table.replica_identity == "n" or not table.identity_key
+                else ""
+            )
             raise ConfigError(
-                f"{where}: {self._stream} has no primary key; set key_columns (the row's identity)",
+                f"{where}: {self._stream} has no primary key; set key_columns (the columns that identify "
+                f"a row){identity}",
                 table_uri=self._uri,
             )
         names = {c.name for c in table.columns}
@@ -400,13 +422,26 @@ class MirrorWriter:
         except _UnrepresentableError as exc:
             raise MergeError(
                 f"batch {batch_id}: a change of {self._stream} cannot be applied to {self._uri}: {exc}; "
-                "nothing was committed",
+                f"{self._nothing()}. The change was captured with this value: altering the column in "
+                "PostgreSQL now does not change it, and it comes again at every restart. Declare the "
+                "column so that the mirror can hold its values (e.g. as text), then take the mirror "
+                "again: stop the pipeline, delete the mirror table and the checkpoint, and start it "
+                "(a new snapshot)",
                 table_uri=self._uri,
                 batch_id=batch_id,
             ) from None
         maybe_crash("before_commit", batch_id, self._uri)
         self._commit(data, folded, batch_id, end, started)
         maybe_crash("after_commit", batch_id, self._uri)
+
+    @staticmethod
+    def _nothing() -> str:
+        """What a failed batch left in this mirror, and in the pipeline's others (they commit
+        side by side: some may hold the batch, and its replay skips them)."""
+        return (
+            "nothing of this batch was committed to this mirror (the pipeline's other mirrors may "
+            "hold it; the batch's replay skips those)"
+        )
 
     def _take_moved_values(self, folded: Folded, table: Any, batch_id: int) -> None:
         """Give each re-keyed row the values it lacks from the table's row at its old key.
@@ -453,7 +488,7 @@ class MirrorWriter:
                     f"{dict(zip(key, r.moved_from, strict=True))} to "
                     f"{dict(zip(key, (r.image[k] for k in key), strict=True))} leaving column(s) "
                     f"{lacking} unchanged (TOAST values PostgreSQL does not send), and {self._uri} has "
-                    "no row at the old key to take them from; nothing was committed. ALTER TABLE "
+                    f"no row at the old key to take them from; {self._nothing()}. ALTER TABLE "
                     f"{self._stream} REPLICA IDENTITY FULL makes PostgreSQL send the old row whole; "
                     "this change can only be mirrored by taking the mirror again (a new pipeline_id, "
                     "with snapshot: initial)",
@@ -598,7 +633,7 @@ class MirrorWriter:
             metrics.commit_failed(pipeline=app, table=self._uri)
             raise MergeError(
                 f"merge of batch {batch_id} of {self._stream} into {self._uri!r} failed: {exc}; "
-                "nothing was committed",
+                f"{self._nothing()}",
                 table_uri=self._uri,
                 batch_id=batch_id,
             ) from exc
@@ -622,7 +657,7 @@ class MirrorWriter:
             batch_id,
             folded.changes,
             rows,
-            " after a truncate" if folded.truncated_below is not None else "",
+            folded.replaced(),
         )
 
     def _merge_attempt(

@@ -51,6 +51,18 @@ def published_streams(options: PostgresCdcOptions) -> list[str]:
     return [f"{s}.{t}" for s, t in rows]
 
 
+def table_exists(options: PostgresCdcOptions, stream: str) -> bool:
+    """Whether the database has the table ``stream`` (``schema.table``)."""
+    schema, _, name = stream.partition(".")
+    with connection(options, f"looking for {stream}") as conn:
+        row = conn.execute(
+            "SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')",
+            (schema, name),
+        ).fetchone()
+    return row is not None
+
+
 def describe_table(options: PostgresCdcOptions, stream: str) -> PgTable:
     """The catalog's description of ``stream`` (``schema.table``).
 

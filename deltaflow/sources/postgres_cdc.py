@@ -114,6 +114,20 @@ def _tables(options: PostgresCdcOptions) -> str:
     return " and ".join(u for u, _ in options.progress_tables()) or "the table"
 
 
+def _slot_gone(options: PostgresCdcOptions, held: str | None = None) -> str:
+    """The error and the way out when the pipeline's replication slot was dropped."""
+    holds = f" ({_tables(options)} holds changes up to {held} from it)" if held else ""
+    return (
+        f"replication slot {options.slot_name!r} at {options.where()} is gone{holds}: the changes "
+        "made since it was dropped are no longer kept by PostgreSQL, and a dropped slot cannot be "
+        "brought back, so this pipeline cannot continue without a gap. To start over from a new "
+        f"snapshot: stop the pipeline, delete (or move aside) {_tables(options)} and its "
+        "checkpoint, and start it again: it creates the slot and copies every published table "
+        "afresh. A new pipeline_id on the same tables also starts over, but keeps rows deleted "
+        "in PostgreSQL while the slot was gone"
+    )
+
+
 def _snapshot_pending(position: Mapping[str, int], options: PostgresCdcOptions) -> bool:
     return options.snapshot == "initial" and _SNAPSHOT not in position and int(position[_LSN]) == 0
 
@@ -597,13 +611,7 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
             if state is None:
                 if committed is not None or snapshot_done:
                     held = pgoutput.lsn_to_text(committed) if committed is not None else "its snapshot"
-                    raise CdcPositionError(
-                        f"replication slot {opts.slot_name!r} at {opts.where()} is gone, but "
-                        f"{_tables(opts)} holds changes up to {held} from it: the changes since "
-                        "then are no longer kept by PostgreSQL. Start over deliberately (a new "
-                        "pipeline_id or table), or restore the slot",
-                        pipeline_id=opts.pipeline_id,
-                    )
+                    raise CdcPositionError(_slot_gone(opts, held), pipeline_id=opts.pipeline_id)
                 row = conn.execute(
                     "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')",
                     (opts.slot_name,),
@@ -735,10 +743,7 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         and the changes in between are gone for this stream."""
         confirmed = self._confirmed
         if confirmed is None:
-            raise CdcPositionError(
-                f"replication slot {self._options.slot_name!r} at {self._options.where()} is gone",
-                pipeline_id=self._options.pipeline_id,
-            )
+            raise CdcPositionError(_slot_gone(self._options), pipeline_id=self._options.pipeline_id)
         after_snapshot = begin == 0 and _SNAPSHOT in position  # the slot starts where the snapshot ends
         if confirmed <= begin or after_snapshot:
             return

@@ -341,6 +341,36 @@ def test_access_denied_is_terminal_and_not_retried(tmp_path):
     assert calls == [1]
 
 
+def test_a_value_delta_rs_cannot_parse_is_terminal_not_retried_forever(tmp_path):
+    # A held change with 'infinity' in a timestamp column, once its source column became text:
+    # delta-rs says so as a "Generic DeltaTable error", the words of its store failures too.
+    import datetime as dt
+
+    from deltalake import write_deltalake
+
+    uri = str(tmp_path / "t")
+    ts = pa.array([dt.datetime(2020, 1, 1)], pa.timestamp("us", tz="UTC"))
+    write_deltalake(uri, pa.table({"id": [1], "ts": ts}))
+    calls = []
+
+    def attempt(table, props):
+        calls.append(1)
+        source = pa.table({"id": [1], "ts": ["infinity"]})
+        on = "t.id = s.id"
+        merge = table.merge(source, on, source_alias="s", target_alias="t", commit_properties=props)
+        return merge.when_matched_update({"ts": "CAST(s.ts AS TIMESTAMP)"}).execute()
+
+    with pytest.raises(Exception, match="Error parsing timestamp from 'infinity'") as caught:
+        commit.commit(uri, {}, attempt, what="test")
+    assert calls == [1]  # not retried: the same data fails the same way
+    assert commit.is_terminal(caught.value)
+    # Its neighbours in wording keep their class.
+    assert not commit.is_terminal(OSError("Generic S3 error: 503 Service Unavailable"))
+    io = "Generic DeltaTable error: Arrow error: Io error: connection reset"
+    assert not commit.is_terminal(OSError(io))
+    assert commit.is_terminal(OSError("Generic DeltaTable error: Arrow error: Cast error: Cannot cast"))
+
+
 def test_a_newer_writer_fences_the_older_one_which_names_it(tmp_path):
     uri = str(tmp_path / "t")
     _commit(uri, _files(tmp_path / "t", [1], "a"), 0)

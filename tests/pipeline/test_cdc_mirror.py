@@ -233,16 +233,29 @@ def test_mirror_settings_that_cannot_work_are_refused_before_anything_is_written
     conn = postgres.connect()
     conn.execute("CREATE TABLE no_key (id int, name text)")
     conn.execute("CREATE TABLE keyed (id int PRIMARY KEY, name text)")
-    conn.execute("CREATE PUBLICATION r_pub FOR TABLE no_key, keyed")
+    conn.execute("CREATE TABLE dropped (id int PRIMARY KEY)")
+    conn.execute("CREATE TABLE unpublished (id int PRIMARY KEY)")
+    conn.execute("CREATE PUBLICATION r_pub FOR TABLE no_key, keyed, dropped")
+    conn.execute("DROP TABLE dropped")  # mirrored once, then dropped: advice to add it is wrong
     target = tmp_path / "t"
     try:
         for sink, problem in [
-            ("{table_uri: T, write_mode: merge, stream: public.no_key}", "has no primary key"),
+            # Every step at once: a key, and deletes that carry it.
+            (
+                "{table_uri: T, write_mode: merge, stream: public.no_key}",
+                r"has no primary key; set key_columns .*, and ALTER TABLE public.no_key REPLICA "
+                r"IDENTITY FULL",
+            ),
+            (
+                "{table_uri: T, write_mode: merge, stream: public.dropped}",
+                r"does not have \(dropped\? a typo",
+            ),
             (
                 "{table_uri: T, write_mode: merge, stream: public.no_key, key_columns: [id]}",
                 "REPLICA IDENTITY FULL",
             ),
-            ("{table_uri: T, write_mode: merge, stream: public.elsewhere}", "does not publish"),
+            ("{table_uri: T, write_mode: merge, stream: public.elsewhere}", "does not have"),
+            ("{table_uri: T, write_mode: merge, stream: public.unpublished}", "ADD TABLE public.unpublished"),
         ]:
             path = _pipeline(tmp_path, postgres, "r_pub", "r_slot", "- " + sink.replace("T", f'"{target}"'))
             with pytest.raises(ConfigError, match=problem):
@@ -355,7 +368,8 @@ def test_a_re_keyed_row_the_mirror_lacks_stops_the_pipeline_naming_replica_ident
         conn.execute("UPDATE rekey_gap SET id = 11 WHERE id = 1")
         with pytest.raises(MergeError, match="REPLICA IDENTITY FULL") as caught:
             _run(spark, path)
-        assert "['doc']" in str(caught.value) and "nothing was committed" in str(caught.value)
+        assert "['doc']" in str(caught.value)
+        assert "nothing of this batch was committed to this mirror" in str(caught.value)
         assert _mirror(mirror) == []  # no row 11 with a NULL doc
         assert DeltaTable(str(mirror)).transaction_version(progress) == held  # the change is not passed
     finally:

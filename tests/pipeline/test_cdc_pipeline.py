@@ -193,7 +193,10 @@ def _rivven_database(postgres, database: str):
     return conn
 
 
-def test_rivvens_basic_local_setup_runs_as_written(spark, postgres, tmp_path):
+def test_rivvens_basic_local_setup_runs_as_written(spark, postgres, tmp_path, caplog):
+    import logging
+    import re
+
     from deltaflow.config.pipeline import load_pipelines
     from deltaflow.service.daemon import run_pipelines
 
@@ -208,12 +211,20 @@ def test_rivvens_basic_local_setup_runs_as_written(spark, postgres, tmp_path):
         run_pipelines(spark, file.pipelines, available_now=True)  # the snapshot
         conn.execute("UPDATE users SET name = 'Alice B.' WHERE id = 1")
         conn.execute("DELETE FROM users WHERE id = 2")
-        run_pipelines(spark, file.pipelines, available_now=True)  # the changes
+        with caplog.at_level(logging.INFO, logger="deltaflow.service.daemon"):
+            run_pipelines(spark, file.pipelines, available_now=True)  # the changes
     finally:  # slots are the cluster's: the next example's database uses the same name
         conn.execute(
             "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
             "WHERE slot_name = 'deltaflow_rivven_pub'"
         )
+
+    # The lag of a CDC source is WAL, in bytes: never "messages", never a time from a rate of changes.
+    lines = [r.getMessage() for r in caplog.records if r.name == "deltaflow.service.daemon"]
+    progress = [line for line in lines if "change(s) in" in line]
+    wal = r"; \d+ byte\(s\) of WAL behind the newest position$"
+    assert progress and all(re.search(wal, line) for line in progress), progress
+    assert not [line for line in lines if "message(s)" in line], lines
 
     rows = DeltaTable(str(table)).to_pyarrow_table().sort_by([("lsn", "ascending"), ("seq", "ascending")])
     events = [(r["event_type"], r["stream"], r["data"]) for r in rows.to_pylist()]

@@ -130,6 +130,30 @@ def test_cli_ends_at_latest_offsets(kafka, tmp_path):
     assert "INFO deltaflow.sources.kafka: Kafka source starts at" in out.stderr
 
 
+def test_a_job_whose_broker_never_comes_up_gives_up_with_the_transient_code(tmp_path):
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = subprocess.run(
+        [
+            *(sys.executable, "-m", "deltaflow.cli", "ingest", "orders", str(tmp_path / "t")),
+            *("--kafka", f"127.0.0.1:{port}", "--app_id", "cli", "--ends_at_latest_offsets"),
+            *("--give_up_after", "3s", "--schema", "id LONG"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 1, out.stderr[-3000:]  # transient: a scheduler may run it again
+    assert "'cli' gave up after" in out.stderr, out.stderr[-3000:]
+    assert "(--give_up_after 3 s); the last failure: reading the topics of" in out.stderr
+    assert not list((tmp_path / "t").glob("*.parquet"))  # no data (the table from --schema may exist)
+
+
 def test_sigterm_stops_cleanly_and_the_next_start_resumes_exactly(kafka, tmp_path):
     import signal
     import time

@@ -320,18 +320,18 @@ def test_killed_between_two_sinks_commits_then_run_until_sigterm_is_exactly_once
 @pytest.mark.parametrize(
     ("source", "units"),
     [
-        pytest.param("{type: files, path: /in, format: json}", ("file(s)", "row(s)"), id="files"),
-        pytest.param("{type: parquet-files, path: /in}", ("file(s)", "row(s)"), id="parquet-files"),
-        pytest.param("{type: generator}", ("row(s)", "row(s)"), id="generator"),
-        pytest.param("{type: delta, table_uri: /src}", ("row(s)", "row(s)"), id="delta"),
+        pytest.param("{type: files, path: /in, format: json}", ("file(s)", "row(s)", ""), id="files"),
+        pytest.param("{type: parquet-files, path: /in}", ("file(s)", "row(s)", ""), id="parquet-files"),
+        pytest.param("{type: generator}", ("row(s)", "row(s)", ""), id="generator"),
+        pytest.param("{type: delta, table_uri: /src}", ("row(s)", "row(s)", ""), id="delta"),
         pytest.param(
             "{type: kafka, bootstrap_servers: 'b:9092', topic: t, schema: 'id INT'}",
-            ("message(s)", "row(s)"),
+            ("message(s)", "row(s)", "message(s)"),
             id="kafka",
         ),
         pytest.param(
             "{type: postgres-cdc, host: db, dbname: shop, publication: pub, snapshot: never}",
-            ("change(s)", "change(s)"),
+            ("change(s)", "change(s)", "byte(s) of WAL"),
             id="postgres-cdc",
         ),
     ],

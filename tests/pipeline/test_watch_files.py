@@ -105,7 +105,11 @@ pipelines:
 """
     )
     specs = load_pipelines(path).pipelines
-    assert describe_source(specs[0]) == f"parquet files landing in {landing} (registered in place)"
+    # copy: true copies these files (outside the table) below it: not "registered in place"
+    how = "copied below the table where outside it, then registered"
+    assert describe_source(specs[0]) == f"parquet files landing in {landing} ({how})"
+    in_place = specs[0].model_copy(update={"source": specs[0].source.model_copy(update={"copy_": False})})
+    assert describe_source(in_place) == f"parquet files landing in {landing} (registered in place)"
     run_pipelines(spark, specs, available_now=True)
     _land(landing, "region=us/b.parquet", range(5, 10))
     _land(landing, "region=us/c.parquet", range(10, 15))

@@ -263,6 +263,8 @@ def test_a_dropped_slot_with_progress_in_the_table_is_refused(spark, postgres, t
     with pytest.raises(Exception) as caught:
         _run(spark, postgres, table, str(tmp_path / "cp2"), "gone_pub", "gone_slot")
     assert "is gone" in str(caught.value)
+    assert "cannot be brought back" in str(caught.value)  # and what to do instead
+    assert f"delete (or move aside) {table}" in str(caught.value)
     assert CdcPositionError.__name__ in str(caught.value)
     assert (
         conn.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'gone_slot'").fetchone()[0]
