@@ -714,7 +714,8 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
     def _watch_publication(self, conn: Any) -> None:
         """Warn when a table joins the publication while the stream runs (read at the first
         plan, then whenever changes are planned): its changes are read from then on, but its
-        earlier rows never are (the initial snapshot covered the tables published then).
+        earlier rows never are (the initial snapshot covered the tables published then). Warn
+        too when one leaves it (a DROP TABLE sends no change: seen at the next planned change).
         A ``FOR ALL TABLES`` publication is left alone: its tables belong from their creation."""
         opts = self._options
         rows = conn.execute(
@@ -725,7 +726,18 @@ class PostgresCdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         ).fetchall()
         now = frozenset(str(r[0]) for r in rows)
         joined = sorted(now - self._published) if self._published is not None else []
+        left = sorted(self._published - now) if self._published is not None else []
         self._published = now
+        if left:
+            logger.warning(
+                "table(s) %s left publication %r while pipeline %r runs (dropped, or removed with "
+                "ALTER PUBLICATION ... DROP TABLE): no more of their changes are read, and their "
+                "mirrors keep the rows they hold. Remove their mirror sinks from the pipeline: it "
+                "refuses to start with a mirror of a table it cannot read",
+                left,
+                opts.publication,
+                opts.pipeline_id,
+            )
         if joined:
             logger.warning(
                 "table(s) %s joined publication %r while pipeline %r runs: their changes from now on "

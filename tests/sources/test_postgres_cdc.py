@@ -533,6 +533,15 @@ def test_a_table_joining_the_publication_while_the_stream_runs_is_logged_with_th
         assert len(warned) == 1
         assert "public.joined_b" in warned[0] and "earlier rows are not" in warned[0]
         assert "pipeline of its own" in warned[0]
+        # A dropped table sends no change: it is seen leaving at the next change planned.
+        second = reader.latestOffset(first, ReadAllAvailable())
+        conn.execute("DROP TABLE joined_b")
+        conn.execute("INSERT INTO joined_a VALUES (2)")
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="deltaflow.sources.postgres_cdc"):
+            reader.latestOffset(second, ReadAllAvailable())
+        left = [r.getMessage() for r in caplog.records if "left publication" in r.getMessage()]
+        assert len(left) == 1 and "['public.joined_b']" in left[0] and "Remove their mirror sinks" in left[0]
     finally:
         conn.execute("SELECT pg_drop_replication_slot('joined_slot')")
         conn.execute("DROP PUBLICATION joined_pub")
