@@ -162,6 +162,26 @@ class Metrics:
             _SOURCE,
             registry=r,
         )
+        # A files source's stream is its files (their rows are read inside the batch), and a CDC
+        # source's lag is WAL: gauges named for what they count, not the rows ones above.
+        self._input_files_rate = Gauge(
+            "deltaflow_source_input_files_per_second",
+            "Spark's input rate of the last batch of a files source (files taken per second).",
+            _SOURCE,
+            registry=r,
+        )
+        self._processed_files_rate = Gauge(
+            "deltaflow_source_processed_files_per_second",
+            "Spark's processing rate of the last batch of a files source (files per second).",
+            _SOURCE,
+            registry=r,
+        )
+        self._lag_bytes = Gauge(
+            "deltaflow_source_lag_bytes",
+            "Bytes of WAL between a CDC source's last planned batch and the server's newest position.",
+            _SOURCE,
+            registry=r,
+        )
         self._data_loss = Counter(
             "deltaflow_source_data_loss",
             "Kafka partitions a batch restarted at the broker's earliest offset because the broker "
@@ -244,16 +264,27 @@ class Metrics:
 
     # -- source (copied from Spark's progress reports) ----------------------------------------
 
-    def progress_reported(self, pipeline: str, progress: Mapping[str, Any]) -> None:
-        """Copy rates and per-partition lag out of one ``StreamingQueryProgress`` (never raises)."""
+    def progress_reported(
+        self, pipeline: str, progress: Mapping[str, Any], *, unit: str = "row(s)", behind: str = "message(s)"
+    ) -> None:
+        """Copy rates and per-partition lag out of one ``StreamingQueryProgress`` (never raises).
+
+        ``unit``: what the source's input rows are (``file(s)``: the files gauges, else the rows
+        ones); ``behind``: what its lag counts (``byte(s) of WAL``: the bytes gauge; "": none).
+        """
+        files = unit == "file(s)"
         try:
             for source in progress.get("sources") or []:
                 name = str(source.get("description", "source"))
                 input_rate, processed_rate = progress_rates(progress, source)
-                self._input_rate.labels(pipeline, name).set(input_rate)
-                self._processed_rate.labels(pipeline, name).set(processed_rate)
+                (self._input_files_rate if files else self._input_rate).labels(pipeline, name).set(input_rate)
+                rate = self._processed_files_rate if files else self._processed_rate
+                rate.labels(pipeline, name).set(processed_rate)
+                if not behind:
+                    continue
+                lag_gauge = self._lag_bytes if behind.startswith("byte") else self._lag
                 for key, lag in source_lags(source).items():
-                    self._lag.labels(pipeline, key).set(lag)
+                    lag_gauge.labels(pipeline, key).set(lag)
         except (TypeError, ValueError, AttributeError) as exc:  # a report we do not understand
             logger.debug("progress of %r not copied to metrics: %s", pipeline, exc)
 

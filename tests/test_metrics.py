@@ -44,7 +44,23 @@ def test_facade_names_labels_and_lag_from_a_progress_report():
         },
     )
     m.progress_reported("p", {"sources": [{"endOffset": "not json"}]})  # never raises
+    # A files source's stream is files: its rates are files per second, never "rows".
+    m.progress_reported(
+        "f", {"sources": [{"description": "files", "inputRowsPerSecond": 2.0}]}, unit="file(s)", behind=""
+    )
+    # A CDC source's lag is WAL bytes, apart from the messages of Kafka partitions.
+    wal = {
+        "endOffset": json.dumps({"slot": {"lsn": 100}}),
+        "latestOffset": json.dumps({"slot": {"lsn": 160}}),
+    }
+    m.progress_reported(
+        "c", {"sources": [{"description": "pg", **wal}]}, unit="change(s)", behind="byte(s) of WAL"
+    )
     got = _scrape(port)
+    assert got[("deltaflow_source_input_files_per_second", (("pipeline", "f"), ("source", "files")))] == 2.0
+    assert ("deltaflow_source_input_rows_per_second", (("pipeline", "f"), ("source", "files"))) not in got
+    assert got[("deltaflow_source_lag_bytes", (("pipeline", "c"), ("source", "slot:lsn")))] == 60
+    assert ("deltaflow_source_lag_records", (("pipeline", "c"), ("source", "slot:lsn"))) not in got
     sink = (("pipeline", "p"), ("table", "/t"))
     assert got[("deltaflow_sink_records_written_total", sink)] == 15
     assert got[("deltaflow_sink_bytes_written_total", sink)] == 400

@@ -440,7 +440,7 @@ class _Tally:
         last = query.lastProgress
         if last is None or (last["runId"], last["batchId"]) == self._last_seen:
             return  # nothing new: skip fetching (and parsing) the whole recent history
-        metrics.progress_reported(self.name, last)
+        metrics.progress_reported(self.name, last, unit=self.units.read, behind=self.units.behind)
         self._last_seen = (last["runId"], last["batchId"])
         new_batches = new_messages = 0
         for progress in query.recentProgress:
