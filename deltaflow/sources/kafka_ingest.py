@@ -474,12 +474,26 @@ def write_task(task: IngestTask) -> pa.RecordBatch:
     dlq_transforms = [parse_transform(t) for t in plan.dlq_transforms]
     produced = {t.target[0].lower() for t in transforms}
     writers: dict[str, PartitionedFileWriter] = {}  # by table URI, main and dead-letter tables
+    # A main table's writer is closed as soon as every range of its topics in this task is read
+    # (its last offset seen): a task of many tables holds the open files of those still being
+    # read, not of all. A range whose last offsets hold no record is seen done only at the end.
+    unread: dict[str, set[int]] = {}
+    for i, item in enumerate(task.ranges):
+        unread.setdefault(task.routes[item.range.topic].main.table_uri, set()).add(i)
+    closed: list[tuple[str, PartitionedFileWriter]] = []  # closed early; deleted too if the task fails
     result = TaskResult(writer=writer_process())
 
     def writer(files: TableFiles) -> PartitionedFileWriter:
         if files.table_uri not in writers:
-            writers[files.table_uri] = _writer(files, prefix)
+            # Never the prefix of a writer closed early for this table (its files would be
+            # overwritten): a table seen done is not written again, but names must not rely on it.
+            again = sum(1 for uri, _ in closed if uri == files.table_uri)
+            writers[files.table_uri] = _writer(files, f"{prefix}-{again}" if again else prefix)
         return writers[files.table_uri]
+
+    def written(uri: str, out: PartitionedFileWriter) -> None:
+        table = result.tables.setdefault(uri, TableResult())
+        table.files = [*table.files, *out.close()]
 
     current = ""
     try:
@@ -510,6 +524,14 @@ def write_task(task: IngestTask) -> pa.RecordBatch:
                 out = writer(route.main)
                 for part in _conform(good, main_schema).to_batches():
                     out.write(part)
+            last = pc.max(table.column("offset")).as_py() if table.num_rows else None
+            if last is not None and last + 1 >= item.range.end:
+                left = unread.get(current, set())
+                left.discard(index)
+                if not left and current in writers:
+                    out = writers.pop(current)
+                    closed.append((current, out))
+                    written(current, out)
             bad = pc.invert(ok)
             count = int(pc.sum(bad).as_py() or 0)
             if count:
@@ -532,13 +554,12 @@ def write_task(task: IngestTask) -> pa.RecordBatch:
         dead = {r.dead_letters.table_uri for r in task.routes.values() if r.dead_letters is not None}
         for uri, out in writers.items():
             current = uri
-            files = out.close()
             if uri in dead:
-                result.dead_letters[uri] = files
+                result.dead_letters[uri] = out.close()
             else:
-                result.tables.setdefault(uri, TableResult()).files = files
+                written(uri, out)
     except BaseException as exc:
-        for out in writers.values():
+        for out in [*writers.values(), *(w for _, w in closed)]:
             out.discard()
         if isinstance(exc, OSError):  # the store failed: a classified error the daemon can act on
             raise storage_error(exc, current, "writing data files of") from exc
