@@ -43,6 +43,7 @@ __all__ = [
     "QueryFailedError",
     "SchemaEvolvedError",
     "SchemaMismatchError",
+    "SourceFilesGoneError",
     "StorageAccessError",
     "StorageUnavailableError",
     "TableNotFoundError",
@@ -178,6 +179,12 @@ class DataFilesGoneError(TerminalError):
             f"e.g. {missing[0]!r}. {instead}, or recover the files first"
         )
         super().__init__(message, table_uri=table_uri, missing=len(missing), files=total)
+
+
+class SourceFilesGoneError(TerminalError):
+    """Files a micro-batch of a files source took were deleted before the batch read them. The
+    batch is replayed with the same files, so retrying fails the same way: the message names
+    them and the two ways on (put them back, or ``ignoreMissingFiles``)."""
 
 
 class CheckpointMismatchError(TerminalError):

@@ -15,10 +15,11 @@ import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
 
 from deltaflow.config.locations import normalize_uri
 from deltaflow.config.pipeline import FilesSourceSpec
-from deltaflow.errors import ConfigError, brief
+from deltaflow.errors import ConfigError, SourceFilesGoneError, brief
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -102,7 +103,56 @@ class BatchFiles:
 
     def __call__(self, listing: DataFrame) -> DataFrame:
         paths = sorted({row[0] for row in listing.collect()})
+        gone = _gone(paths)
+        if gone:
+            # The same outcome for the batch and for its replay (which takes the same files).
+            shown = ", ".join(gone[:5]) + (f" and {len(gone) - 5} more" if len(gone) > 5 else "")
+            if not _ignore_missing(self.src):
+                raise SourceFilesGoneError(
+                    f"{len(gone)} of the {len(paths)} file(s) a batch of the files source {self.src.path} "
+                    f"took were deleted before the batch read them: {shown}; nothing of the batch was "
+                    "committed, and its replay takes the same files. Put them back and restart, or set "
+                    "the reader option ignoreMissingFiles: 'true' (options of the source, Spark's name) "
+                    "to skip files deleted after they were listed, each named in a warning",
+                    path=self.src.path,
+                    files=len(gone),
+                )
+            logger.warning(
+                "files source %s: %d file(s) the batch took were deleted before it read them, skipped "
+                "(ignoreMissingFiles): %s",
+                self.src.path,
+                len(gone),
+                shown,
+            )
+            paths = [p for p in paths if p not in set(gone)]
         return read_files(listing.sparkSession, self.src, self.schema, paths, dead_letters=self.dead_letters)
+
+
+def _ignore_missing(src: FilesSourceSpec) -> bool:
+    return any(k.lower() == "ignoremissingfiles" and str(v).lower() == "true" for k, v in src.options.items())
+
+
+def _gone(paths: Sequence[str]) -> list[str]:
+    """Those of ``paths`` (as the listing gave them) that storage no longer has."""
+    import pyarrow.fs as pafs
+
+    from deltaflow.io.storage import filesystem
+
+    stores: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    systems: dict[tuple[str, str], Any] = {}
+    for uri in paths:
+        parsed = urlparse(uri)
+        key = (parsed.scheme, parsed.netloc)
+        fs, where = filesystem(uri, {})
+        systems.setdefault(key, fs)
+        stores.setdefault(key, []).append((uri, where))
+    gone = []
+    for key, items in stores.items():
+        infos = systems[key].get_file_info([where for _, where in items])
+        gone += [
+            uri for (uri, _), info in zip(items, infos, strict=True) if info.type == pafs.FileType.NotFound
+        ]
+    return gone
 
 
 def read_files(

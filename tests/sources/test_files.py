@@ -349,3 +349,50 @@ def test_parquet_and_csv_partition_columns_inferred_from_the_folders(spark, tmp_
     # The schema's types: "01" stays a string.
     csv_rows = _rows(tmp_path / "csv_t", "id", "year", "month")
     assert csv_rows == [(1, 2025, "12"), (2, 2026, "01"), (3, 2026, "01")]
+
+
+def test_a_file_deleted_between_listing_and_reading_has_one_outcome_named_both_times(
+    spark, tmp_path, monkeypatch, caplog
+):
+    import logging
+
+    import pytest
+
+    from deltaflow.errors import SourceFilesGoneError
+    from deltaflow.sources import files
+
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    (landing / "a.json").write_text('{"id": 1}\n{"id": 2}\n')
+    (landing / "b.json").write_text('{"id": 3}\n')
+    text = """
+        pipelines:
+          - id: gone
+            source: {type: files, path: "${DIR}/landing", format: json, schema: "id LONG"OPTIONS}
+            sinks: [{table_uri: "${DIR}/t"}]
+        """
+    specs = _pipelines(tmp_path, text.replace("OPTIONS", ""))
+    # The batch has listed both files; b.json goes before the batch reads it.
+    real = files.BatchFiles.__call__
+
+    def deleting(self, listing):
+        (landing / "b.json").unlink(missing_ok=True)
+        return real(self, listing)
+
+    monkeypatch.setattr(files.BatchFiles, "__call__", deleting)
+    with pytest.raises(SourceFilesGoneError, match=r"1 of the 2 file\(s\) .*/b\.json; nothing of the batch"):
+        run_pipelines(spark, specs, available_now=True)
+    monkeypatch.setattr(files.BatchFiles, "__call__", real)
+    # The restart replays the batch with the same files: the same error, never an empty commit.
+    with pytest.raises(SourceFilesGoneError, match="ignoreMissingFiles"):
+        run_pipelines(spark, specs, available_now=True)
+    assert (
+        not (tmp_path / "t" / "_delta_log").exists()
+        or DeltaTable(str(tmp_path / "t")).to_pyarrow_table().num_rows == 0
+    )
+    # Told to skip them: the rest lands, the skipped file named.
+    specs = _pipelines(tmp_path, text.replace("OPTIONS", ", options: {ignoreMissingFiles: 'true'}"))
+    with caplog.at_level(logging.WARNING, logger="deltaflow.sources.files"):
+        run_pipelines(spark, specs, available_now=True)
+    assert sorted(r["id"] for r in DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pylist()) == [1, 2]
+    assert any("b.json" in r.getMessage() and "skipped" in r.getMessage() for r in caplog.records)
