@@ -76,25 +76,34 @@ def default_checkpoint_location(options: SinkOptions) -> str:
     return checkpoint_dir(normalize_uri(options.table_uri), pipeline_id)
 
 
-def _prepare_table(df: DataFrame, options: SinkOptions) -> None:
+def _prepare_table(df: DataFrame, options: SinkOptions, *, adopt_partitioning: bool = False) -> SinkOptions:
     """Validate the DataFrame against the sink options and the table; create the table.
 
     Runs on the driver before anything is written, so bad input fails with nothing on disk.
+    Returns the options to write with: with ``adopt_partitioning``, an existing table's
+    partitioning when none was given (as delta-spark's append and ``deltaflow ingest`` take it).
     """
     from deltaflow.delta.schema import spark_to_arrow
 
-    _prepare_table_schema(spark_to_arrow(df.schema), options)
+    return _prepare_table_schema(spark_to_arrow(df.schema), options, adopt_partitioning=adopt_partitioning)
 
 
-def _prepare_table_schema(schema: pa.Schema, options: SinkOptions) -> None:
+def _prepare_table_schema(
+    schema: pa.Schema, options: SinkOptions, *, adopt_partitioning: bool = False
+) -> SinkOptions:
     """:func:`_prepare_table` for rows of the Arrow ``schema``."""
     from deltaflow.delta import commit
     from deltaflow.delta import log as delta_log
     from deltaflow.delta.schema import check_against_table, check_partition_columns
 
     uri = normalize_uri(options.table_uri)
-    check_partition_columns(schema, options.partition_columns, uri)
     table = delta_log.load(uri, options.storage_options)
+    if table is not None and adopt_partitioning and not options.partition_columns:
+        have = list(table.metadata().partition_columns)
+        if have:
+            logger.info("table %s is partitioned by %s: writing with its partitioning", uri, have)
+            options = options.model_copy(update={"partition_columns": have})
+    check_partition_columns(schema, options.partition_columns, uri)
     if table is None:
         if not options.auto_create_table:
             raise TableNotFoundError(
@@ -109,7 +118,7 @@ def _prepare_table_schema(schema: pa.Schema, options: SinkOptions) -> None:
             properties=options.table_properties,
             storage_options=options.storage_options,
         )
-        return
+        return options
     check_against_table(
         table,
         schema,
@@ -117,6 +126,7 @@ def _prepare_table_schema(schema: pa.Schema, options: SinkOptions) -> None:
         schema_mode=options.schema_mode,
         table_uri=uri,
     )
+    return options
 
 
 #: The writer epoch this process claimed per (table, pipeline id): a query the daemon restarts
@@ -200,16 +210,16 @@ def write_stream(
     if opts.write_mode == "merge":
         from deltaflow.sinks.merge import MergeWriter, target_rows
 
-        _prepare_table(target_rows(df, opts), opts)
+        opts = _prepare_table(target_rows(df, opts), opts, adopt_partitioning=True)
         writer = df.writeStream.foreachBatch(MergeWriter(_claim(opts)))
     elif opts.uses_spark_writer:
-        _prepare_table(df, opts)
+        opts = _prepare_table(df, opts, adopt_partitioning=True)
         from deltaflow.sinks.batch_writer import SparkBatchWriter
 
         batch_writer = SparkBatchWriter(_claim(opts), overwrite=output_mode == "complete")
         writer = df.writeStream.foreachBatch(batch_writer)
     else:
-        _prepare_table(df, opts)
+        opts = _prepare_table(df, opts, adopt_partitioning=True)
         writer = df.writeStream.format(FORMAT_NAME).options(**_claim(opts).to_spark_options())
     writer = (
         writer.option("checkpointLocation", location)
@@ -257,7 +267,7 @@ def write(
     opts = SinkOptions.build(values)
     if opts.write_mode == "merge":
         raise ConfigError("write() appends or overwrites; merge changes with write_stream() or a pipeline")
-    _prepare_table(df, opts)
+    opts = _prepare_table(df, opts, adopt_partitioning=True)
     register(df.sparkSession)
     df.write.format(FORMAT_NAME).options(**opts.to_spark_options()).mode(opts.write_mode).save()
     from deltaflow.delta import log as delta_log

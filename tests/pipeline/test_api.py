@@ -21,6 +21,35 @@ def test_write_stream_defaults_checkpoint_inside_the_table(spark, tmp_path):
     assert (tmp_path / "t" / "_deltaflow" / "checkpoints" / "p1" / "offsets").is_dir()
 
 
+def test_writes_without_partition_columns_take_the_tables_partitioning(spark, tmp_path):
+    # The README's Quick start: a stream partitioned by a column, then a backfill into the same
+    # table without partition_columns (as delta-spark's append, and deltaflow ingest, take it).
+    import pyarrow as pa
+    from deltalake import DeltaTable
+    from pyspark.sql import functions as F  # noqa: N812
+
+    landing = _landing(tmp_path, 2, 5)
+    uri = str(tmp_path / "t")
+    source = spark.readStream.schema("id LONG, name STRING").json(str(landing))
+    source = source.withColumn("country", F.when(F.col("id") % 2 == 0, "fr").otherwise("de"))
+    query = deltaflow.write_stream(
+        source, uri, pipeline_id="events", partition_columns=["country"], trigger={"availableNow": True}
+    )
+    assert query.awaitTermination(180)
+    backfill = _df(spark, 100, 4, country=F.lit("it"))
+    deltaflow.write(backfill, uri, pipeline_id="backfill", txn_version=1)
+    deltaflow.write(backfill, uri, pipeline_id="backfill", txn_version=1)  # skipped: a replay
+    table = DeltaTable(uri)
+    assert table.metadata().partition_columns == ["country"]
+    assert _ids(uri) == [*range(10), 100, 101, 102, 103]
+    adds = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    assert {a["partition.country"] for a in adds} == {"fr", "de", "it"}
+    # A different partitioning given explicitly is still refused, with nothing written.
+    with pytest.raises(ConfigError, match=r"partitioned by \['country'\]"):
+        deltaflow.write(backfill, uri, partition_columns=["name"])
+    assert _ids(uri) == [*range(10), 100, 101, 102, 103]
+
+
 @pytest.mark.parametrize("write_path", ["spark", "arrow"])
 def test_a_process_claims_its_pipeline_once_not_at_every_restart(spark, tmp_path, write_path):
     # Every start committed a writer claim to the table, also the daemon's restarts of a query
