@@ -8,12 +8,13 @@ reading did not have (an added column).
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from deltaflow.config.postgres import PgColumn, PgTable, PostgresCdcOptions
 from deltaflow.errors import PostgresSetupError
 from deltaflow.sources.postgres_cdc import connection
 
-__all__ = ["describe_table", "published_streams"]
+__all__ = ["describe_table", "published_streams", "table_exists"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,14 +54,19 @@ def published_streams(options: PostgresCdcOptions) -> list[str]:
 
 def table_exists(options: PostgresCdcOptions, stream: str) -> bool:
     """Whether the database has the table ``stream`` (``schema.table``)."""
-    schema, _, name = stream.partition(".")
     with connection(options, f"looking for {stream}") as conn:
-        row = conn.execute(
-            "SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')",
-            (schema, name),
-        ).fetchone()
-    return row is not None
+        return _find_table(conn, stream) is not None
+
+
+def _find_table(conn: Any, stream: str) -> tuple[Any, ...] | None:
+    """The table ``stream``'s oid and replica identity (``None``: no such table)."""
+    schema, _, name = stream.partition(".")
+    row = conn.execute(
+        "SELECT c.oid, c.relreplident FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')",
+        (schema, name),
+    ).fetchone()
+    return tuple(row) if row is not None else None
 
 
 def describe_table(options: PostgresCdcOptions, stream: str) -> PgTable:
@@ -69,13 +75,8 @@ def describe_table(options: PostgresCdcOptions, stream: str) -> PgTable:
     Raises:
         PostgresSetupError: no such table.
     """
-    schema, _, name = stream.partition(".")
     with connection(options, f"reading the catalog of {stream}") as conn:
-        row = conn.execute(
-            "SELECT c.oid, c.relreplident FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')",
-            (schema, name),
-        ).fetchone()
+        row = _find_table(conn, stream)
         if row is None:
             raise PostgresSetupError(
                 f"no table {stream!r} at {options.where()} (a mirror's stream is schema.table, as the "
