@@ -136,16 +136,26 @@ _STORAGE_TRANSIENT = re.compile(
 
 #: delta-rs errors about the data itself (a value that does not parse or cast, a schema that does
 #: not fit): the same data fails the same way every time, though delta-rs wraps them as
-#: "Generic DeltaTable error", the wording of its store failures too.
+#: "Generic DeltaTable error", the wording of its store failures too. Matched in the error's
+#: words before its first quote only: what follows quotes the value, which is the user's text.
 _DATA_ERROR = re.compile(
     r"Arrow error|Parser error|Cast error|Schema error|Json error|Invalid argument error|Invalid data"
     r"|Unsupported|not supported|SQL error|Plan\(|Error during planning",
     re.IGNORECASE,
 )
-#: ... unless it is the store that failed underneath (Arrow wraps I/O errors too).
-_IO_UNDERNEATH = re.compile(
-    r"Io error|I/O error|os error|connection|timed? ?out|reset by peer", re.IGNORECASE
+#: ... unless a store failure is what the data error wraps (Arrow wraps I/O and external errors).
+_STORE_UNDERNEATH = re.compile(
+    r"External error|HTTP error|error sending request|decoding response|connection|timed? ?out|timeout"
+    r"|reset by peer|broken pipe|\b50[0-4]\b|Internal ?Server ?Error|InternalError|Service ?Unavailable"
+    r"|SlowDown|Throttl|temporarily|dns|Io error|I/O error|os error|unexpected EOF|hyper",
+    re.IGNORECASE,
 )
+
+
+def _data_error(text: str) -> bool:
+    """Whether delta-rs' ``text`` is about the data (its words before the quoted value)."""
+    words = re.split(r"['\"`]", text, maxsplit=1)[0]
+    return bool(_DATA_ERROR.search(words)) and not _STORE_UNDERNEATH.search(words)
 
 
 @dataclass(frozen=True)
@@ -269,7 +279,7 @@ def is_terminal(error: BaseException) -> bool:
         return False
     if isinstance(error, (DeltaError, OSError)):
         text = str(error)
-        if _DATA_ERROR.search(text) and not _IO_UNDERNEATH.search(text):
+        if _data_error(text):
             return True
         return bool(ACCESS_DENIED.search(text)) or not _STORAGE_TRANSIENT.search(text)
     return True

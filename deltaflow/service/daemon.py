@@ -285,7 +285,7 @@ def _loop(
 ) -> RunSummary:
     restarts = 0
     backoff = INITIAL_BACKOFF_S
-    progress_at = time.monotonic()  # the start, or the last restart that read something
+    stalled_since: float | None = None  # the first failure since the query last read something
     while True:
         failure: TransientError | None
         board.set_state(name, "restarting" if restarts else "starting")
@@ -304,9 +304,18 @@ def _loop(
                 return tally.summary(restarts, received[0] if received else None)
             if tally.messages > before:
                 backoff = INITIAL_BACKOFF_S  # it recovered once: a new outage starts over
-                progress_at = time.monotonic()
-        stalled = time.monotonic() - progress_at
-        if give_up_after_s is not None and stalled + min(backoff, max_backoff_s) > give_up_after_s:
+                stalled_since = None
+        now = time.monotonic()
+        # The bound counts from the first failure after the last progress: a long first batch
+        # that fails once (e.g. to restart with evolved columns) is not a stall.
+        stalled_since = now if stalled_since is None else stalled_since
+        stalled = now - stalled_since
+        # (A signal received meanwhile stops it cleanly instead, in the wait below.)
+        if (
+            give_up_after_s is not None
+            and not received
+            and stalled + min(backoff, max_backoff_s) > give_up_after_s
+        ):
             gave_up = JobGaveUpError(
                 f"{name!r} gave up after {stalled:.0f} s without progress and {restarts} "
                 f"restart(s) (--give_up_after {give_up_after_s:g} s); the last failure: {failure}",

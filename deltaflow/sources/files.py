@@ -15,7 +15,6 @@ import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
 
 from deltaflow.config.locations import normalize_uri
 from deltaflow.config.pipeline import FilesSourceSpec
@@ -103,7 +102,7 @@ class BatchFiles:
 
     def __call__(self, listing: DataFrame) -> DataFrame:
         paths = sorted({row[0] for row in listing.collect()})
-        gone = _gone(paths)
+        gone = _gone(paths, self.src.path)
         if gone:
             # The same outcome for the batch and for its replay (which takes the same files).
             shown = ", ".join(gone[:5]) + (f" and {len(gone) - 5} more" if len(gone) > 5 else "")
@@ -132,26 +131,40 @@ def _ignore_missing(src: FilesSourceSpec) -> bool:
     return any(k.lower() == "ignoremissingfiles" and str(v).lower() == "true" for k, v in src.options.items())
 
 
-def _gone(paths: Sequence[str]) -> list[str]:
-    """Those of ``paths`` (as the listing gave them) that storage no longer has."""
+def _gone(paths: Sequence[str], where: str) -> list[str]:
+    """Those of ``paths`` (URIs as the listing gave them) that storage no longer has.
+
+    A listed URI is the store's location plus the key as listed: never parsed as a URL, whose
+    ``#`` or ``?`` would cut a legal key short (``a#1.json``).
+
+    Raises:
+        StorageUnavailableError / StorageAccessError: storage could not be asked.
+    """
     import pyarrow.fs as pafs
 
+    from deltaflow.errors import storage_error
     from deltaflow.io.storage import filesystem
 
-    stores: dict[tuple[str, str], list[tuple[str, str]]] = {}
-    systems: dict[tuple[str, str], Any] = {}
+    stores: dict[str, list[tuple[str, str]]] = {}
     for uri in paths:
-        parsed = urlparse(uri)
-        key = (parsed.scheme, parsed.netloc)
-        fs, where = filesystem(uri, {})
-        systems.setdefault(key, fs)
-        stores.setdefault(key, []).append((uri, where))
+        scheme, sep, rest = uri.partition("://")
+        if not sep:  # a local path
+            stores.setdefault("", []).append((uri, uri))
+            continue
+        netloc, _, key = rest.partition("/")
+        container, at, _ = netloc.partition("@")
+        # As the store's filesystem names it (see io.storage.listed_uri): bucket/key, container/blob.
+        inside = f"{container}/{key}" if at and scheme.lower() in ("abfs", "abfss") else rest
+        stores.setdefault(f"{scheme}://{netloc}", []).append((uri, inside))
     gone = []
-    for key, items in stores.items():
-        infos = systems[key].get_file_info([where for _, where in items])
-        gone += [
-            uri for (uri, _), info in zip(items, infos, strict=True) if info.type == pafs.FileType.NotFound
-        ]
+    for store, items in stores.items():
+        fs = filesystem(store, {})[0] if store else pafs.LocalFileSystem()
+        try:
+            infos = fs.get_file_info([inside for _, inside in items])
+        except OSError as exc:
+            raise storage_error(exc, where, "looking for the files a batch took from") from exc
+        missing = pafs.FileType.NotFound
+        gone += [uri for (uri, _), info in zip(items, infos, strict=True) if info.type == missing]
     return gone
 
 

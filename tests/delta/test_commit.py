@@ -364,11 +364,19 @@ def test_a_value_delta_rs_cannot_parse_is_terminal_not_retried_forever(tmp_path)
         commit.commit(uri, {}, attempt, what="test")
     assert calls == [1]  # not retried: the same data fails the same way
     assert commit.is_terminal(caught.value)
-    # Its neighbours in wording keep their class.
-    assert not commit.is_terminal(OSError("Generic S3 error: 503 Service Unavailable"))
-    io = "Generic DeltaTable error: Arrow error: Io error: connection reset"
-    assert not commit.is_terminal(OSError(io))
-    assert commit.is_terminal(OSError("Generic DeltaTable error: Arrow error: Cast error: Cannot cast"))
+    # Its neighbours in wording keep their class; a value is the user's text, never a reason.
+    arrow = "Generic DeltaTable error: Arrow error: "
+    for text, terminal in [
+        (arrow + "Parser error: Error parsing timestamp from 'connection reset'", True),
+        (arrow + "Parser error: Error parsing timestamp from 'session timeout'", True),
+        (arrow + "Cast error: Cannot cast string 'abc' to value of Int64 type", True),
+        (arrow + "Io error: connection reset", False),
+        (arrow + "External error: Generic S3 error: 503 Service Unavailable: SlowDown", False),
+        (arrow + "Parser error: dns error: failed to lookup address", False),
+        (arrow + "External error: Generic S3 error: HTTP error: error decoding response body", False),
+        ("Generic S3 error: 503 Service Unavailable", False),
+    ]:
+        assert commit.is_terminal(OSError(text)) is terminal, text
 
 
 def test_a_newer_writer_fences_the_older_one_which_names_it(tmp_path):

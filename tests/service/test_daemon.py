@@ -263,6 +263,24 @@ def test_transient_failures_restart_the_query_and_the_counts_add_up(spark, tmp_p
     assert any("restarting in 2 s" in w and "the broker is gone" in w for w in warnings)
 
 
+def test_a_long_first_batch_that_fails_once_is_restarted_not_given_up(spark, tmp_path):
+    # The bound counts from the first failure after the last progress, not from the start: a
+    # first batch longer than the bound that fails once (to restart with evolved columns, a
+    # conflict storm at its commit) is restarted, and the job ends well.
+    seen = []
+
+    def on_batch(df, batch_id):
+        if not seen:
+            seen.append("slow")
+            time.sleep(3)
+            raise TransientError("columns were added: restart")
+        seen.append(df.count())
+
+    summary = run_until_stopped(_file_stream(spark, tmp_path, 4, on_batch), name="long", give_up_after_s=2)
+    assert seen == ["slow", 4]
+    assert (summary.messages, summary.restarts) == (4, 1)
+
+
 @pytest.mark.parametrize(
     ("raised", "expected", "message"),
     [

@@ -396,3 +396,24 @@ def test_a_file_deleted_between_listing_and_reading_has_one_outcome_named_both_t
         run_pipelines(spark, specs, available_now=True)
     assert sorted(r["id"] for r in DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pylist()) == [1, 2]
     assert any("b.json" in r.getMessage() and "skipped" in r.getMessage() for r in caplog.records)
+
+
+def test_files_named_with_url_characters_are_found_where_the_listing_found_them(s3, monkeypatch):
+    # A listed key is never parsed as a URL: '#' or '?' would cut it short, and a file that is
+    # there would be reported gone (or, with ignoreMissingFiles, skipped).
+    import pyarrow.fs as pafs
+
+    from deltaflow.io.storage import filesystem
+    from deltaflow.sources.files import _gone
+
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    root = s3.uri("landing")
+    fs, where = filesystem(root, {})
+    for name in ("a#1.json", "b?x=1.json", "c.json"):
+        with fs.open_output_stream(f"{where}/{name}") as out:
+            out.write(b'{"id": 1}\n')
+    listed = [f"{root}/{name}" for name in ("a#1.json", "b?x=1.json", "c.json", "gone.json")]
+    assert _gone(listed, root) == [f"{root}/gone.json"]
+    assert _gone([str(Path(__file__))], "here") == []  # a local path
+    assert fs.get_file_info(f"{where}/a#1.json").type == pafs.FileType.File
