@@ -125,14 +125,16 @@ FENCE_PREFIX = "deltaflow-writer:"
 #: How many log entries back the fenced writer looks for the claim that fenced it (its message).
 CLAIM_SEARCH_DEPTH = 1000
 
-#: Errors of a store or network that may heal: 5xx, throttling, timeouts, resets, refused
-#: connections (delta-rs wraps object_store's errors in DeltaError/OSError text).
-_STORAGE_TRANSIENT = re.compile(
-    r"Generic \w+ error|error sending request|connection|timed? ?out|timeout|reset by peer|broken pipe"
+#: The words of a store or network failure that may heal: 5xx, throttling, timeouts, resets,
+#: refused connections.
+_STORE_FAILURE = (
+    r"error sending request|connection|timed? ?out|timeout|reset by peer|broken pipe"
     r"|\b50[0-4]\b|Internal ?Server ?Error|InternalError|Service ?Unavailable|SlowDown|Throttl"
-    r"|temporarily|dns|Io error|I/O error|os error|unexpected EOF|hyper",
-    re.IGNORECASE,
+    r"|temporarily|dns|Io error|I/O error|os error|unexpected EOF|hyper"
 )
+#: Errors of a store or network that may heal (delta-rs wraps object_store's errors in
+#: DeltaError/OSError text, "Generic S3 error: ...").
+_STORAGE_TRANSIENT = re.compile(r"Generic \w+ error|" + _STORE_FAILURE, re.IGNORECASE)
 
 #: delta-rs errors about the data itself (a value that does not parse or cast, a schema that does
 #: not fit): the same data fails the same way every time, though delta-rs wraps them as
@@ -145,10 +147,7 @@ _DATA_ERROR = re.compile(
 )
 #: ... unless a store failure is what the data error wraps (Arrow wraps I/O and external errors).
 _STORE_UNDERNEATH = re.compile(
-    r"External error|HTTP error|error sending request|decoding response|connection|timed? ?out|timeout"
-    r"|reset by peer|broken pipe|\b50[0-4]\b|Internal ?Server ?Error|InternalError|Service ?Unavailable"
-    r"|SlowDown|Throttl|temporarily|dns|Io error|I/O error|os error|unexpected EOF|hyper",
-    re.IGNORECASE,
+    r"External error|HTTP error|decoding response|" + _STORE_FAILURE, re.IGNORECASE
 )
 
 
@@ -467,12 +466,11 @@ def commit(
     first_base: int | None = None  # the version the first attempt started from (-1: no table)
     last_error: BaseException | None = None
     in_doubt = False  # an attempt's request may still be in flight
-    given = loaded  # the first attempt's table, when the caller has loaded it
     while True:
         # Step 4.1. Load the table afresh (the first attempt: unless the caller just did).
         try:
-            table = _load(table_uri, storage_options) if given is NOT_LOADED else given
-            given = NOT_LOADED
+            table = _load(table_uri, storage_options) if loaded is NOT_LOADED else loaded
+            loaded = NOT_LOADED
         except DeltaflowError as exc:
             if isinstance(exc, TerminalError):
                 raise

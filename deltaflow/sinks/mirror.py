@@ -286,6 +286,13 @@ def fold(events: pa.Table, key: Sequence[str], columns: Sequence[str]) -> Folded
 
 # -- the writer ----------------------------------------------------------------------------------
 
+#: What a failed batch left in this mirror, and in the pipeline's others (they commit side by
+#: side: some may hold the batch, and its replay skips them).
+_NOTHING_COMMITTED = (
+    "nothing of this batch was committed to this mirror (the pipeline's other mirrors may hold it; "
+    "the batch's replay skips those)"
+)
+
 
 def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
@@ -422,7 +429,7 @@ class MirrorWriter:
         except _UnrepresentableError as exc:
             raise MergeError(
                 f"batch {batch_id}: a change of {self._stream} cannot be applied to {self._uri}: {exc}; "
-                f"{self._nothing()}. The change was captured with this value: altering the column in "
+                f"{_NOTHING_COMMITTED}. The change was captured with this value: altering the column in "
                 "PostgreSQL now does not change it, and it comes again at every restart. Declare the "
                 "column so that the mirror can hold its values (e.g. as text), then take the mirror "
                 "again: stop the pipeline, delete the mirror table and the checkpoint, and start it "
@@ -433,15 +440,6 @@ class MirrorWriter:
         maybe_crash("before_commit", batch_id, self._uri)
         self._commit(data, folded, batch_id, end, started)
         maybe_crash("after_commit", batch_id, self._uri)
-
-    @staticmethod
-    def _nothing() -> str:
-        """What a failed batch left in this mirror, and in the pipeline's others (they commit
-        side by side: some may hold the batch, and its replay skips them)."""
-        return (
-            "nothing of this batch was committed to this mirror (the pipeline's other mirrors may "
-            "hold it; the batch's replay skips those)"
-        )
 
     def _take_moved_values(self, folded: Folded, table: Any, batch_id: int) -> None:
         """Give each re-keyed row the values it lacks from the table's row at its old key.
@@ -488,7 +486,7 @@ class MirrorWriter:
                     f"{dict(zip(key, r.moved_from, strict=True))} to "
                     f"{dict(zip(key, (r.image[k] for k in key), strict=True))} leaving column(s) "
                     f"{lacking} unchanged (TOAST values PostgreSQL does not send), and {self._uri} has "
-                    f"no row at the old key to take them from; {self._nothing()}. ALTER TABLE "
+                    f"no row at the old key to take them from; {_NOTHING_COMMITTED}. ALTER TABLE "
                     f"{self._stream} REPLICA IDENTITY FULL makes PostgreSQL send the old row whole; "
                     "this change can only be mirrored by taking the mirror again (a new pipeline_id, "
                     "with snapshot: initial)",
@@ -633,7 +631,7 @@ class MirrorWriter:
             metrics.commit_failed(pipeline=app, table=self._uri)
             raise MergeError(
                 f"merge of batch {batch_id} of {self._stream} into {self._uri!r} failed: {exc}; "
-                f"{self._nothing()}",
+                f"{_NOTHING_COMMITTED}",
                 table_uri=self._uri,
                 batch_id=batch_id,
             ) from exc

@@ -102,7 +102,7 @@ class BatchFiles:
 
     def __call__(self, listing: DataFrame) -> DataFrame:
         paths = sorted({row[0] for row in listing.collect()})
-        gone = _gone(paths, self.src.path)
+        gone = _gone(paths)
         if gone:
             # The same outcome for the batch and for its replay (which takes the same files).
             shown = ", ".join(gone[:5]) + (f" and {len(gone) - 5} more" if len(gone) > 5 else "")
@@ -123,7 +123,8 @@ class BatchFiles:
                 len(gone),
                 shown,
             )
-            paths = [p for p in paths if p not in set(gone)]
+            skipped = set(gone)
+            paths = [p for p in paths if p not in skipped]
         return read_files(listing.sparkSession, self.src, self.schema, paths, dead_letters=self.dead_letters)
 
 
@@ -131,8 +132,9 @@ def _ignore_missing(src: FilesSourceSpec) -> bool:
     return any(k.lower() == "ignoremissingfiles" and str(v).lower() == "true" for k, v in src.options.items())
 
 
-def _gone(paths: Sequence[str], where: str) -> list[str]:
-    """Those of ``paths`` (URIs as the listing gave them) that storage no longer has.
+def _gone(paths: Sequence[str]) -> list[str]:
+    """Those of ``paths`` (URIs as the listing gave them) that storage no longer has
+    (:func:`deltaflow.delta.log.missing_files`, once per store).
 
     A listed URI is the store's location plus the key as listed: never parsed as a URL, whose
     ``#`` or ``?`` would cut a legal key short (``a#1.json``).
@@ -140,31 +142,19 @@ def _gone(paths: Sequence[str], where: str) -> list[str]:
     Raises:
         StorageUnavailableError / StorageAccessError: storage could not be asked.
     """
-    import pyarrow.fs as pafs
+    import os
 
-    from deltaflow.errors import storage_error
-    from deltaflow.io.storage import filesystem
+    from deltaflow.delta.log import missing_files
 
-    stores: dict[str, list[tuple[str, str]]] = {}
+    stores: dict[str, list[tuple[str, str]]] = {}  # store -> (URI, key below the store's root)
     for uri in paths:
         scheme, sep, rest = uri.partition("://")
-        if not sep:  # a local path
-            stores.setdefault("", []).append((uri, uri))
-            continue
-        netloc, _, key = rest.partition("/")
-        container, at, _ = netloc.partition("@")
-        # As the store's filesystem names it (see io.storage.listed_uri): bucket/key, container/blob.
-        inside = f"{container}/{key}" if at and scheme.lower() in ("abfs", "abfss") else rest
-        stores.setdefault(f"{scheme}://{netloc}", []).append((uri, inside))
+        netloc, _, key = rest.partition("/") if sep else ("", "", os.path.abspath(uri))
+        stores.setdefault(f"{scheme}://{netloc}" if sep else "/", []).append((uri, key))
     gone = []
     for store, items in stores.items():
-        fs = filesystem(store, {})[0] if store else pafs.LocalFileSystem()
-        try:
-            infos = fs.get_file_info([inside for _, inside in items])
-        except OSError as exc:
-            raise storage_error(exc, where, "looking for the files a batch took from") from exc
-        missing = pafs.FileType.NotFound
-        gone += [uri for (uri, _), info in zip(items, infos, strict=True) if info.type == missing]
+        missing = set(missing_files(store, {}, [key for _, key in items]))
+        gone += [uri for uri, key in items if key in missing]
     return gone
 
 

@@ -480,15 +480,13 @@ def write_task(task: IngestTask) -> pa.RecordBatch:
     unread: dict[str, set[int]] = {}
     for i, item in enumerate(task.ranges):
         unread.setdefault(task.routes[item.range.topic].main.table_uri, set()).add(i)
-    closed: list[tuple[str, PartitionedFileWriter]] = []  # closed early; deleted too if the task fails
+    closed: list[PartitionedFileWriter] = []  # closed early; their files deleted too if the task fails
     result = TaskResult(writer=writer_process())
 
     def writer(files: TableFiles) -> PartitionedFileWriter:
         if files.table_uri not in writers:
-            # Never the prefix of a writer closed early for this table (its files would be
-            # overwritten): a table seen done is not written again, but names must not rely on it.
-            again = sum(1 for uri, _ in closed if uri == files.table_uri)
-            writers[files.table_uri] = _writer(files, f"{prefix}-{again}" if again else prefix)
+            # (A table seen done is not written again; were it, its file names carry a uuid.)
+            writers[files.table_uri] = _writer(files, prefix)
         return writers[files.table_uri]
 
     def written(uri: str, out: PartitionedFileWriter) -> None:
@@ -526,11 +524,11 @@ def write_task(task: IngestTask) -> pa.RecordBatch:
                     out.write(part)
             last = pc.max(table.column("offset")).as_py() if table.num_rows else None
             if last is not None and last + 1 >= item.range.end:
-                left = unread.get(current, set())
+                left = unread[current]
                 left.discard(index)
                 if not left and current in writers:
                     out = writers.pop(current)
-                    closed.append((current, out))
+                    closed.append(out)
                     written(current, out)
             bad = pc.invert(ok)
             count = int(pc.sum(bad).as_py() or 0)
@@ -559,7 +557,7 @@ def write_task(task: IngestTask) -> pa.RecordBatch:
             else:
                 written(uri, out)
     except BaseException as exc:
-        for out in [*writers.values(), *(w for _, w in closed)]:
+        for out in [*writers.values(), *closed]:
             out.discard()
         if isinstance(exc, OSError):  # the store failed: a classified error the daemon can act on
             raise storage_error(exc, current, "writing data files of") from exc
