@@ -534,7 +534,11 @@ def commit(
                 return _last_look(table_uri, storage_options, token, first_base, what, attempts, exc)
             continue
         return CommitResult(
-            Outcome.COMMITTED, _version_after(table, table_uri, storage_options), attempts, token, value=value
+            Outcome.COMMITTED,
+            _version_after(table, table_uri, storage_options, token),
+            attempts,
+            token,
+            value=value,
         )
 
 
@@ -614,16 +618,22 @@ def _gave_up(
 
 
 def _version_after(
-    table: DeltaTable | None, table_uri: str, storage_options: Mapping[str, str]
+    table: DeltaTable | None, table_uri: str, storage_options: Mapping[str, str], token: str
 ) -> int | None:
-    """The table's version right after a successful attempt (may include later commits)."""
+    """The version a successful attempt made: the entry after the load when it carries the
+    attempt's token (the usual case: one small read), else the table's version read back
+    (delta-rs rebased the commit past others; the result may then include later commits)."""
     try:
         if table is None:
             loaded = _load(table_uri, storage_options)
             return loaded.version() if loaded is not None else None
-        table.update_incremental()  # reads only the commits since the load: ours, maybe others
+        following = table.version() + 1
+        entries = read_entries(table_uri, storage_options, following, following)
+        if entries and entries[0].info.get(COMMIT_TOKEN_KEY) == token:
+            return following
+        table.update_incremental()  # reads only the commits since the load: ours and others
         return table.version()
-    except (DeltaflowError, DeltaError, OSError):
+    except (DeltaflowError, DeltaError, OSError, ValueError):
         logger.debug("committed to %s; could not read the new version back", table_uri, exc_info=True)
         return None
 

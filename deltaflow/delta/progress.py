@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -119,11 +121,31 @@ def stale_progress(record: DataLoss | None, held: int | None) -> bool:
     )
 
 
+#: Txn versions already read, per live ``DeltaTable`` object (by id) and its version: delta-rs
+#: replays the log segment for every lookup (~1/2 of a table load), and one commit asks the same
+#: load for the writer fence twice and for each Kafka partition.
+_TXNS: dict[int, tuple[int, dict[str, int | None]]] = {}
+_TXNS_LOCK = threading.Lock()
+
+
 def transaction_version(table: DeltaTable | None, app_id: str) -> int | None:
-    """The last ``txn`` version committed for ``app_id`` (``None`` if never)."""
+    """The last ``txn`` version committed for ``app_id`` (``None`` if never), as of the
+    version ``table`` is loaded at (read once per table object and version)."""
     if table is None:
         return None
-    return table.transaction_version(app_id)
+    key, version = id(table), table.version()
+    with _TXNS_LOCK:
+        memo = _TXNS.get(key)
+        if memo is None:
+            # The entry goes with the object, so a later object at the same id never sees it.
+            weakref.finalize(table, _TXNS.pop, key, None)
+        if memo is None or memo[0] != version:
+            memo = _TXNS[key] = (version, {})
+        if app_id in memo[1]:
+            return memo[1][app_id]
+    found = table.transaction_version(app_id)
+    memo[1][app_id] = found
+    return found
 
 
 def warn_on_txn_retention(table: DeltaTable | None, table_uri: str, pipeline_id: str) -> None:

@@ -479,3 +479,19 @@ def test_a_log_that_cannot_be_read_back_after_an_attempt_is_reported_as_unknown(
         commit.commit(uri, {}, attempt, what="batch 0", policy=commit.RetryPolicy(max_retries=0))
     assert "the log could not be read back, so whether it landed is unknown" in str(err.value)
     assert "the log does not hold it" not in str(err.value)
+
+
+def test_the_version_reported_is_the_commits_own_also_when_delta_rs_rebased_it(tmp_path):
+    uri = str(tmp_path / "t")
+    _commit(uri, _files(tmp_path / "t", [1], "a"), 0)
+    assert _commit(uri, _files(tmp_path / "t", [2], "b"), 1).version == 1  # the entry after the load
+    ours = _files(tmp_path / "t", [4], "ours")
+
+    def attempt(table, props):
+        # Another writer lands right after our load: delta-rs commits ours past it.
+        _commit(uri, _files(tmp_path / "t", [3], "other"), 7, app="other")
+        table.create_write_transaction(commit._actions(ours), "append", SCHEMA, commit_properties=props)
+
+    result = commit.commit(uri, {}, attempt, what="batch 2")
+    assert result.committed and result.version == 3
+    assert _commit_token(uri, 3) == result.token
