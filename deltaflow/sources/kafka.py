@@ -460,6 +460,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._estimate_due = 0.0
         self._table: Any = None  # the sink's DeltaTable (progress, size estimate), kept up to date
         self._initial: Offsets | None = None
+        # The end offsets of the last batch this source planned, and the partitions whose
+        # progress the last plan read from the table (see partitions()).
+        self._last_end: Offsets = {}
+        self._asked_table: dict[str, list[str]] = {}
 
     # -- driver: planning --------------------------------------------------------------------
 
@@ -479,7 +483,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _committed(self, layout: Mapping[str, Sequence[int | str]]) -> Offsets:
         """Next offset to read per partition according to the Delta table (if configured)."""
-        if not self._options.delta_table_uri or not self._options.pipeline_id:
+        if not self._options.delta_table_uri or not self._options.pipeline_id or not layout:
             return {}
         from deltaflow.delta.progress import kafka_progress, resumed_progress
 
@@ -679,12 +683,25 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # planned from a checkpoint older than the table, reads only the rest. A partition the
         # batch restarts (its offsets went back) ignores the stale progress it restarted from.
         # Only partitions with something to read ask the table (a query of many topics reads
-        # the progress of the tables that get messages, not of every table).
-        moving = {
-            t: [k for k, stop in parts.items() if k in lost.get(t, {}) or stop > start.get(t, {}).get(k, -1)]
+        # the progress of the tables that get messages, not of every table), and only when this
+        # source did not plan the batch before: a partition starting where the last batch this
+        # source planned ended cannot be behind its table. That batch committed (else the query
+        # failed, and this source with it), and a writer that took the pipeline over since is
+        # fenced out by this one's next commit. So steady batches read no table here.
+        unsure = {
+            t: [
+                k
+                for k, stop in parts.items()
+                if k in lost.get(t, {})
+                or (
+                    stop > start.get(t, {}).get(k, -1)
+                    and self._last_end.get(t, {}).get(k) != start.get(t, {}).get(k)
+                )
+            ]
             for t, parts in end.items()
         }
-        committed = self._committed({t: keys for t, keys in moving.items() if keys})
+        self._asked_table = {t: keys for t, keys in unsure.items() if keys}
+        committed = self._committed(self._asked_table)
         # A partition absent from ``start`` appeared after the last batch: read it from its
         # earliest offset, as latestOffset() planned it.
         new = {t: [int(k) for k in parts if k not in start.get(t, {})] for t, parts in end.items()}
@@ -713,6 +730,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                             self._options.fail_on_data_loss,
                         )
                     )
+        self._last_end = {t: dict(parts) for t, parts in end.items()}
         return ranges
 
     def commit(self, end: Offsets) -> None:

@@ -349,7 +349,13 @@ class KafkaIngestReader(KafkaStreamReader):
     def partitions(self, start: Offsets, end: Offsets) -> list[IngestTask]:  # type: ignore[override]
         ranges = super().partitions(start, end)
         positions, lost = split_offsets(end)
-        done = self._dead_lettered({t: [r.partition for r in ranges if r.topic == t] for t in positions})
+        # (Asked only where the main table was: a batch this source planned from its own last
+        # end cannot be behind its dead-letter tables either.)
+        unsure: dict[str, list[int]] = {t: [] for t in positions}
+        for r in ranges:
+            if str(r.partition) in self._asked_table.get(r.topic, ()):
+                unsure[r.topic].append(r.partition)
+        done = self._dead_lettered(unsure)
         items = []
         for r in ranges:
             route = self._route(r.topic)

@@ -347,6 +347,45 @@ def test_planned_ranges_follow_commits_to_the_table_made_while_the_reader_runs(s
     reader.stop()
 
 
+def test_a_batch_starting_where_the_readers_last_plan_ended_reads_no_table(spark, kafka, tmp_path):
+    # Steady batches: the table cannot hold more than the last batch this reader planned, so
+    # only the first plan (after a start, a restart, a lost checkpoint) and restarted or new
+    # partitions read the table's progress. 200 tables a batch made this most of the planning.
+    table = str(tmp_path / "t")
+    topic = kafka.create_topic(partitions=2)
+    kafka.produce(topic, [b"m"] * 40, partitions=2)
+    reader = _sized_reader(kafka, topic, table, 10**9)
+    reads = []
+    load = reader._sink_table
+
+    def counted():
+        reads.append(1)
+        return load()
+
+    reader._sink_table = counted
+    first = {topic: {"0": 0, "1": 0}}
+    second = {topic: {"0": 10, "1": 10}}
+    third = {topic: {"0": 20, "1": 20}}
+    assert len(reader.partitions(first, second)) == 2 and len(reads) == 1
+    assert len(reader.partitions(second, third)) == 2 and len(reads) == 1  # from its own last end
+    # Planned again from a start this reader did not end at (Spark re-plans after a restart):
+    # the table is read again, and a partition it holds is not read twice.
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    from deltaflow.delta.progress import kafka_txn_id
+
+    write_deltalake(
+        table,
+        _payload_rows(1),
+        commit_properties=CommitProperties(
+            app_transactions=[Transaction(kafka_txn_id("sized", topic, "0"), 14)]
+        ),
+    )
+    ranges = {p.partition: (p.start, p.end) for p in reader.partitions(second, third)}
+    assert ranges == {0: (15, 20), 1: (10, 20)} and len(reads) == 2
+    reader.stop()
+
+
 def _sized_reader(kafka, topic, table_uri, min_batch_bytes, storage=None):
     """A reader of ``topic`` paced by a 600 s interval and by size, estimated from the table."""
     from pyspark.sql.types import _parse_datatype_string
