@@ -693,10 +693,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 k
                 for k, stop in parts.items()
                 if k in lost.get(t, {})
-                or (
-                    stop > start.get(t, {}).get(k, -1)
-                    and self._last_end.get(t, {}).get(k) != start.get(t, {}).get(k)
-                )
+                or k not in start.get(t, {})
+                or (stop > start[t][k] and self._last_end.get(t, {}).get(k) != start[t][k])
             ]
             for t, parts in end.items()
         }

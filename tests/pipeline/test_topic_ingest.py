@@ -160,6 +160,38 @@ def test_new_topics_land_and_a_table_moves_between_one_topic_and_a_pattern(spark
     assert _ids(lake / first) == list(range(70))
 
 
+def test_a_topic_ingested_alone_meanwhile_resumes_where_its_table_is_under_a_patterns_checkpoint(
+    spark, kafka, tmp_path
+):
+    # The pattern's checkpoint has never seen topic b (b was made, and ingested by itself under
+    # the same pipeline id, while the pattern was stopped): the restarted pattern must start b
+    # where its table is, not at the earliest offset (found by a review: rows 0-6 landed twice).
+    prefix = f"mv{uuid.uuid4().hex[:6]}"
+    lake = tmp_path / "lake"
+    pattern = _streaming(kafka, prefix, lake, "events").model_copy(update={"ends_at_latest_offsets": True})
+    a = kafka.create_topic(partitions=1, name=f"{prefix}.a")
+    kafka.produce(a, _messages(a, 5), partitions=1)
+    assert start(spark, pattern).awaitTermination(300)
+    b = kafka.create_topic(partitions=1, name=f"{prefix}.b")
+    kafka.produce(b, _messages(b, 7), partitions=1)
+    single = IngestConfig.build(
+        topic=b,
+        table_uri=str(lake / "{topic}"),
+        brokers=kafka.bootstrap,
+        pipeline_id="events",
+        ends_at_latest_offsets=True,
+        checkpoint_location=str(tmp_path / "one-topic-checkpoint"),
+    )
+    assert ingest(spark, single.for_one_topic()).awaitTermination(300)
+    assert _ids(lake / b) == list(range(7))
+    kafka.produce(b, _messages(b, 10)[7:], partitions=1)
+    kafka.produce(a, _messages(a, 6)[5:], partitions=1)
+    query = start(spark, pattern)
+    assert query.awaitTermination(300) and query.exception() is None
+    assert _ids(lake / a) == list(range(6))
+    assert _ids(lake / b) == list(range(10))
+
+
 def test_a_pattern_that_matches_nothing_yet_waits_for_its_topics(spark, kafka, tmp_path):
     """No topic at start (and one without messages): the query runs, and a topic that appears,
     or gets its first messages, gets its table and lands."""

@@ -386,6 +386,29 @@ def test_a_batch_starting_where_the_readers_last_plan_ended_reads_no_table(spark
     reader.stop()
 
 
+def test_a_partition_absent_from_a_batchs_start_is_read_from_where_its_table_is(spark, kafka, tmp_path):
+    # A topic missing from one batch's end (a metadata answer without it) comes back in the
+    # next: the reader has no start for it, so the table says where it is, not the earliest offset.
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    from deltaflow.delta.progress import kafka_txn_id
+
+    x, z = kafka.create_topic(partitions=1), kafka.create_topic(partitions=1)
+    kafka.produce(x, [b"1"] * 10, partitions=1)
+    kafka.produce(z, [b"2"] * 10, partitions=1)
+    table = str(tmp_path / "t")
+    txns = [Transaction(kafka_txn_id("sized", t, "0"), 4) for t in (x, z)]
+    write_deltalake(table, _payload_rows(1), commit_properties=CommitProperties(app_transactions=txns))
+    reader = _sized_reader(kafka, x, table, 10**9)
+    reader.partitions({x: {"0": 5}, z: {"0": 5}}, {x: {"0": 7}, z: {"0": 5}})
+    reader.partitions({x: {"0": 7}, z: {"0": 5}}, {x: {"0": 8}})
+    planned = {
+        p.topic: (p.start, p.end) for p in reader.partitions({x: {"0": 8}}, {x: {"0": 10}, z: {"0": 10}})
+    }
+    reader.stop()
+    assert planned == {x: (8, 10), z: (5, 10)}
+
+
 def _sized_reader(kafka, topic, table_uri, min_batch_bytes, storage=None):
     """A reader of ``topic`` paced by a 600 s interval and by size, estimated from the table."""
     from pyspark.sql.types import _parse_datatype_string
