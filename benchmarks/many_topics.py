@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import itertools
 import json
 import os
 import re
@@ -781,10 +782,16 @@ def steady(args: argparse.Namespace, work: Path) -> dict:
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
         producer.start()
+        # The broker's CPU, in windows of 10 s: tansu's cost of serving a fetch grows with the
+        # record batches a partition holds (DELTA_NOTES.md), and it shares the 2 cores.
+        tansu = psutil.Process(broker.process.pid)
+        broker_cpu = [(time.monotonic(), sum(tansu.cpu_times()[:2]))]
         while producer.is_alive():
             producer.join(1.0)
             if not tree.alive():
                 raise RuntimeError(f"the CLI exited {tree.process.returncode}:\n{tree.tail()}")
+            if time.monotonic() - broker_cpu[-1][0] >= 10:
+                broker_cpu.append((time.monotonic(), sum(tansu.cpu_times()[:2])))
         if producer.error is not None:
             raise producer.error
         cpu_s = cpu.stop()
@@ -800,6 +807,10 @@ def steady(args: argparse.Namespace, work: Path) -> dict:
             f"{100 * cpu_s / duration:.0f}% of a core ({split})",
             flush=True,
         )
+        windows = [
+            f"{100 * (c1 - c0) / (t1 - t0):.0f}%" for (t0, c0), (t1, c1) in itertools.pairwise(broker_cpu)
+        ]
+        print(f"  the broker's CPU in each 10 s of producing: {', '.join(windows)} of a core", flush=True)
         ends = high_watermarks(broker.bootstrap, targets)
         deadline = time.monotonic() + args.timeout
         behind = dict(tables)
