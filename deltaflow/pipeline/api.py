@@ -102,7 +102,7 @@ def _prepare_table_schema(
         have = list(table.metadata().partition_columns)
         if have:
             logger.info("table %s is partitioned by %s: writing with its partitioning", uri, have)
-            options = options.model_copy(update={"partition_columns": have})
+            options = options.model_copy(update={"partition_columns": tuple(have)})
     check_partition_columns(schema, options.partition_columns, uri)
     if table is None:
         if not options.auto_create_table:

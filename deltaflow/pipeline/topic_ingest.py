@@ -476,7 +476,7 @@ class TablePreparer:
         new = [u for u in uris if u not in self.sinks]
         options = [
             self._config.sink_options(self._location, table_uri=u).model_copy(
-                update={"partition_columns": list(tables[u].metadata().partition_columns)}
+                update={"partition_columns": tuple(tables[u].metadata().partition_columns)}
             )
             for u in new
         ]
