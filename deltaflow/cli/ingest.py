@@ -576,9 +576,19 @@ def ingest(
         vacuum_interval_hours=vacuum_interval_hours,
     )  # validates every flag (and parses the transforms) before Spark starts
     import deltaflow
+    from deltaflow.pipeline.ingest import caught_up
     from deltaflow.service.status import board
 
     topics = topic or f"/{topic_pattern}/"
+    if ends_at_latest_offsets and (tables := caught_up(config)) is not None:
+        # Nothing to read: no Spark, no claim, no commit (a scheduled job of an idle topic).
+        click.echo(
+            f"nothing to ingest: {len(tables)} table(s) hold every message of {topics} up to its "
+            "latest offset; nothing was started or committed",
+            err=True,
+        )
+        click.echo(f"ingested 0 message(s) in 0 batch(es) into {table_uri}")
+        return
     board.register(
         pipeline_id,
         table_uri=table_uri,

@@ -458,6 +458,61 @@ def _main_table(config: IngestConfig) -> Any:
     )
 
 
+def caught_up(config: IngestConfig) -> list[str] | None:
+    """For a job (``ends_at_latest_offsets``): the tables it writes, when each already holds
+    every message of its topics up to their latest offsets. Such a job has nothing to do: it
+    need not start Spark, nor claim the tables (a cron job of an idle topic adds no commit).
+
+    ``None`` when there may be something to read: a partition the table has no progress of
+    (unless it is empty), one whose offsets moved on or went back, a table not made yet, seek
+    offsets given; and when it cannot be told (a broker or store that does not answer: the
+    job's own start then says why, with its retries).
+    """
+    from deltaflow.delta.log import load, side_by_side
+    from deltaflow.delta.progress import kafka_progress, resumed_progress
+    from deltaflow.sources.kafka import KafkaSourceOptions, topic_partitions, watermarks
+
+    if not config.ends_at_latest_offsets or config.seek_offsets:
+        return None
+    app = config.pipeline_id
+    reader = kafka_reader_options(config)
+    if config.topic_pattern:
+        reader["topic_pattern"] = config.topic_pattern
+    else:
+        reader["topic"] = ",".join(config.topics)
+    storage = dict(config.table_options.get("storage_options") or {})
+    try:
+        options = KafkaSourceOptions.from_spark_options(reader)
+        layout = topic_partitions(options)
+        template = config.table_template()
+        by_table: dict[str, list[str]] = {}
+        for topic in layout:
+            uri = template.render(topic) if config.several_topics else normalize_uri(config.table_uri)
+            if uri is not None:  # a topic no table takes is not read
+                by_table.setdefault(uri, []).append(topic)
+        if not by_table:
+            return None
+        latest = watermarks(options, {t: layout[t] for ts in by_table.values() for t in ts}, "latest")
+        tables = side_by_side(lambda uri: load(uri, storage), list(by_table), name="caught-up")
+    except Exception:
+        logger.debug("could not tell whether the job has anything to read", exc_info=True)
+        return None
+    for table, topics in zip(tables, by_table.values(), strict=True):
+        if table is None:
+            return None
+        for topic in topics:
+            parts = layout[topic]
+            if config.several_topics:
+                held = kafka_progress(table, app, {topic: parts}).get(topic, {})
+            else:  # a table kafka-delta-ingest wrote resumes too
+                held = resumed_progress(table, app, topic, parts)
+            for part in parts:
+                end, done = latest[topic][str(part)], held.get(str(part))
+                if (done is None and end != 0) or (done is not None and done + 1 != end):
+                    return None
+    return sorted(by_table)
+
+
 def _avsc_files(location: str) -> list[str]:
     """The Avro schemas of ``location``: one ``.avsc`` file, or a folder's, in name order."""
     path = Path(location)

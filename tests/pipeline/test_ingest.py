@@ -99,35 +99,38 @@ def test_bad_transform_is_refused_before_spark_starts(tmp_path):
 def test_cli_ends_at_latest_offsets(kafka, tmp_path):
     topic = kafka.create_topic(partitions=3)
     kafka.produce(topic, events(0, 300), partitions=3)
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "deltaflow.cli",
-            "ingest",
-            topic,
-            str(tmp_path / "t"),
-            "--kafka",
-            kafka.bootstrap,
-            "--app_id",
-            "cli",
-            "--ends_at_latest_offsets",
-            "-t",
-            "meta.kafka.offset: kafka.offset",
-            "--schema",
-            "id LONG, user STRING, meta STRUCT<producer: STRUCT<timestamp: STRING>>",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-        check=False,
-    )
+    args = [
+        sys.executable,
+        "-m",
+        "deltaflow.cli",
+        "ingest",
+        topic,
+        str(tmp_path / "t"),
+        "--kafka",
+        kafka.bootstrap,
+        "--app_id",
+        "cli",
+        "--ends_at_latest_offsets",
+        "-t",
+        "meta.kafka.offset: kafka.offset",
+        "--schema",
+        "id LONG, user STRING, meta STRUCT<producer: STRUCT<timestamp: STRING>>",
+    ]
+    out = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "ingested 300 message(s)" in out.stdout
     assert DeltaTable(str(tmp_path / "t")).to_pyarrow_table().num_rows == 300
     # Logged by the source in the Python worker Spark plans it in: it reaches the CLI's stderr.
     assert "INFO deltaflow.sources.kafka: Kafka source starts at" in out.stderr
+
+    # Run again with nothing new (a scheduled job of an idle topic): no Spark, no claim, no commit.
+    version = DeltaTable(str(tmp_path / "t")).version()
+    again = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "nothing to ingest: 1 table(s) hold every message" in again.stderr
+    assert "ingested 0 message(s) in 0 batch(es)" in again.stdout
+    assert "session on" not in again.stderr
+    assert DeltaTable(str(tmp_path / "t")).version() == version
 
 
 def test_a_job_whose_broker_never_comes_up_gives_up_with_the_transient_code(tmp_path):
@@ -278,3 +281,44 @@ def test_commit_to_group_mirrors_the_committed_offsets(spark, kafka, tmp_path):
     finally:
         consumer.close()
     assert [tp.offset for tp in committed] == [20, 20]  # the next offset to read, as Kafka counts
+
+
+def test_a_job_is_caught_up_only_when_every_partition_is_committed_up_to_its_latest_offset(kafka, tmp_path):
+    import uuid
+
+    import pyarrow as pa
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    from deltaflow.delta.progress import kafka_txn_id
+    from deltaflow.pipeline.ingest import caught_up
+    from deltaflow.sources.kafka import KafkaSourceOptions, watermarks
+
+    prefix = f"cu{uuid.uuid4().hex[:6]}"
+    a, b = kafka.create_topic(2, f"{prefix}.a"), kafka.create_topic(1, f"{prefix}.b")
+    kafka.produce(a, events(0, 10), partitions=2)
+    kafka.produce(b, events(0, 5), partitions=1)
+    config = IngestConfig.build(
+        topic_pattern=rf"{prefix}\..*",
+        table_uri=str(tmp_path / "{topic}"),
+        brokers=kafka.bootstrap,
+        pipeline_id="cu",
+        ends_at_latest_offsets=True,
+    )
+    assert caught_up(config) is None  # no tables yet
+    uris = {t: config.table_template().render(t) for t in (a, b)}
+
+    def commit_progress(topic, skip=()):
+        options = KafkaSourceOptions(bootstrap_servers=kafka.bootstrap, topic=(topic,))
+        latest = watermarks(options, {topic: [0, 1] if topic == a else [0]}, "latest")[topic]
+        txns = [Transaction(kafka_txn_id("cu", topic, p), n - 1) for p, n in latest.items() if p not in skip]
+        props = CommitProperties(app_transactions=txns)
+        write_deltalake(uris[topic], pa.table({"id": [1]}), mode="append", commit_properties=props)
+
+    commit_progress(a, skip=("1",))
+    commit_progress(b)
+    assert caught_up(config) is None  # partition 1 of a: no progress, and messages
+    commit_progress(a)
+    assert caught_up(config) == sorted(uris.values())
+    assert caught_up(config.model_copy(update={"ends_at_latest_offsets": False})) is None  # jobs only
+    kafka.produce(b, events(5, 6), partitions=1)
+    assert caught_up(config) is None  # b moved on
