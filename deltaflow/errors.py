@@ -20,6 +20,7 @@ from typing import Any
 
 __all__ = [
     "AddFilesError",
+    "BatchInterruptedError",
     "CdcDecodeError",
     "CdcPositionError",
     "CheckpointMismatchError",
@@ -189,6 +190,11 @@ class SourceFilesGoneError(TerminalError):
 
 class CheckpointMismatchError(TerminalError):
     """The stream's checkpoint does not match the progress its pipeline recorded in the table."""
+
+
+class BatchInterruptedError(TransientError):
+    """A micro-batch's call into Spark was interrupted: its query is being stopped. Nothing of
+    the batch is lost: its commit landed whole, or the batch runs again at the next start."""
 
 
 class CommitError(TransientError):

@@ -7,7 +7,15 @@ import sys
 
 import click
 
-from deltaflow.cli.options import GIVE_UP_AFTER, LINES, METRICS_PORT, STATUS_PORT, key_values, serve
+from deltaflow.cli.options import (
+    GIVE_UP_AFTER,
+    LINES,
+    METRICS_PORT,
+    STATUS_PORT,
+    STOP_TIMEOUT,
+    key_values,
+    serve,
+)
 from deltaflow.cli.output import ProgressLine, verbose
 from deltaflow.io import logs
 
@@ -200,6 +208,7 @@ STOP_POLL_S = 1
     help="Read up to the offsets at start, commit, exit 0.",
 )
 @GIVE_UP_AFTER
+@STOP_TIMEOUT
 @click.option(
     "-c",
     "--checkpoints",
@@ -444,6 +453,7 @@ def ingest(
     log_level: str | None,
     ends_at_latest_offsets: bool,
     give_up_after_s: float,
+    stop_timeout_s: float,
     checkpoints: bool,
     json_option: str | None,
     value_format: str,
@@ -616,6 +626,7 @@ def ingest(
                 poll_s=STOP_POLL_S,
                 on_progress=bar.show if bar else None,
                 give_up_after_s=give_up_after_s if ends_at_latest_offsets else None,
+                stop_timeout_s=stop_timeout_s,
             )
         finally:
             if bar:

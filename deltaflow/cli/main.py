@@ -71,6 +71,7 @@ def cli(ctx: click.Context, verbose: bool) -> None:
     logs.export_level(level)  # Spark's Python workers log at it too
     for noisy in ("py4j", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    logging.getLogger("py4j.clientserver").addFilter(logs.StopInterruptFilter())
 
 
 for _command in (

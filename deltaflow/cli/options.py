@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import click
 
-__all__ = ["GIVE_UP_AFTER", "JSON", "LINES", "METRICS_PORT", "STATUS_PORT", "STORAGE", "key_values", "serve"]
+__all__ = [
+    "GIVE_UP_AFTER",
+    "JSON",
+    "LINES",
+    "METRICS_PORT",
+    "STATUS_PORT",
+    "STOP_TIMEOUT",
+    "STORAGE",
+    "key_values",
+    "serve",
+]
 
 
 class _Lines(click.types.StringParamType):
@@ -66,6 +76,20 @@ GIVE_UP_AFTER = click.option(
     "why. A service restarts for as long as it runs.",
 )
 
+
+STOP_TIMEOUT = click.option(
+    "--stop-timeout",
+    "--stop_timeout",
+    "stop_timeout_s",
+    default="60 s",
+    show_default=True,
+    envvar="DELTAFLOW_STOP_TIMEOUT",
+    show_envvar=True,
+    callback=_seconds,
+    help="After SIGTERM or SIGINT, the longest the clean stop (the running batch committed whole "
+    "or not at all) may take; then, or at a second signal, the process stops at once with exit "
+    "code 3, losing nothing (the batch runs again at the next start).",
+)
 
 JSON = click.option(
     "--json", "as_json", is_flag=True, envvar="DELTAFLOW_JSON", help="Print the result as JSON (for scripts)."

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from deltaflow.cli.options import GIVE_UP_AFTER, METRICS_PORT, STATUS_PORT, serve
+from deltaflow.cli.options import GIVE_UP_AFTER, METRICS_PORT, STATUS_PORT, STOP_TIMEOUT, serve
 from deltaflow.cli.output import run_summary
 
 __all__ = ["run", "sql", "validate"]
@@ -48,6 +48,7 @@ def _run_options(command: Callable[..., None]) -> Callable[..., None]:
                 help="Commit all input available now, then exit 0 (Spark's availableNow trigger).",
             ),
             GIVE_UP_AFTER,
+            STOP_TIMEOUT,
             METRICS_PORT,
             STATUS_PORT,
             click.option(
@@ -72,6 +73,7 @@ def run(
     pipeline_ids: tuple[str, ...],
     available_now: bool,
     give_up_after_s: float,
+    stop_timeout_s: float,
     metrics_port: int | None,
     status_port: int | None,
     spark_master: str | None,
@@ -89,6 +91,7 @@ def run(
         pipeline_ids,
         available_now,
         give_up_after_s,
+        stop_timeout_s,
         metrics_port,
         status_port,
         spark_master,
@@ -107,6 +110,7 @@ def sql(
     pipeline_ids: tuple[str, ...],
     available_now: bool,
     give_up_after_s: float,
+    stop_timeout_s: float,
     metrics_port: int | None,
     status_port: int | None,
     spark_master: str | None,
@@ -122,7 +126,15 @@ def sql(
         _describe_pipelines(sql_file, file, notes_from="arroyo")
         return
     _run_file(
-        sql_file, file, pipeline_ids, available_now, give_up_after_s, metrics_port, status_port, spark_master
+        sql_file,
+        file,
+        pipeline_ids,
+        available_now,
+        give_up_after_s,
+        stop_timeout_s,
+        metrics_port,
+        status_port,
+        spark_master,
     )
 
 
@@ -161,6 +173,7 @@ def _run_file(
     pipeline_ids: tuple[str, ...],
     available_now: bool,
     give_up_after_s: float,
+    stop_timeout_s: float,
     metrics_port: int | None,
     status_port: int | None,
     spark_master: str | None,
@@ -178,7 +191,11 @@ def _run_file(
     spark = deltaflow.spark_session(spark_master or file.spark.master, **file.spark.conf)
     try:
         summaries = run_pipelines(
-            spark, selected, available_now=available_now, give_up_after_s=give_up_after_s
+            spark,
+            selected,
+            available_now=available_now,
+            give_up_after_s=give_up_after_s,
+            stop_timeout_s=stop_timeout_s,
         )
     finally:
         spark.stop()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 
-__all__ = ["FORMAT", "LEVEL_ENV", "configure_worker", "export_level"]
+__all__ = ["FORMAT", "LEVEL_ENV", "StopInterruptFilter", "configure_worker", "export_level"]
 
 #: The level the CLI gives Spark's Python workers (``INFO``, ``DEBUG``, ...).
 LEVEL_ENV = "DELTAFLOW_LOG_LEVEL"
@@ -42,3 +42,18 @@ def configure_worker() -> None:
         log.setLevel(level)
     except ValueError:  # not a level name: the CLI's default
         log.setLevel(logging.INFO)
+
+
+class StopInterruptFilter(logging.Filter):
+    """Drops py4j's record of a ``foreachBatch`` call that a query's stop interrupted.
+
+    ``query.stop()`` interrupts the query's thread; a Python batch function then inside a call
+    into the JVM gets ``java.lang.InterruptedException``, and py4j logs that at ERROR with a
+    thousand-line Java trace although the stop is clean (the batch commits whole or not at
+    all). The error itself still reaches the JVM, which ends the query as stopped; only the
+    record goes. Installed on the ``py4j.clientserver`` logger by the CLI.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return error is None or "java.lang.InterruptedException" not in str(error)

@@ -11,6 +11,7 @@ from deltaflow.config.locations import normalize_uri
 from deltaflow.config.sink import SinkOptions, StreamSinkOptions, for_stream
 from deltaflow.delta.layout import checkpoint_dir
 from deltaflow.errors import ConfigError, TableNotFoundError
+from deltaflow.pipeline.interrupts import stoppable
 from deltaflow.sinks.datasource import FORMAT_NAME, DeltaflowDataSource
 
 if TYPE_CHECKING:
@@ -211,13 +212,13 @@ def write_stream(
         from deltaflow.sinks.merge import MergeWriter, target_rows
 
         opts = _prepare_table(target_rows(df, opts), opts, adopt_partitioning=True)
-        writer = df.writeStream.foreachBatch(MergeWriter(_claim(opts)))
+        writer = df.writeStream.foreachBatch(stoppable(MergeWriter(_claim(opts))))
     elif opts.uses_spark_writer:
         opts = _prepare_table(df, opts, adopt_partitioning=True)
         from deltaflow.sinks.batch_writer import SparkBatchWriter
 
         batch_writer = SparkBatchWriter(_claim(opts), overwrite=output_mode == "complete")
-        writer = df.writeStream.foreachBatch(batch_writer)
+        writer = df.writeStream.foreachBatch(stoppable(batch_writer))
     else:
         opts = _prepare_table(df, opts, adopt_partitioning=True)
         writer = df.writeStream.format(FORMAT_NAME).options(**_claim(opts).to_spark_options())

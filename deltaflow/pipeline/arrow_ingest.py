@@ -25,6 +25,7 @@ from deltaflow.io import arrow_transforms
 from deltaflow.io.faults import crash_target, maybe_crash
 from deltaflow.metrics import metrics
 from deltaflow.pipeline.dead_letters import log_failed, log_unknown_fields
+from deltaflow.pipeline.interrupts import stoppable
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -139,7 +140,7 @@ def arrow_stream(
     results = load_stream(spark, KafkaIngestDataSource, {**source_options, "ingest_plan": plan.to_option()})
     # Spark counts the task rows; the messages they stand for are reported beside them.
     observed = results.observe(MESSAGES_OBSERVATION, F.coalesce(F.sum("rows"), F.lit(0)).alias("messages"))
-    return observed.writeStream.foreachBatch(writer)
+    return observed.writeStream.foreachBatch(stoppable(writer))
 
 
 class IngestTables:

@@ -36,6 +36,7 @@ from deltaflow.pipeline.evolution import (
     restart_if_table_gained,
     sample_text,
 )
+from deltaflow.pipeline.interrupts import stoppable
 from deltaflow.pipeline.transforms import apply_transforms
 from deltaflow.sinks.spark_checkpoint import restarts_offsets_went_back
 
@@ -836,7 +837,7 @@ def ingest(
             dlq_format=config.dlq_format,
             follow_table=config.value_format == "json",
         )
-        stream = frame.writeStream.foreachBatch(writer)
+        stream = frame.writeStream.foreachBatch(stoppable(writer))
     stream = stream.option("checkpointLocation", location).queryName(config.pipeline_id)
     if config.ends_at_latest_offsets:
         stream = stream.trigger(availableNow=True)

@@ -46,6 +46,7 @@ from deltaflow.config.transforms import parse_transform
 from deltaflow.errors import ConfigError, ExpectationFailedError
 from deltaflow.metrics import metrics
 from deltaflow.pipeline.dead_letters import PIPELINE_SCHEMA, pipeline_letters
+from deltaflow.pipeline.interrupts import stoppable
 from deltaflow.pipeline.transforms import apply_transforms
 from deltaflow.sources.files import BatchFiles, files_stream, read_files, source_schema
 from deltaflow.sources.streams import load_stream
@@ -762,7 +763,7 @@ def start_pipeline(
     if on_engine is not None:
         on_engine("spark")
     stream = (
-        source.writeStream.foreachBatch(writer)
+        source.writeStream.foreachBatch(stoppable(writer))
         .option("checkpointLocation", location)
         .queryName(spec.pipeline_id)
     )

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -35,6 +37,8 @@ logger = logging.getLogger(__name__)
 
 #: The embedded default: every core of this machine, in one JVM.
 DEFAULT_MASTER = "local[*]"
+#: The Python worker daemon local sessions run (``spark.python.daemon.module``).
+WORKER_DAEMON = "deltaflow.pipeline.worker_daemon"
 #: ``spark_session(jvm=...)``: the JVM's defaults; its quick compiler only (``quick``, for a
 #: driver JVM that only plans and schedules); and also the serial garbage collector (``lean``,
 #: for such a run that ends by itself: a job).
@@ -136,15 +140,29 @@ def spark_session(master: str | None = None, *, jvm: JvmProfile = "full", **conf
     if ours:
         # Ours first: the JVM takes the last of a repeated flag.
         settings["spark.driver.extraJavaOptions"] = " ".join([*ours, *filter(None, options)])
+    # A stop signal sent to the whole process group (systemd, a container init, Ctrl-C) must
+    # reach the driver alone: the JVM and the Python processes it starts keep running until
+    # the driver has stopped its queries (deltaflow.pipeline.worker_daemon).
+    shielded = started_here and local
+    if shielded:
+        settings.setdefault("spark.python.daemon.module", WORKER_DAEMON)
     builder = SparkSession.builder.appName(settings.pop("spark.app.name", "deltaflow"))
     if master is not None:
         builder = builder.master(master)
     for key, value in settings.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    with _jvm_ignoring_stop_signals(shielded):
+        spark = builder.getOrCreate()
     if cache is not None and cache.writes:
         atexit.register(cache.finish, getattr(spark.sparkContext._gateway, "proc", None))
     spark.sparkContext.setLogLevel(os.environ.get("DELTAFLOW_SPARK_LOG_LEVEL", "WARN"))
+    if shielded:
+        # A query's stop interrupts its thread, also inside the chmod Hadoop runs for each
+        # checkpoint file it writes: Hadoop then logs a WARN with a Java trace for a clean stop.
+        gateway = spark.sparkContext._jvm
+        assert gateway is not None
+        log4j = gateway.org.apache.logging.log4j
+        log4j.core.config.Configurator.setLevel("org.apache.hadoop.util.Shell", log4j.Level.ERROR)
     if started_here:
         # This interpreter, or the wrapper of it (also when a parent process chose it).
         wrapper = _wrapper_or_none(sys.executable)
@@ -154,6 +172,38 @@ def spark_session(master: str | None = None, *, jvm: JvmProfile = "full", **conf
     register(spark)
     logger.info("Spark %s session on %s", spark.version, spark.sparkContext.master)
     return spark
+
+
+@contextlib.contextmanager
+def _jvm_ignoring_stop_signals(active: bool) -> Iterator[None]:
+    """While pyspark launches its JVM: the JVM starts with SIGTERM and SIGINT ignored (pyspark
+    itself ignores SIGINT there). HotSpot leaves a signal ignored at its start ignored, and the
+    processes it starts inherit that. The driver's own handlers are untouched."""
+    if not active:
+        yield
+        return
+    import pyspark.java_gateway as gateway
+
+    names = vars(gateway)  # pyspark's module calls Popen by this name
+    launch = names["Popen"]
+
+    def popen(*args: Any, **kwargs: Any) -> Any:
+        before = kwargs.get("preexec_fn")
+
+        def preexec() -> None:
+            if before is not None:
+                before()
+            for number in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(number, signal.SIG_IGN)
+
+        kwargs["preexec_fn"] = preexec
+        return launch(*args, **kwargs)
+
+    names["Popen"] = popen
+    try:
+        yield
+    finally:
+        names["Popen"] = launch
 
 
 #: A JVM option choosing a garbage collector: the JVM refuses to start with two different ones.

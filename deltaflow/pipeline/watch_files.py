@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from deltaflow.config.locations import normalize_uri
 from deltaflow.metrics import metrics
+from deltaflow.pipeline.interrupts import stoppable
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -148,7 +149,7 @@ def start_watch(
         compaction=compaction,
     )
     stream = (
-        files.writeStream.foreachBatch(writer)
+        files.writeStream.foreachBatch(stoppable(writer))
         .option("checkpointLocation", checkpoint_location)
         .queryName(pipeline_id)
     )

@@ -5,7 +5,12 @@
 1. Start the query (``start_query()``).
 2. Poll ``query.awaitTermination(POLL_S)`` in the main thread and count progress.
 3. On SIGTERM or SIGINT stop the query and return. The handlers only record the signal: a
-   py4j call made from inside a handler would break the call the main thread is in.
+   py4j call made from inside a handler would break the call the main thread is in. A second
+   signal, or a stop that takes longer than ``stop_timeout_s``, ends the process at once with
+   :data:`EXIT_STOPPED_AT_ONCE` (the running batch committed whole or replays: nothing lost).
+   The JVM and Spark's Python workers ignore those signals (a whole process group receives
+   them from systemd or Ctrl-C): the driver alone stops them, in order
+   (:mod:`deltaflow.pipeline.worker_daemon`).
 4. When the query fails, :func:`classify_failure` decides. Transient (the broker is gone, a
    Kafka error, a Delta commit conflict that outlived its retries, any deltaflow
    :class:`~deltaflow.errors.TransientError`): log a warning, wait (1 s, doubling up to
@@ -26,6 +31,7 @@ reads an offset the Delta table already holds, so no message is lost or written 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import signal
 import threading
@@ -73,6 +79,11 @@ POLL_S = 1
 INITIAL_BACKOFF_S = 1.0
 #: How long a clean stop waits for a running auto-compaction to commit.
 COMPACTION_STOP_TIMEOUT_S = 60.0
+#: How long a clean stop may take before the process stops at once (``--stop-timeout``).
+DEFAULT_STOP_TIMEOUT_S = 60.0
+#: The exit code of a stop that did not wait for the running batch (a second signal, or the
+#: stop timeout): nothing is lost (the batch's commit landed whole or the batch runs again).
+EXIT_STOPPED_AT_ONCE = 3
 #: Default cap of the wait between restarts: long enough not to hammer a broker that is down,
 #: short enough that ingestion resumes soon after it returns.
 DEFAULT_MAX_BACKOFF_S = 30.0
@@ -162,6 +173,7 @@ def run_until_stopped(
     on_progress: Callable[[int, int, float], None] | None = None,
     units: SourceUnits | None = None,
     give_up_after_s: float | None = None,
+    stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S,
 ) -> RunSummary:
     """Run the query ``start_query()`` starts until it ends, a signal stops it, or it fails for good.
 
@@ -180,6 +192,8 @@ def run_until_stopped(
             rows].
         give_up_after_s: For a job: stop after this long without progress through restarts
             (``None``: restart for as long as it runs).
+        stop_timeout_s: After a stop signal, the longest the clean stop may take before the
+            process ends at once (exit code :data:`EXIT_STOPPED_AT_ONCE`).
 
     Returns:
         Messages and batches ingested over all restarts, restarts, and the stopping signal.
@@ -196,7 +210,7 @@ def run_until_stopped(
         )
     tally = _Tally(name, on_progress, units or KAFKA_UNITS)
     try:
-        with _stop_signals() as received:
+        with _stop_signals(stop_timeout_s) as received:
             return _loop(start_query, received, tally, name, poll_s, max_backoff_s, give_up_after_s)
     except Exception as exc:
         board.set_state(name, "failed", error=f"{type(exc).__name__}: {exc}")
@@ -219,6 +233,7 @@ def run_all(
     poll_s: int = POLL_S,
     units: Mapping[str, SourceUnits] | None = None,
     give_up_after_s: float | None = None,
+    stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S,
 ) -> dict[str, RunSummary]:
     """Run several queries in one application, each as :func:`run_until_stopped` runs one.
 
@@ -228,7 +243,8 @@ def run_all(
     and its error is raised.
 
     ``units``: per query, what its input rows are and what its sinks commit [default: messages,
-    rows]. ``give_up_after_s``: as for :func:`run_until_stopped`, per query.
+    rows]. ``give_up_after_s``: as for :func:`run_until_stopped`, per query; ``stop_timeout_s``:
+    as for :func:`run_until_stopped`, for all.
 
     Returns:
         Each query's summary by name.
@@ -239,7 +255,7 @@ def run_all(
     results: dict[str, RunSummary] = {}
     errors: dict[str, BaseException] = {}
     try:
-        with _stop_signals() as received:
+        with _stop_signals(stop_timeout_s) as received:
 
             def watch(name: str, start: Callable[[], StreamingQuery]) -> None:
                 try:
@@ -390,22 +406,50 @@ def _wait(seconds: float, received: list[int]) -> bool:
 
 
 @contextmanager
-def _stop_signals() -> Iterator[list[int]]:
-    """Record SIGTERM/SIGINT in the yielded list (main thread only); restore the handlers after."""
+def _stop_signals(stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S) -> Iterator[list[int]]:
+    """Record SIGTERM/SIGINT in the yielded list (main thread only); restore the handlers after.
+
+    A second signal ends the process at once, and so does a stop still running
+    ``stop_timeout_s`` after the first (a watchdog thread): exit code :data:`EXIT_STOPPED_AT_ONCE`.
+    """
     received: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield received
         return
 
     def _record(signum: int, _frame: FrameType | None) -> None:
+        if any(r != OTHER_FAILED for r in received):
+            _stop_at_once(f"a second {signal.Signals(signum).name}")
         received.append(signum)  # nothing else: see the module docstring, step 3
 
+    done = threading.Event()
+
+    def _watchdog() -> None:
+        while not done.wait(BACKOFF_SLICE_S):
+            if any(r != OTHER_FAILED for r in received):
+                if not done.wait(stop_timeout_s):
+                    _stop_at_once(f"the stop still running after {stop_timeout_s:g} s")
+                return
+
     previous = {sig: signal.signal(sig, _record) for sig in (signal.SIGTERM, signal.SIGINT)}
+    threading.Thread(target=_watchdog, name="deltaflow-stop-watchdog", daemon=True).start()
     try:
         yield received
     finally:
+        done.set()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _stop_at_once(why: str) -> None:
+    """End the process now (from a signal handler or the watchdog: no logging locks, no py4j).
+    The JVM and its Python workers end with it (their input closes)."""
+    os.write(
+        2,
+        f"deltaflow: stopping at once ({why}): the running batch is cut; its commit landed whole "
+        f"or the batch runs again at the next start (exit code {EXIT_STOPPED_AT_ONCE})\n".encode(),
+    )
+    os._exit(EXIT_STOPPED_AT_ONCE)
 
 
 @dataclass(frozen=True)
@@ -574,6 +618,7 @@ def run_pipelines(
     available_now: bool = False,
     on_start: Callable[[str], None] | None = None,
     give_up_after_s: float | None = None,
+    stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S,
 ) -> Mapping[str, RunSummary]:
     """Run ``pipelines`` in this Spark application until stopped, or until all available input
     is committed (``available_now``). Transient failures restart a pipeline with backoff (with
@@ -611,4 +656,5 @@ def run_pipelines(
         {spec.pipeline_id: starter(spec) for spec in pipelines},
         units=units,
         give_up_after_s=give_up_after_s if available_now else None,
+        stop_timeout_s=stop_timeout_s,
     )

@@ -43,3 +43,20 @@ def test_a_worker_logs_at_the_cli_level_only_when_the_cli_set_it(level, setup, l
     )
     got = [line.split(" ", 2)[-1] if line[:4].isdigit() else line for line in done.stderr.splitlines()]
     assert got == lines
+
+
+def test_a_stop_interrupting_a_batch_function_is_not_logged_as_an_error():
+    import logging
+
+    from deltaflow.io.logs import StopInterruptFilter
+
+    def record(error: BaseException | None) -> logging.LogRecord:
+        exc_info = (type(error), error, None) if error is not None else None
+        return logging.LogRecord(
+            "py4j.clientserver", logging.ERROR, __file__, 1, "proxy failed", None, exc_info
+        )
+
+    stop = StopInterruptFilter()
+    assert not stop.filter(record(RuntimeError("... : java.lang.InterruptedException\n\tat java.base/...")))
+    assert stop.filter(record(RuntimeError("java.io.IOException: disk full")))
+    assert stop.filter(record(None))

@@ -1,0 +1,56 @@
+"""A ``foreachBatch`` function that a query's stop interrupts ends the way Spark expects.
+
+``query.stop()`` interrupts the query's thread. A Python batch function then inside a call into
+the JVM gets a ``Py4JJavaError`` holding ``java.lang.InterruptedException``, and Spark decides
+whether the query failed or was stopped by matching the error text the function raised against
+a pattern (``StreamExecution.PROXY_ERROR``: the Py4J error's words, then the exception name).
+That pattern recurses once per character of the text: the text of an interrupted batch (a
+Python traceback holding a Java trace, tens of kilobytes) overflows the query thread's stack,
+and the stop ends with a ``StackOverflowError`` and a thousand-line trace instead of quietly.
+
+:func:`stoppable` wraps a batch function: an interruption leaves it as a short
+:class:`~deltaflow.errors.BatchInterruptedError` whose text still has both parts of the
+pattern, so Spark sees a stopped query. Every other error passes unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from deltaflow.errors import BatchInterruptedError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["INTERRUPTED", "stoppable"]
+
+#: The Java exception a stop's interrupt surfaces as in Python.
+INTERRUPTED = "java.lang.InterruptedException"
+
+
+def stoppable(function: Callable[[DataFrame, int], None]) -> Callable[[DataFrame, int], None]:
+    """``function`` (a ``foreachBatch`` function) raising a short, recognisable error when the
+    query's stop interrupts it."""
+
+    def batch(frame: DataFrame, batch_id: int) -> None:
+        try:
+            function(frame, batch_id)
+        except Exception as exc:
+            if not _interrupted(exc):
+                raise
+            # Spark's words first, the exception's name after (StreamExecution.PROXY_ERROR).
+            raise BatchInterruptedError(
+                f"py4j.protocol.Py4JJavaError: An error occurred while calling the JVM in batch "
+                f"{batch_id}: {INTERRUPTED} (the query is stopping; the batch commits whole or "
+                "runs again at the next start)"
+            ) from None
+
+    return batch
+
+
+def _interrupted(error: BaseException) -> bool:
+    try:
+        return INTERRUPTED in str(error)
+    except Exception:  # noqa: BLE001 - a Py4J error whose JVM side cannot be reached any more
+        return False

@@ -1,0 +1,46 @@
+"""``pipeline.interrupts``: a batch function interrupted by its query's stop."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from deltaflow.errors import BatchInterruptedError
+from deltaflow.pipeline.interrupts import stoppable
+
+#: Spark's own test of an interrupted Python batch function (StreamExecution.PROXY_ERROR).
+SPARK_PATTERN = re.compile(
+    r"py4j\.protocol\.Py4JJavaError: An error occurred while calling(.|\r\n|\r|\n)*"
+    r"(java\.lang\.InterruptedException|java\.io\.InterruptedIOException|"
+    r"java\.nio\.channels\.ClosedByInterruptException)"
+)
+
+
+def test_an_interrupted_batch_raises_a_short_error_spark_takes_for_a_stop():
+    def batch(_frame, _batch_id):
+        raise RuntimeError(
+            "An error occurred while calling o81.collect.\n: java.lang.InterruptedException"
+            + "\n\tat x" * 5000
+        )
+
+    with pytest.raises(BatchInterruptedError) as raised:
+        stoppable(batch)(None, 7)
+    text = str(raised.value)
+    assert len(text) < 400 and "batch 7" in text
+    assert SPARK_PATTERN.search(text)
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__
+
+
+def test_other_errors_of_a_batch_pass_unchanged():
+    error = ValueError("a schema mismatch")
+
+    def batch(_frame, _batch_id):
+        raise error
+
+    with pytest.raises(ValueError) as raised:
+        stoppable(batch)(None, 1)
+    assert raised.value is error
+    calls = []
+    stoppable(lambda frame, batch_id: calls.append((frame, batch_id)))("f", 2)
+    assert calls == [("f", 2)]
