@@ -11,6 +11,7 @@ from deltaflow.cli.options import (
     GIVE_UP_AFTER,
     LINES,
     METRICS_PORT,
+    STALL_TRIGGERS,
     STATUS_PORT,
     STOP_TIMEOUT,
     key_values,
@@ -209,6 +210,7 @@ STOP_POLL_S = 1
 )
 @GIVE_UP_AFTER
 @STOP_TIMEOUT
+@STALL_TRIGGERS
 @click.option(
     "-c",
     "--checkpoints",
@@ -454,6 +456,7 @@ def ingest(
     ends_at_latest_offsets: bool,
     give_up_after_s: float,
     stop_timeout_s: float,
+    stall_triggers: int,
     checkpoints: bool,
     json_option: str | None,
     value_format: str,
@@ -606,7 +609,7 @@ def ingest(
         unit="message(s)",
         table_of=config.table_template().render if config.several_topics else None,
     )
-    serve(metrics_port, status_port)
+    serve(metrics_port, status_port, stall_triggers)
     from deltaflow.pipeline.arrow_ingest import choose_engine
 
     # The Arrow engine's rows never enter the JVM: its quick compiler is enough (and cheaper).

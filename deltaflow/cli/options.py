@@ -9,6 +9,7 @@ __all__ = [
     "JSON",
     "LINES",
     "METRICS_PORT",
+    "STALL_TRIGGERS",
     "STATUS_PORT",
     "STOP_TIMEOUT",
     "STORAGE",
@@ -50,6 +51,19 @@ STATUS_PORT = click.option(
     show_envvar=True,
     help="Serve a read-only status page on this port (/ and /status.json): state, last batch, "
     "throughput and lag over the last 15 minutes, table health.",
+)
+
+STALL_TRIGGERS = click.option(
+    "--stall-triggers",
+    "--stall_triggers",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    envvar="DELTAFLOW_STALL_TRIGGERS",
+    show_envvar=True,
+    help="The status port's /healthz answers 503 for a pipeline that failed for good, or whose "
+    "last N triggers read nothing while messages waited, or that completed no trigger for N "
+    "minutes (a query that hangs, or restarts without end): a liveness probe's signal.",
 )
 
 
@@ -117,8 +131,9 @@ def key_values(values: tuple[str, ...], flag: str) -> dict[str, str]:
     return out
 
 
-def serve(metrics_port: int | None, status_port: int | None) -> None:
-    """Start the metrics endpoint and the status page on the ports asked for (0: any free one)."""
+def serve(metrics_port: int | None, status_port: int | None, stall_triggers: int | None = None) -> None:
+    """Start the metrics endpoint and the status page (with ``/healthz`` and ``/readyz``) on
+    the ports asked for (0: any free one)."""
     if metrics_port is not None:
         from deltaflow.metrics import metrics
 
@@ -130,6 +145,8 @@ def serve(metrics_port: int | None, status_port: int | None) -> None:
     if status_port is not None:
         from deltaflow.service.status import board
 
+        if stall_triggers is not None:
+            board.stall_triggers = stall_triggers
         try:
             bound = board.serve(status_port, addr="0.0.0.0")
         except OSError as exc:

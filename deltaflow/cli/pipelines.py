@@ -7,7 +7,14 @@ from typing import Any
 
 import click
 
-from deltaflow.cli.options import GIVE_UP_AFTER, METRICS_PORT, STATUS_PORT, STOP_TIMEOUT, serve
+from deltaflow.cli.options import (
+    GIVE_UP_AFTER,
+    METRICS_PORT,
+    STALL_TRIGGERS,
+    STATUS_PORT,
+    STOP_TIMEOUT,
+    serve,
+)
 from deltaflow.cli.output import run_summary
 
 __all__ = ["run", "sql", "validate"]
@@ -51,6 +58,7 @@ def _run_options(command: Callable[..., None]) -> Callable[..., None]:
             STOP_TIMEOUT,
             METRICS_PORT,
             STATUS_PORT,
+            STALL_TRIGGERS,
             click.option(
                 "--spark-master",
                 "--spark_master",
@@ -76,6 +84,7 @@ def run(
     stop_timeout_s: float,
     metrics_port: int | None,
     status_port: int | None,
+    stall_triggers: int,
     spark_master: str | None,
 ) -> None:
     """Run the pipelines of PIPELINE_FILE (YAML) in one Spark application until SIGTERM/SIGINT.
@@ -94,6 +103,7 @@ def run(
         stop_timeout_s,
         metrics_port,
         status_port,
+        stall_triggers,
         spark_master,
     )
 
@@ -113,6 +123,7 @@ def sql(
     stop_timeout_s: float,
     metrics_port: int | None,
     status_port: int | None,
+    stall_triggers: int,
     spark_master: str | None,
 ) -> None:
     """Run SQL_FILE: CREATE TABLE ... WITH (connector = ...) and INSERT INTO ... SELECT statements.
@@ -134,6 +145,7 @@ def sql(
         stop_timeout_s,
         metrics_port,
         status_port,
+        stall_triggers,
         spark_master,
     )
 
@@ -176,6 +188,7 @@ def _run_file(
     stop_timeout_s: float,
     metrics_port: int | None,
     status_port: int | None,
+    stall_triggers: int,
     spark_master: str | None,
 ) -> None:
     import signal
@@ -185,7 +198,7 @@ def _run_file(
     selected = file.selected(pipeline_ids)
     if not selected:
         raise click.UsageError(f"{name}: no enabled pipeline to run")
-    serve(metrics_port, status_port)
+    serve(metrics_port, status_port, stall_triggers)
     import deltaflow
 
     spark = deltaflow.spark_session(spark_master or file.spark.master, **file.spark.conf)

@@ -368,6 +368,7 @@ def _watch(
                 logger.info("another query failed: stopping query %r", name)
             else:
                 logger.info("received signal %d: stopping query %r", received[0], name)
+            board.set_state(name, "stopping")  # /readyz answers 503 from here on
             query.stop()  # the current batch is abandoned uncommitted or was committed whole
             tally.update(query)
             return None

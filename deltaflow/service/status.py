@@ -32,6 +32,10 @@ WINDOW_MINUTES = 15
 HEALTH_TTL_S = 30.0
 #: Commits of the log scanned for the last compaction and per-pipeline commits.
 HISTORY_SCAN = 1000
+#: ``/healthz``: triggers in a row that read nothing while messages waited, after which a
+#: pipeline is stalled; also the minutes without any trigger (a query that hangs, or restarts
+#: without ever completing one) after which it is (``--stall-triggers``).
+DEFAULT_STALL_TRIGGERS = 10
 
 
 @dataclass
@@ -58,6 +62,10 @@ class _Pipeline:
     table_of: Callable[[str], str | None] | None = None
     #: ``topic:partition`` -> messages behind, from the last progress report.
     lags: dict[str, int] = field(default_factory=dict)
+    #: When the last progress report arrived, and how many in a row read nothing while
+    #: messages waited.
+    reported_at: float | None = None
+    idle_behind: int = 0
 
 
 class StatusBoard:
@@ -67,6 +75,8 @@ class StatusBoard:
         self._lock = threading.Lock()
         self._pipelines: dict[str, _Pipeline] = {}
         self._window_s = window_minutes * 60
+        #: See :data:`DEFAULT_STALL_TRIGGERS`.
+        self.stall_triggers = DEFAULT_STALL_TRIGGERS
 
     def register(
         self,
@@ -94,7 +104,7 @@ class StatusBoard:
             self._pipelines.setdefault(name, _Pipeline(name, None, None)).engine = engine
 
     def set_state(self, name: str, state: str, error: str | None = None) -> None:
-        """``starting``, ``running``, ``restarting``, ``stopped`` or ``failed``."""
+        """``starting``, ``running``, ``restarting``, ``stopping``, ``stopped`` or ``failed``."""
         with self._lock:
             p = self._pipelines.setdefault(name, _Pipeline(name, None, None))
             if state == "restarting" and p.state != "restarting":
@@ -129,6 +139,8 @@ class StatusBoard:
             p = self._pipelines.setdefault(name, _Pipeline(name, None, None))
             if p.points and p.points[-1]["t"] == stamp:
                 return
+            p.reported_at = time.time()
+            p.idle_behind = p.idle_behind + 1 if not point["rows"] and lag > 0 else 0
             p.lags = lags
             p.points.append(point)
             while p.points and p.points[0]["t"] < stamp - self._window_s:
@@ -181,22 +193,65 @@ class StatusBoard:
             )
         return {"generated_at": _iso(now), "window_minutes": self._window_s // 60, "pipelines": out}
 
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """``/healthz``: whether every pipeline runs or is inside its restart policy, and the
+        body naming those that are not. A pipeline fails the check when it failed for good,
+        or is stalled: :attr:`stall_triggers` triggers in a row read nothing while messages
+        waited, or no trigger completed for that many minutes while it runs or restarts (a
+        query that hangs, or that restarts without ever completing one)."""
+        now = time.time()
+        with self._lock:
+            pipelines = list(self._pipelines.values())
+        failing = []
+        for p in pipelines:
+            reason = self._unhealthy(p, now)
+            if reason is not None:
+                failing.append({"name": p.name, "state": p.state, "reason": reason})
+        body = {"status": "failing" if failing else "ok", "pipelines": failing or _states(pipelines)}
+        return not failing, body
+
+    def _unhealthy(self, p: _Pipeline, now: float) -> str | None:
+        if p.state == "failed":
+            return f"failed for good: {p.error}"
+        if p.state not in ("running", "restarting"):
+            return None
+        if p.idle_behind >= self.stall_triggers:
+            waiting = sum(p.lags.values())
+            return f"{p.idle_behind} trigger(s) in a row read nothing while {waiting} message(s) waited"
+        quiet = now - (p.reported_at if p.reported_at is not None else p.started_at)
+        if quiet > self.stall_triggers * 60:
+            return f"no trigger completed for {quiet / 60:.0f} min ({p.restarts} restart(s))"
+        return None
+
+    def ready(self) -> tuple[bool, dict[str, Any]]:
+        """``/readyz``: whether every pipeline has started (state ``running``); not while one
+        starts, restarts, stops or has stopped."""
+        with self._lock:
+            pipelines = list(self._pipelines.values())
+        ready = bool(pipelines) and all(p.state == "running" for p in pipelines)
+        return ready, {"status": "ready" if ready else "not ready", "pipelines": _states(pipelines)}
+
     def serve(self, port: int, addr: str = "127.0.0.1") -> int:
-        """Serve ``/`` (the page) and ``/status.json`` in a daemon thread; the bound port."""
+        """Serve ``/`` (the page), ``/status.json``, ``/healthz`` and ``/readyz`` in a daemon
+        thread; the bound port."""
         board = self
         page = resources.files("deltaflow.service").joinpath("status.html").read_bytes()
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
+                code = 200
                 if path == "/status.json":
                     body, kind = json.dumps(board.snapshot(), default=str).encode(), "application/json"
+                elif path in ("/healthz", "/readyz"):
+                    ok, answer = board.health() if path == "/healthz" else board.ready()
+                    code, body, kind = 200 if ok else 503, json.dumps(answer).encode(), "application/json"
                 elif path in ("/", "/index.html"):
                     body, kind = page, "text/html; charset=utf-8"
                 else:
                     self.send_error(404)
                     return
-                self.send_response(200)
+                self.send_response(code)
                 self.send_header("Content-Type", kind)
                 self.send_header("Content-Length", str(len(body)))
                 self.send_header("Cache-Control", "no-store")
@@ -211,6 +266,10 @@ class StatusBoard:
         bound = int(server.server_address[1])
         logger.info("status page on http://%s:%d/", addr, bound)
         return bound
+
+
+def _states(pipelines: list[_Pipeline]) -> list[dict[str, Any]]:
+    return [{"name": p.name, "state": p.state} for p in pipelines]
 
 
 def _tables(p: _Pipeline, committed: Mapping[str, int], last: Mapping[str, float]) -> list[dict[str, Any]]:

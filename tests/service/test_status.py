@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 import shutil
@@ -205,3 +206,58 @@ def test_the_board_names_what_a_files_pipeline_reads_and_shows_what_it_committed
     (p,) = [p for p in board.snapshot()["pipelines"] if p["name"] == "board-files"]
     assert (p["last_batch"]["rows"], p["unit"]) == (2, "file(s)")  # Spark's input rows: the files
     assert (p["committed"], p["committed_unit"]) == ({str(tmp_path / "t"): 12}, "row(s)")
+
+
+def _probe(port: int, path: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.loads(refused.read())
+
+
+def test_health_and_readiness_probes_follow_the_pipelines():
+    board = StatusBoard()
+    board.stall_triggers = 3
+    port = board.serve(0)
+    board.register("a", source="kafka a")
+    board.register("b", source="kafka b")
+    assert _probe(port, "/readyz")[0] == 503  # starting
+    assert _probe(port, "/healthz") == (200, {"status": "ok", "pipelines": [
+        {"name": "a", "state": "starting"}, {"name": "b", "state": "starting"}]})  # fmt: skip
+    board.set_state("a", "running")
+    board.set_state("b", "running")
+    assert _probe(port, "/readyz")[0] == 200
+    iso = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+    board.progress("a", _progress(1, iso, 50, 0))
+    # b: triggers that read nothing while messages wait (a source that stopped delivering).
+    for batch in range(1, 4):
+        board.progress("b", _progress(batch, iso.replace(".000Z", f".{batch:03d}Z"), 0, 40))
+        code, body = _probe(port, "/healthz")
+        assert code == (503 if batch == 3 else 200), body
+    reason = "3 trigger(s) in a row read nothing while 40 message(s) waited"
+    assert body["pipelines"] == [{"name": "b", "state": "running", "reason": reason}]
+    board.progress("b", _progress(4, iso.replace(".000Z", ".004Z"), 7, 40))  # it moves again
+    assert _probe(port, "/healthz")[0] == 200
+    board.set_state("a", "restarting")  # inside its restart policy: healthy, not ready
+    assert _probe(port, "/healthz")[0] == 200 and _probe(port, "/readyz")[0] == 503
+    board.set_state("a", "failed", error="TerminalError: the schema changed")
+    code, body = _probe(port, "/healthz")
+    assert (
+        code == 503 and body["pipelines"][0]["reason"] == "failed for good: TerminalError: the schema changed"
+    )
+    board.set_state("b", "stopping")
+    assert _probe(port, "/readyz") == (503, {"status": "not ready", "pipelines": [
+        {"name": "a", "state": "failed"}, {"name": "b", "state": "stopping"}]})  # fmt: skip
+
+
+def test_a_pipeline_that_completes_no_trigger_for_long_is_unhealthy(monkeypatch):
+    board = StatusBoard()
+    board.stall_triggers = 2
+    board.register("hung", source="kafka h")
+    board.set_state("hung", "running")
+    assert board.health()[0]
+    later = time.time() + 2 * 60 + 5  # two minutes without a trigger (a query that hangs)
+    monkeypatch.setattr(time, "time", lambda: later)
+    ok, body = board.health()
+    assert not ok and body["pipelines"][0]["reason"].startswith("no trigger completed for 2 min")
