@@ -200,8 +200,14 @@ def _run_file(
         raise click.UsageError(f"{name}: no enabled pipeline to run")
     serve(metrics_port, status_port, stall_triggers)
     import deltaflow
+    from deltaflow.pipeline.session import JvmProfile
 
-    spark = deltaflow.spark_session(spark_master or file.spark.master, **file.spark.conf)
+    # When every pipeline runs on the Arrow engine (its rows never enter the JVM), the JVM only
+    # plans and schedules: its quick compiler is enough, and a job takes the serial collector
+    # too (as ingest does). Any pipeline that may need Spark SQL keeps the full JVM.
+    arrow = all(s.engine != "spark" and not s.arrow_blockers() for s in selected)
+    jvm: JvmProfile = ("lean" if available_now else "quick") if arrow else "full"
+    spark = deltaflow.spark_session(spark_master or file.spark.master, jvm=jvm, **file.spark.conf)
     try:
         summaries = run_pipelines(
             spark,

@@ -174,6 +174,9 @@ def test_run_stops_every_pipeline_cleanly_on_a_signal_to_its_group(kafka, tmp_pa
     spec.write_text(json.dumps(pipelines))  # JSON is YAML
     service = _Service(["run", str(spec)])
     service.wait_for("committed batch 1 of", count=2)
+    # Every pipeline on the Arrow engine: the JVM only plans, with its quick compiler.
+    (java,) = [p for p in psutil.Process(service.process.pid).children(recursive=True) if p.name() == "java"]
+    assert "-XX:TieredStopAtLevel=1" in java.cmdline()
     service.signal_all(signal.SIGTERM)
     code, output = service.finish()
     assert code == 0, output[-5000:]
