@@ -42,6 +42,20 @@ def _streaming(kafka, prefix: str, root, pipeline_id: str) -> IngestConfig:
     )
 
 
+def _ingest_alone(spark, kafka, topic: str, lake, tmp_path) -> None:
+    """``topic`` into ``<lake>/<topic>`` by ingest of that one topic, as pipeline ``events``
+    (the pattern tests' pipeline id: the same txns), up to its latest offsets."""
+    single = IngestConfig.build(
+        topic=topic,
+        table_uri=str(lake / "{topic}"),
+        brokers=kafka.bootstrap,
+        pipeline_id="events",
+        ends_at_latest_offsets=True,
+        checkpoint_location=str(tmp_path / "one-topic-checkpoint"),
+    )
+    assert ingest(spark, single.for_one_topic()).awaitTermination(300)
+
+
 def _ids(uri) -> list[int]:
     return sorted(r["id"] for r in DeltaTable(str(uri)).to_pyarrow_table(columns=["id"]).to_pylist())
 
@@ -101,15 +115,7 @@ def test_new_topics_land_and_a_table_moves_between_one_topic_and_a_pattern(spark
     kafka.produce(first, _messages(first, 30), partitions=2)
     lake = tmp_path / "lake"
     # The table starts under ingest of its one topic, ...
-    single = IngestConfig.build(
-        topic=first,
-        table_uri=str(lake / "{topic}"),
-        brokers=kafka.bootstrap,
-        pipeline_id="events",
-        ends_at_latest_offsets=True,
-        checkpoint_location=str(tmp_path / "one-topic-checkpoint"),
-    )
-    assert ingest(spark, single.for_one_topic()).awaitTermination(300)
+    _ingest_alone(spark, kafka, first, lake, tmp_path)
     assert _ids(lake / first) == list(range(30))
     kafka.produce(first, _messages(first, 50)[30:], partitions=2)
     # ... then a pattern takes it (and a new topic), where the table's progress says.
@@ -174,15 +180,7 @@ def test_a_topic_ingested_alone_meanwhile_resumes_where_its_table_is_under_a_pat
     assert start(spark, pattern).awaitTermination(300)
     b = kafka.create_topic(partitions=1, name=f"{prefix}.b")
     kafka.produce(b, _messages(b, 7), partitions=1)
-    single = IngestConfig.build(
-        topic=b,
-        table_uri=str(lake / "{topic}"),
-        brokers=kafka.bootstrap,
-        pipeline_id="events",
-        ends_at_latest_offsets=True,
-        checkpoint_location=str(tmp_path / "one-topic-checkpoint"),
-    )
-    assert ingest(spark, single.for_one_topic()).awaitTermination(300)
+    _ingest_alone(spark, kafka, b, lake, tmp_path)
     assert _ids(lake / b) == list(range(7))
     kafka.produce(b, _messages(b, 10)[7:], partitions=1)
     kafka.produce(a, _messages(a, 6)[5:], partitions=1)
