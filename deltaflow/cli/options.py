@@ -101,8 +101,9 @@ STOP_TIMEOUT = click.option(
     show_envvar=True,
     callback=_seconds,
     help="After SIGTERM or SIGINT, the longest the clean stop (the running batch committed whole "
-    "or not at all) may take; then, or at a second signal, the process stops at once with exit "
-    "code 3, losing nothing (the batch runs again at the next start).",
+    "or not at all) may take (0: no bound); then, or at a second signal (2 s or more after the "
+    "first), the process stops at once with exit code 3, losing nothing (the batch runs again at "
+    "the next start).",
 )
 
 JSON = click.option(

@@ -10,11 +10,16 @@ and the stop ends with a ``StackOverflowError`` and a thousand-line trace instea
 
 :func:`stoppable` wraps a batch function: an interruption leaves it as a short
 :class:`~deltaflow.errors.BatchInterruptedError` whose text still has both parts of the
-pattern, so Spark sees a stopped query. Every other error passes unchanged.
+pattern, so Spark sees a stopped query: when the Java exception of a Py4J call is the interrupt
+itself, or when the daemon received a stop signal (:data:`stopping`). Every other error passes
+unchanged (its text is logged at DEBUG when rewritten).
 """
 
 from __future__ import annotations
 
+import logging
+import re
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -23,10 +28,18 @@ from deltaflow.errors import BatchInterruptedError
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["INTERRUPTED", "stoppable"]
+__all__ = ["INTERRUPTED", "stoppable", "stopping"]
+
+logger = logging.getLogger(__name__)
 
 #: The Java exception a stop's interrupt surfaces as in Python.
 INTERRUPTED = "java.lang.InterruptedException"
+#: A Py4J error whose Java exception is the interrupt itself (not a message that mentions it).
+_INTERRUPTED_CALL = re.compile(
+    r"An error occurred while calling [^\n]*\n: java\.lang\.InterruptedException\b"
+)
+#: Set by the daemon once a stop signal arrived: an interrupt then is the stop's.
+stopping = threading.Event()
 
 
 def stoppable(function: Callable[[DataFrame, int], None]) -> Callable[[DataFrame, int], None]:
@@ -39,6 +52,7 @@ def stoppable(function: Callable[[DataFrame, int], None]) -> Callable[[DataFrame
         except Exception as exc:
             if not _interrupted(exc):
                 raise
+            logger.debug("batch %d was interrupted: %s", batch_id, exc)
             # Spark's words first, the exception's name after (StreamExecution.PROXY_ERROR).
             raise BatchInterruptedError(
                 f"py4j.protocol.Py4JJavaError: An error occurred while calling the JVM in batch "
@@ -50,7 +64,11 @@ def stoppable(function: Callable[[DataFrame, int], None]) -> Callable[[DataFrame
 
 
 def _interrupted(error: BaseException) -> bool:
+    """Whether ``error`` is a stop's interrupt: a Py4J call that ended with the interrupt
+    itself, or any error naming it once the daemon received a stop signal. Any other error
+    keeps its own class and text (a terminal error that merely quotes the name stays terminal)."""
     try:
-        return INTERRUPTED in str(error)
+        text = str(error)
     except Exception:  # noqa: BLE001 - a Py4J error whose JVM side cannot be reached any more
         return False
+    return bool(_INTERRUPTED_CALL.search(text)) or (stopping.is_set() and INTERRUPTED in text)

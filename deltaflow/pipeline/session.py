@@ -12,7 +12,8 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Collection, Iterator, Sequence
+import threading
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -185,25 +186,32 @@ def _jvm_ignoring_stop_signals(active: bool) -> Iterator[None]:
     import pyspark.java_gateway as gateway
 
     names = vars(gateway)  # pyspark's module calls Popen by this name
-    launch = names["Popen"]
 
-    def popen(*args: Any, **kwargs: Any) -> Any:
-        before = kwargs.get("preexec_fn")
-
-        def preexec() -> None:
+    def preexec(before: Callable[[], Any] | None) -> Callable[[], None]:
+        def run() -> None:
             if before is not None:
                 before()
             for number in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(number, signal.SIG_IGN)
 
-        kwargs["preexec_fn"] = preexec
-        return launch(*args, **kwargs)
+        return run
 
-    names["Popen"] = popen
-    try:
-        yield
-    finally:
-        names["Popen"] = launch
+    with _LAUNCH_LOCK:  # one swap at a time: sessions created at once restore it in order
+        launch = names["Popen"]
+
+        def popen(*args: Any, **kwargs: Any) -> Any:
+            kwargs["preexec_fn"] = preexec(kwargs.get("preexec_fn"))
+            return launch(*args, **kwargs)
+
+        names["Popen"] = popen
+        try:
+            yield
+        finally:
+            names["Popen"] = launch
+
+
+#: Held while pyspark's JVM launch is wrapped (:func:`_jvm_ignoring_stop_signals`).
+_LAUNCH_LOCK = threading.Lock()
 
 
 #: A JVM option choosing a garbage collector: the JVM refuses to start with two different ones.
@@ -298,6 +306,12 @@ case "$PYTHONPATH" in
     PYTHONPATH="${{PYTHONPATH#:}}"
     export PYTHONPATH ;;
 esac
+# Every worker daemon (the data sources' too, which spark.python.daemon.module does not
+# choose) is pyspark's, with the stop signals a whole process group gets kept ignored.
+if [ "$1" = "-m" ] && [ "$2" = "pyspark.daemon" ]; then
+    shift 2
+    set -- -m {daemon} "$@"
+fi
 exec "{python}" "$@"
 """
 
@@ -326,7 +340,7 @@ def _wrapper(executable: str) -> tuple[Path, str] | None:
     prefix = f"{lib / 'pyspark.zip'}:{archives[0]}"
     if any(c in prefix + executable for c in '"$`\\\n'):
         return None
-    text = _WORKER_SCRIPT.format(prefix=prefix, python=executable)
+    text = _WORKER_SCRIPT.format(prefix=prefix, python=executable, daemon=WORKER_DAEMON)
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "deltaflow"
     return cache / f"python-worker-{hashlib.sha256(text.encode()).hexdigest()[:16]}.sh", text
 

@@ -9,11 +9,17 @@ stop it, so the stop ends "failed" with a Java trace although no data was harmed
 
 The driver starts its JVM with SIGTERM and SIGINT ignored (:func:`deltaflow.pipeline.session.
 spark_session`, local masters), so the JVM and the processes it starts inherit that; this
-module (``spark.python.daemon.module``) runs ``pyspark.daemon`` unchanged except that its calls
-to set a SIGTERM or SIGINT handler leave those signals ignored. The driver alone reacts to the
-signal: it stops its queries (the running batch commits whole or not at all) and Spark. The
-daemon then ends as pyspark's does when its JVM goes away (its standard input closes); its
-workers end when their sockets close. A SIGKILL still ends everything.
+module runs ``pyspark.daemon`` unchanged except that its calls to set a SIGTERM or SIGINT
+handler leave those signals ignored. It is ``spark.python.daemon.module`` (tasks' workers), and
+the workers' interpreter wrapper (``session.worker_python``) starts it wherever Spark asks for
+``-m pyspark.daemon`` (the data sources' daemons: planning, commits). The driver alone reacts
+to the signal: it stops its queries (the running batch commits whole or not at all) and Spark.
+A daemon ends as pyspark's does when Spark closes its standard input; its workers end when
+their sockets close. A SIGKILL still ends everything.
+
+Known limit: the workers Spark starts without a daemon (a streaming source's planner) ignore
+SIGTERM too, so a query's stop no longer kills one that is blocked in a call: it ends when the
+call returns (the Kafka source's calls time out), or with the JVM.
 """
 
 from __future__ import annotations

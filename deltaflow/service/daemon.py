@@ -53,6 +53,7 @@ from deltaflow.errors import (
     brief,
 )
 from deltaflow.metrics import metrics, progress_messages, progress_rates, source_lags
+from deltaflow.pipeline.interrupts import stopping
 from deltaflow.service.status import board
 
 if TYPE_CHECKING:
@@ -84,6 +85,10 @@ DEFAULT_STOP_TIMEOUT_S = 60.0
 #: The exit code of a stop that did not wait for the running batch (a second signal, or the
 #: stop timeout): nothing is lost (the batch's commit landed whole or the batch runs again).
 EXIT_STOPPED_AT_ONCE = 3
+#: A stop signal this soon after the first is the same stop, not a second one: a wrapper that
+#: forwards signals (``uv run``, an entrypoint script's ``trap``) repeats a signal the whole
+#: process group received.
+REPEAT_GRACE_S = 2.0
 #: Default cap of the wait between restarts: long enough not to hammer a broker that is down,
 #: short enough that ingestion resumes soon after it returns.
 DEFAULT_MAX_BACKOFF_S = 30.0
@@ -410,30 +415,37 @@ def _wait(seconds: float, received: list[int]) -> bool:
 def _stop_signals(stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S) -> Iterator[list[int]]:
     """Record SIGTERM/SIGINT in the yielded list (main thread only); restore the handlers after.
 
-    A second signal ends the process at once, and so does a stop still running
-    ``stop_timeout_s`` after the first (a watchdog thread): exit code :data:`EXIT_STOPPED_AT_ONCE`.
+    A second signal (:data:`REPEAT_GRACE_S` or more after the first) ends the process at once,
+    and so does a stop still running ``stop_timeout_s`` after the first (a watchdog thread; 0:
+    no bound): exit code :data:`EXIT_STOPPED_AT_ONCE`.
     """
     received: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield received
         return
+    first: list[float] = []  # when the first stop signal came
 
     def _record(signum: int, _frame: FrameType | None) -> None:
-        if any(r != OTHER_FAILED for r in received):
-            _stop_at_once(f"a second {signal.Signals(signum).name}")
+        if first:
+            if time.monotonic() - first[0] >= REPEAT_GRACE_S:
+                _stop_at_once(f"a second {signal.Signals(signum).name}")
+            return  # the same stop, forwarded again
+        first.append(time.monotonic())
+        stopping.set()  # a batch function the stop interrupts says so briefly (interrupts)
         received.append(signum)  # nothing else: see the module docstring, step 3
 
     done = threading.Event()
 
     def _watchdog() -> None:
         while not done.wait(BACKOFF_SLICE_S):
-            if any(r != OTHER_FAILED for r in received):
+            if first:
                 if not done.wait(stop_timeout_s):
                     _stop_at_once(f"the stop still running after {stop_timeout_s:g} s")
                 return
 
     previous = {sig: signal.signal(sig, _record) for sig in (signal.SIGTERM, signal.SIGINT)}
-    threading.Thread(target=_watchdog, name="deltaflow-stop-watchdog", daemon=True).start()
+    if stop_timeout_s > 0:  # 0: no bound (as Spark's stopTimeout)
+        threading.Thread(target=_watchdog, name="deltaflow-stop-watchdog", daemon=True).start()
     try:
         yield received
     finally:

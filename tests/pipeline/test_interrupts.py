@@ -7,7 +7,7 @@ import re
 import pytest
 
 from deltaflow.errors import BatchInterruptedError
-from deltaflow.pipeline.interrupts import stoppable
+from deltaflow.pipeline.interrupts import stoppable, stopping
 
 #: Spark's own test of an interrupted Python batch function (StreamExecution.PROXY_ERROR).
 SPARK_PATTERN = re.compile(
@@ -44,3 +44,20 @@ def test_other_errors_of_a_batch_pass_unchanged():
     calls = []
     stoppable(lambda frame, batch_id: calls.append((frame, batch_id)))("f", 2)
     assert calls == [("f", 2)]
+
+
+def test_an_error_that_only_quotes_the_interrupt_is_rewritten_only_during_a_stop():
+    quoted = RuntimeError("the source failed: upstream said java.lang.InterruptedException")
+
+    def batch(_frame, _batch_id):
+        raise quoted
+
+    with pytest.raises(RuntimeError) as raised:  # a terminal error stays terminal
+        stoppable(batch)(None, 3)
+    assert raised.value is quoted
+    stopping.set()  # the daemon received a stop signal
+    try:
+        with pytest.raises(BatchInterruptedError):
+            stoppable(batch)(None, 3)
+    finally:
+        stopping.clear()

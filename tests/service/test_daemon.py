@@ -378,3 +378,55 @@ def test_progress_lines_name_the_unit_of_the_source_and_the_rows_committed(spark
     # estimate; a Kafka source's in messages).
     assert any(re.match(files + "committed$", line) for line in lines), lines
     assert any(re.match(gen + "committed$", line) for line in lines), lines
+
+
+_SLOW_STOP = """
+import sys, time
+from deltaflow.service.daemon import run_until_stopped
+
+class SlowStop:  # a query whose stop takes {stop_s} s (a big batch's commit)
+    lastProgress = None
+    recentProgress = []
+    def awaitTermination(self, seconds):
+        print("running", flush=True)  # the daemon's handlers are in place
+        time.sleep(seconds)
+        return False
+    def exception(self):
+        return None
+    def stop(self):
+        time.sleep({stop_s})
+
+summary = run_until_stopped(SlowStop, name="slow", stop_timeout_s={timeout_s})
+print("clean stop, signal", summary.signal, flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    "second_after, stop_s, timeout_s, code, said",
+    [
+        (None, 1, 60, 0, "clean stop, signal 15"),  # one signal: the stop ends by itself
+        (0.2, 1, 60, 0, "clean stop, signal 15"),  # repeated at once (a forwarding wrapper): the same stop
+        (2.5, 30, 60, 3, "stopping at once (a second SIGTERM)"),  # an operator's second signal
+        (None, 30, 1, 3, "stopping at once (the stop still running after 1 s)"),  # --stop-timeout
+    ],
+    ids=["once", "forwarded", "second", "timeout"],
+)
+def test_a_second_signal_or_the_stop_timeout_stops_at_once(second_after, stop_s, timeout_s, code, said):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = _SLOW_STOP.format(stop_s=stop_s, timeout_s=timeout_s)
+    process = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert process.stdout is not None and process.stdout.readline().strip() == "running"
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    if second_after is not None:
+        time.sleep(second_after)  # the second signal's moment is what is tested
+        process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == code and said in output, output
+    assert time.monotonic() - started < stop_s + 5

@@ -131,24 +131,6 @@ def test_a_signal_to_the_process_group_stops_ingest_cleanly_and_loses_nothing(ka
         assert _ids(table) == list(range(MESSAGES))
 
 
-def test_a_second_signal_stops_at_once_with_exit_code_3(kafka, tmp_path):
-    topic = kafka.create_topic(partitions=4)
-    kafka.produce(topic, _messages(0, MESSAGES), partitions=4, batched=True)
-    table = tmp_path / "t"
-    service = _Service(
-        _ingest(kafka, topic, table, "--allowed_latency", "1", "--max_messages_per_batch", "10000")
-    )
-    service.wait_for("committed batch 1 of")
-    service.signal_all(signal.SIGTERM)
-    service.wait_for("received signal 15")
-    service.signal_all(signal.SIGTERM)
-    code, output = service.finish()
-    assert code == 3, output[-5000:]
-    assert "stopping at once (a second SIGTERM)" in output
-    landed = _ids(table)
-    assert landed == sorted(set(landed))  # whole commits only: nothing twice
-
-
 def test_run_stops_every_pipeline_cleanly_on_a_signal_to_its_group(kafka, tmp_path):
     topics = [kafka.create_topic(partitions=2) for _ in range(2)]
     for topic in topics:
