@@ -742,13 +742,16 @@ def start_pipeline(
     ]
     mirrors = _mirrors(spec, location)
     _check_expressions(spec, shape)
-    for sink in sinks:
+    for i, sink in enumerate(sinks):
         if sink.options.write_mode == "merge":
             from deltaflow.sinks.merge import target_rows
 
             _prepare_table(target_rows(shape, sink.options), sink.options)
         else:
-            _prepare_table(sink.rows(shape), sink.options)
+            # An existing table's partitioning when the sink names none (as delta-spark's
+            # append, ingest and write/write_stream take it); another one is still refused.
+            options = _prepare_table(sink.rows(shape), sink.options, adopt_partitioning=True)
+            sinks[i] = dataclasses.replace(sink, options=options)
     dead_letter = None
     if spec.dead_letter is not None:
         values = spec.dead_letter.model_dump(exclude_defaults=True)

@@ -341,3 +341,26 @@ def test_each_source_names_the_unit_it_reads_and_commits(tmp_path, source, units
 
     (spec,) = _pipelines(tmp_path, f"pipelines: [{{id: p, source: {source}, sinks: [{{table_uri: /t}}]}}]")
     assert source_units(spec) == units
+
+
+def test_a_sink_without_partition_columns_takes_the_existing_tables_partitioning(spark, tmp_path):
+    from deltalake import write_deltalake
+
+    table = tmp_path / "events"
+    first = _expected_events(4)
+    write_deltalake(str(table), first, partition_by=["country"])
+    specs = _pipelines(
+        tmp_path,
+        """
+        pipelines:
+          - id: more
+            source: {type: generator, total_rows: 40}
+            sinks: [{table_uri: "${DIR}/events"}]
+        """,
+    )
+    run_pipelines(spark, specs, available_now=True)
+    written = DeltaTable(str(table))
+    assert written.metadata().partition_columns == ["country"]
+    assert written.to_pyarrow_table().num_rows == 44
+    added = pa.table(written.get_add_actions(flatten=True)).column("path").to_pylist()
+    assert added and all(path.startswith("country=") for path in added)
