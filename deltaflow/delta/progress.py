@@ -33,6 +33,7 @@ __all__ = [
     "batch_txns",
     "checkpoint_mark",
     "checkpoint_txn_id",
+    "committed_offsets",
     "data_loss_metadata",
     "is_committed",
     "kafka_delta_ingest_progress",
@@ -184,7 +185,7 @@ def kafka_delta_ingest_progress(
     if table is None:
         return out
     for p in partitions:
-        version = table.transaction_version(f"{app_id}-{p}")
+        version = transaction_version(table, f"{app_id}-{p}")
         if version is not None:
             out[str(p)] = int(version)
     return out
@@ -199,10 +200,27 @@ def kafka_progress(
         return out
     for topic, partitions in layout.items():
         for p in partitions:
-            version = table.transaction_version(kafka_txn_id(app_id, topic, p))
+            version = transaction_version(table, kafka_txn_id(app_id, topic, p))
             if version is not None:
                 out.setdefault(topic, {})[str(p)] = int(version)
     return out
+
+
+def committed_offsets(
+    table: DeltaTable | None,
+    app_id: str,
+    layout: Mapping[str, Sequence[int | str]],
+    *,
+    kafka_delta_ingest: bool = False,
+) -> dict[str, dict[str, int]]:
+    """Last committed offset per Kafka partition of ``layout``: :func:`kafka_progress`, or
+    with ``kafka_delta_ingest`` and one topic, :func:`resumed_progress` (a table
+    kafka-delta-ingest wrote as ``app_id`` resumes where it stopped)."""
+    if kafka_delta_ingest and len(layout) == 1:
+        [(topic, parts)] = layout.items()
+        done = resumed_progress(table, app_id, topic, parts)
+        return {topic: done} if done else {}
+    return kafka_progress(table, app_id, layout)
 
 
 def resumed_progress(

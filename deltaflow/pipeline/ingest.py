@@ -470,7 +470,7 @@ def caught_up(config: IngestConfig) -> list[str] | None:
     job's own start then says why, with its retries).
     """
     from deltaflow.delta.log import load, side_by_side
-    from deltaflow.delta.progress import kafka_progress, resumed_progress
+    from deltaflow.delta.progress import committed_offsets
     from deltaflow.sources.kafka import KafkaSourceOptions, topic_partitions, watermarks
 
     if not config.ends_at_latest_offsets or config.seek_offsets:
@@ -503,10 +503,10 @@ def caught_up(config: IngestConfig) -> list[str] | None:
             return None
         for topic in topics:
             parts = layout[topic]
-            if config.several_topics:
-                held = kafka_progress(table, app, {topic: parts}).get(topic, {})
-            else:  # a table kafka-delta-ingest wrote resumes too
-                held = resumed_progress(table, app, topic, parts)
+            # (One topic: a table kafka-delta-ingest wrote resumes too, as the source reads it.)
+            held = committed_offsets(
+                table, app, {topic: parts}, kafka_delta_ingest=not config.several_topics
+            ).get(topic, {})
             for part in parts:
                 end, done = latest[topic][str(part)], held.get(str(part))
                 if (done is None and end != 0) or (done is not None and done + 1 != end):

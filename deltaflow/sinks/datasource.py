@@ -260,18 +260,10 @@ class _DeltaSink:
         if opts.kafka_offsets and batch_id is not None:
             end, lost = source if source is not None else read_batch_source(opts, batch_id)
 
-        # Per table as loaded (object and version): step 2, the done check and the txns of an
-        # attempt ask the same load (a txn lookup per partition each time: with hundreds of
-        # tables a batch, this was the commit phase's largest cost).
-        known: dict[tuple[int, int], dict[str, int]] = {}
-
+        # Step 2, the done check and the txns of an attempt ask the same load: its txn versions
+        # are read from the log once (progress.transaction_version keeps them per load).
         def kafka_txns(table: Any) -> dict[str, int]:
-            if end is None:
-                return {}
-            key = (id(table), table.version() if table is not None else -1)
-            if key not in known:
-                known[key] = self._kafka_txns(table, end, lost)
-            return dict(known[key])
+            return self._kafka_txns(table, end, lost) if end is not None else {}
 
         def already_done(table: Any) -> bool:
             if end is not None:

@@ -485,14 +485,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Next offset to read per partition according to the Delta table (if configured)."""
         if not self._options.delta_table_uri or not self._options.pipeline_id or not layout:
             return {}
-        from deltaflow.delta.progress import kafka_progress, resumed_progress
+        from deltaflow.delta.progress import committed_offsets
 
-        table = self._sink_table()
-        if self._options.kafka_delta_ingest_txns and len(layout) == 1:
-            [(topic, parts)] = layout.items()
-            done = {topic: resumed_progress(table, self._options.pipeline_id, topic, parts)}
-        else:
-            done = kafka_progress(table, self._options.pipeline_id, layout)
+        done = committed_offsets(
+            self._sink_table(),
+            self._options.pipeline_id,
+            layout,
+            kafka_delta_ingest=self._options.kafka_delta_ingest_txns,
+        )
         return {t: {p: v + 1 for p, v in parts.items()} for t, parts in done.items() if parts}
 
     def initialOffset(self) -> Offsets:  # noqa: N802

@@ -278,7 +278,7 @@ class KafkaIngestReader(KafkaStreamReader):
     def _committed(self, layout: Mapping[str, Sequence[int | str]]) -> Offsets:
         """Next offset to read per partition, from each topic's table."""
         from deltaflow.delta.log import side_by_side
-        from deltaflow.delta.progress import kafka_progress, resumed_progress
+        from deltaflow.delta.progress import committed_offsets
 
         app = self._plan.pipeline_id or self._options.pipeline_id
         if app is None:
@@ -291,13 +291,9 @@ class KafkaIngestReader(KafkaStreamReader):
 
         # Side by side: a batch of many topics reads every table that gets messages.
         tables = dict(zip(by_table, side_by_side(load, list(by_table), name="progress"), strict=True))
+        alone = self._options.kafka_delta_ingest_txns and len(self._routes) == 1
         for uri, topics in by_table.items():
-            table = tables[uri]
-            if self._options.kafka_delta_ingest_txns and len(self._routes) == 1:
-                [(topic, parts)] = topics.items()
-                done[topic] = resumed_progress(table, app, topic, parts)
-            else:
-                done.update(kafka_progress(table, app, topics))
+            done.update(committed_offsets(tables[uri], app, topics, kafka_delta_ingest=alone))
         return {t: {p: v + 1 for p, v in parts.items()} for t, parts in done.items() if parts}
 
     def _sink_table(self) -> Any:
@@ -348,14 +344,10 @@ class KafkaIngestReader(KafkaStreamReader):
 
     def partitions(self, start: Offsets, end: Offsets) -> list[IngestTask]:  # type: ignore[override]
         ranges = super().partitions(start, end)
-        positions, lost = split_offsets(end)
+        _, lost = split_offsets(end)
         # (Asked only where the main table was: a batch this source planned from its own last
         # end cannot be behind its dead-letter tables either.)
-        unsure: dict[str, list[int]] = {t: [] for t in positions}
-        for r in ranges:
-            if str(r.partition) in self._asked_table.get(r.topic, ()):
-                unsure[r.topic].append(r.partition)
-        done = self._dead_lettered(unsure)
+        done = self._dead_lettered(self._asked_table)
         items = []
         for r in ranges:
             route = self._route(r.topic)
@@ -375,7 +367,7 @@ class KafkaIngestReader(KafkaStreamReader):
             tasks.append(IngestTask(tuple(group), routes, bare, i))
         return tasks
 
-    def _dead_lettered(self, layout: Mapping[str, list[int]]) -> dict[str, dict[str, int]]:
+    def _dead_lettered(self, layout: Mapping[str, Sequence[int | str]]) -> dict[str, dict[str, int]]:
         """The dead-letter tables' progress: a batch planned from a lost checkpoint can start
         before it (the source resumes from the main table), and those dead letters must not
         land twice."""
@@ -384,7 +376,7 @@ class KafkaIngestReader(KafkaStreamReader):
         app = self._plan.dlq_pipeline_id
         if app is None:
             return {}
-        by_table: dict[str, dict[str, list[int]]] = {}
+        by_table: dict[str, dict[str, Sequence[int | str]]] = {}
         files: dict[str, TableFiles] = {}
         for topic, parts in layout.items():
             route = self._routes.get(topic)
