@@ -76,17 +76,7 @@ def _run_options(command: Callable[..., None]) -> Callable[..., None]:
 @click.command()
 @click.argument("pipeline_file", type=click.Path(dir_okay=False))
 @_run_options
-def run(
-    pipeline_file: str,
-    pipeline_ids: tuple[str, ...],
-    available_now: bool,
-    give_up_after_s: float,
-    stop_timeout_s: float,
-    metrics_port: int | None,
-    status_port: int | None,
-    stall_triggers: int,
-    spark_master: str | None,
-) -> None:
+def run(pipeline_file: str, **run_options: Any) -> None:
     """Run the pipelines of PIPELINE_FILE (YAML) in one Spark application until SIGTERM/SIGINT.
 
     Each pipeline keeps its own checkpoint; a transient failure restarts it with backoff, a
@@ -94,18 +84,7 @@ def run(
     """
     from deltaflow.config.pipeline import load_pipelines
 
-    _run_file(
-        pipeline_file,
-        load_pipelines(pipeline_file),
-        pipeline_ids,
-        available_now,
-        give_up_after_s,
-        stop_timeout_s,
-        metrics_port,
-        status_port,
-        stall_triggers,
-        spark_master,
-    )
+    _run_file(pipeline_file, load_pipelines(pipeline_file), **run_options)
 
 
 @click.command()
@@ -114,18 +93,7 @@ def run(
     "--validate", "only_validate", is_flag=True, help="Check the file and print the pipelines; run nothing."
 )
 @_run_options
-def sql(
-    sql_file: str,
-    only_validate: bool,
-    pipeline_ids: tuple[str, ...],
-    available_now: bool,
-    give_up_after_s: float,
-    stop_timeout_s: float,
-    metrics_port: int | None,
-    status_port: int | None,
-    stall_triggers: int,
-    spark_master: str | None,
-) -> None:
+def sql(sql_file: str, only_validate: bool, **run_options: Any) -> None:
     """Run SQL_FILE: CREATE TABLE ... WITH (connector = ...) and INSERT INTO ... SELECT statements.
 
     Each INSERT is a pipeline, run as ``deltaflow run`` runs those of a YAML file.
@@ -136,18 +104,7 @@ def sql(
     if only_validate:
         _describe_pipelines(sql_file, file, notes_from="arroyo")
         return
-    _run_file(
-        sql_file,
-        file,
-        pipeline_ids,
-        available_now,
-        give_up_after_s,
-        stop_timeout_s,
-        metrics_port,
-        status_port,
-        stall_triggers,
-        spark_master,
-    )
+    _run_file(sql_file, file, **run_options)
 
 
 def _describe_pipelines(name: str, file: Any, *, notes_from: str = "rivven") -> None:
@@ -182,6 +139,7 @@ def _engine(spec: Any) -> str:
 def _run_file(
     name: str,
     file: Any,
+    *,
     pipeline_ids: tuple[str, ...],
     available_now: bool,
     give_up_after_s: float,

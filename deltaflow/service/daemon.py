@@ -450,6 +450,7 @@ def _stop_signals(stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S) -> Iterator[li
         yield received
     finally:
         done.set()
+        stopping.clear()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
