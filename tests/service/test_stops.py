@@ -55,6 +55,16 @@ class _Service:
             assert time.monotonic() < deadline, f"no {text!r} within {timeout} s"
             time.sleep(0.1)  # condition poll on the process's output
 
+    def children_named(self, name: str) -> list[psutil.Process]:
+        """The service's processes called ``name``; short-lived ones (a Python worker that ends
+        between the listing and the look) are passed over."""
+        found = []
+        for process in psutil.Process(self.process.pid).children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if process.name() == name:
+                    found.append(process)
+        return found
+
     def signal_all(self, number: int) -> None:
         """``number`` to every process of the service, as systemd's default KillMode
         (control-group) sends it: the CLI, its JVM and every Python process Spark started,
@@ -157,7 +167,7 @@ def test_run_stops_every_pipeline_cleanly_on_a_signal_to_its_group(kafka, tmp_pa
     service = _Service(["run", str(spec)])
     service.wait_for("committed batch 1 of", count=2)
     # Every pipeline on the Arrow engine: the JVM only plans, with its quick compiler.
-    (java,) = [p for p in psutil.Process(service.process.pid).children(recursive=True) if p.name() == "java"]
+    (java,) = service.children_named("java")
     assert "-XX:TieredStopAtLevel=1" in java.cmdline()
     service.signal_all(signal.SIGTERM)
     code, output = service.finish()
