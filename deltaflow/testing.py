@@ -272,7 +272,9 @@ class TcpProxy:
     """Forwards connections to ``127.0.0.1:<port>`` to ``target_host:target_port``.
 
     ``cut()`` closes every forwarded connection and stops listening (clients get "connection
-    refused"); ``restore()`` listens again on the same port. One thread accepts, two threads
+    refused"); ``hang()`` keeps every connection open and accepts new ones but forwards nothing
+    (a broker that accepts connections and never answers); ``restore()`` ends either (a hung
+    connection is closed: its byte stream lost its framing). One thread accepts, two threads
     per connection copy bytes.
 
     Args:
@@ -288,6 +290,7 @@ class TcpProxy:
         self._links: set[_Link] = set()  # the forwarded connections
         self._threads: set[threading.Thread] = set()  # the copying threads
         self._accepting = threading.Event()
+        self._hung = threading.Event()
         self._acceptor: threading.Thread | None = None
         self.connections = 0  # accepted so far (for tests)
         self.restore()
@@ -297,8 +300,19 @@ class TcpProxy:
         """``host:port`` clients connect to."""
         return f"127.0.0.1:{self.port}"
 
+    def hang(self) -> None:
+        """Keep accepting and holding connections, but forward no byte either way from now on."""
+        self._hung.set()
+        logger.info("proxy %s hangs: connections accepted, nothing answered", self.address)
+
     def restore(self) -> None:
         """Listen (again) on the same port; forwarded connections work from now on."""
+        if self._hung.is_set():
+            with self._lock:
+                links = list(self._links)
+            for link in links:  # half-forwarded streams: the clients reconnect
+                link.shutdown()
+            self._hung.clear()
         if self._acceptor is not None:
             return
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -371,7 +385,8 @@ class TcpProxy:
     def _copy(self, link: _Link, src: socket.socket, dst: socket.socket) -> None:
         try:
             while chunk := src.recv(FORWARD_CHUNK):
-                dst.sendall(chunk)
+                if not self._hung.is_set():
+                    dst.sendall(chunk)
         except OSError:
             pass  # the other direction or cut() shut the connection down
         finally:

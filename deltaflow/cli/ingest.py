@@ -11,6 +11,7 @@ from deltaflow.cli.options import (
     GIVE_UP_AFTER,
     LINES,
     METRICS_PORT,
+    STALL_TIMEOUT,
     STALL_TRIGGERS,
     STATUS_PORT,
     STOP_TIMEOUT,
@@ -211,6 +212,7 @@ STOP_POLL_S = 1
 @GIVE_UP_AFTER
 @STOP_TIMEOUT
 @STALL_TRIGGERS
+@STALL_TIMEOUT
 @click.option(
     "-c",
     "--checkpoints",
@@ -457,6 +459,7 @@ def ingest(
     give_up_after_s: float,
     stop_timeout_s: float,
     stall_triggers: int,
+    stall_timeout_s: float,
     checkpoints: bool,
     json_option: str | None,
     value_format: str,
@@ -609,7 +612,7 @@ def ingest(
         unit="message(s)",
         table_of=config.table_template().render if config.several_topics else None,
     )
-    serve(metrics_port, status_port, stall_triggers)
+    serve(metrics_port, status_port, stall_triggers, stall_timeout_s)
     from deltaflow.pipeline.arrow_ingest import choose_engine
 
     # The Arrow engine's rows never enter the JVM: its quick compiler is enough (and cheaper).

@@ -9,6 +9,7 @@ __all__ = [
     "JSON",
     "LINES",
     "METRICS_PORT",
+    "STALL_TIMEOUT",
     "STALL_TRIGGERS",
     "STATUS_PORT",
     "STOP_TIMEOUT",
@@ -62,8 +63,8 @@ STALL_TRIGGERS = click.option(
     envvar="DELTAFLOW_STALL_TRIGGERS",
     show_envvar=True,
     help="The status port's /healthz answers 503 for a pipeline that failed for good, or whose "
-    "last N triggers read nothing while messages waited, or that completed no trigger for N "
-    "minutes (a query that hangs, or restarts without end): a liveness probe's signal.",
+    "last N triggers read nothing while messages waited (see also --stall-timeout): a liveness "
+    "probe's signal.",
 )
 
 
@@ -74,6 +75,21 @@ def _seconds(_ctx: click.Context, param: click.Parameter, value: str) -> float:
         return parse_seconds(value)
     except ValueError as exc:
         raise click.BadParameter(f"{value!r} {exc}", param=param) from None
+
+
+STALL_TIMEOUT = click.option(
+    "--stall-timeout",
+    "--stall_timeout",
+    "stall_timeout_s",
+    default="10 min",
+    show_default=True,
+    envvar="DELTAFLOW_STALL_TIMEOUT",
+    show_envvar=True,
+    callback=_seconds,
+    help="The status port's /healthz also answers 503 for a pipeline that completed no trigger "
+    "for this long while it runs or restarts (a broker that accepts connections but never "
+    "answers, a query that hangs, restarts without end). Longer than the slowest batch.",
+)
 
 
 GIVE_UP_AFTER = click.option(
@@ -132,24 +148,29 @@ def key_values(values: tuple[str, ...], flag: str) -> dict[str, str]:
     return out
 
 
-def serve(metrics_port: int | None, status_port: int | None, stall_triggers: int | None = None) -> None:
+def serve(
+    metrics_port: int | None,
+    status_port: int | None,
+    stall_triggers: int | None = None,
+    stall_timeout_s: float | None = None,
+) -> None:
     """Start the metrics endpoint and the status page (with ``/healthz`` and ``/readyz``) on
     the ports asked for (0: any free one)."""
     if metrics_port is not None:
         from deltaflow.metrics import metrics
 
         try:
-            bound = metrics.serve(metrics_port)
+            metrics.serve(metrics_port)  # logs the URL it serves
         except OSError as exc:
             raise click.BadParameter(f"cannot serve metrics on port {metrics_port}: {exc}") from None
-        click.echo(f"metrics on http://0.0.0.0:{bound}/metrics", err=True)
     if status_port is not None:
         from deltaflow.service.status import board
 
         if stall_triggers is not None:
             board.stall_triggers = stall_triggers
+        if stall_timeout_s is not None:
+            board.stall_timeout_s = stall_timeout_s
         try:
-            bound = board.serve(status_port, addr="0.0.0.0")
+            board.serve(status_port, addr="0.0.0.0")  # logs the URL it serves
         except OSError as exc:
             raise click.BadParameter(f"cannot serve the status page on port {status_port}: {exc}") from None
-        click.echo(f"status page on http://0.0.0.0:{bound}/", err=True)

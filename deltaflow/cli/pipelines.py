@@ -10,6 +10,7 @@ import click
 from deltaflow.cli.options import (
     GIVE_UP_AFTER,
     METRICS_PORT,
+    STALL_TIMEOUT,
     STALL_TRIGGERS,
     STATUS_PORT,
     STOP_TIMEOUT,
@@ -59,6 +60,7 @@ def _run_options(command: Callable[..., None]) -> Callable[..., None]:
             METRICS_PORT,
             STATUS_PORT,
             STALL_TRIGGERS,
+            STALL_TIMEOUT,
             click.option(
                 "--spark-master",
                 "--spark_master",
@@ -147,6 +149,7 @@ def _run_file(
     metrics_port: int | None,
     status_port: int | None,
     stall_triggers: int,
+    stall_timeout_s: float,
     spark_master: str | None,
 ) -> None:
     import signal
@@ -156,7 +159,7 @@ def _run_file(
     selected = file.selected(pipeline_ids)
     if not selected:
         raise click.UsageError(f"{name}: no enabled pipeline to run")
-    serve(metrics_port, status_port, stall_triggers)
+    serve(metrics_port, status_port, stall_triggers, stall_timeout_s)
     import deltaflow
     from deltaflow.pipeline.session import JvmProfile
 

@@ -33,9 +33,13 @@ HEALTH_TTL_S = 30.0
 #: Commits of the log scanned for the last compaction and per-pipeline commits.
 HISTORY_SCAN = 1000
 #: ``/healthz``: triggers in a row that read nothing while messages waited, after which a
-#: pipeline is stalled; also the minutes without any trigger (a query that hangs, or restarts
-#: without ever completing one) after which it is (``--stall-triggers``).
+#: pipeline is stalled (``--stall-triggers``).
 DEFAULT_STALL_TRIGGERS = 10
+#: ``/healthz``: seconds without any completed trigger while a pipeline runs or restarts (a
+#: broker that accepts connections but never answers, a query that hangs, restarts that never
+#: complete one) after which it is stalled (``--stall-timeout``). Ten minutes: longer than a
+#: large batch of a backlog takes, short enough for a probe to restart a wedged driver.
+DEFAULT_STALL_TIMEOUT_S = 600.0
 
 
 @dataclass
@@ -75,8 +79,9 @@ class StatusBoard:
         self._lock = threading.Lock()
         self._pipelines: dict[str, _Pipeline] = {}
         self._window_s = window_minutes * 60
-        #: See :data:`DEFAULT_STALL_TRIGGERS`.
+        #: See :data:`DEFAULT_STALL_TRIGGERS` and :data:`DEFAULT_STALL_TIMEOUT_S`.
         self.stall_triggers = DEFAULT_STALL_TRIGGERS
+        self.stall_timeout_s = DEFAULT_STALL_TIMEOUT_S
 
     def register(
         self,
@@ -197,8 +202,8 @@ class StatusBoard:
         """``/healthz``: whether every pipeline runs or is inside its restart policy, and the
         body naming those that are not. A pipeline fails the check when it failed for good,
         or is stalled: :attr:`stall_triggers` triggers in a row read nothing while messages
-        waited, or no trigger completed for that many minutes while it runs or restarts (a
-        query that hangs, or that restarts without ever completing one)."""
+        waited, or no trigger completed for :attr:`stall_timeout_s` while it runs or restarts
+        (a query that hangs, or that restarts without ever completing one)."""
         now = time.time()
         with self._lock:
             pipelines = list(self._pipelines.values())
@@ -219,8 +224,8 @@ class StatusBoard:
             waiting = sum(p.lags.values())
             return f"{p.idle_behind} trigger(s) in a row read nothing while {waiting} message(s) waited"
         quiet = now - (p.reported_at if p.reported_at is not None else p.started_at)
-        if quiet > self.stall_triggers * 60:
-            return f"no trigger completed for {quiet / 60:.0f} min ({p.restarts} restart(s))"
+        if quiet > self.stall_timeout_s:
+            return f"no trigger completed for {quiet:.0f} s ({p.restarts} restart(s))"
         return None
 
     def ready(self) -> tuple[bool, dict[str, Any]]:

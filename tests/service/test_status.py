@@ -253,11 +253,52 @@ def test_health_and_readiness_probes_follow_the_pipelines():
 
 def test_a_pipeline_that_completes_no_trigger_for_long_is_unhealthy(monkeypatch):
     board = StatusBoard()
-    board.stall_triggers = 2
+    board.stall_timeout_s = 120
     board.register("hung", source="kafka h")
     board.set_state("hung", "running")
     assert board.health()[0]
     later = time.time() + 2 * 60 + 5  # two minutes without a trigger (a query that hangs)
     monkeypatch.setattr(time, "time", lambda: later)
     ok, body = board.health()
-    assert not ok and body["pipelines"][0]["reason"].startswith("no trigger completed for 2 min")
+    assert not ok and body["pipelines"][0]["reason"].startswith("no trigger completed for 125 s")
+
+
+def test_healthz_turns_503_when_the_broker_accepts_connections_but_never_answers(tmp_path):
+    from deltaflow.testing import start_broker_behind_proxy
+    from tests.fixtures.ingest_messages import EVENTS_SCHEMA, events
+    from tests.fixtures.service import Service
+
+    broker, proxy = start_broker_behind_proxy()
+    service = None
+    try:
+        topic = broker.create_topic(partitions=2)
+        broker.produce(topic, events(0, 100), partitions=2)
+        args = ["ingest", topic, str(tmp_path / "t"), "--kafka", proxy.address, "--app_id", "hang"]
+        args += ["--schema", EVENTS_SCHEMA, "--allowed_latency", "1", "--status_port", "0"]
+        service = Service([*args, "--stall-timeout", "20 s"])
+        service.wait_for("committed batch 0 of")
+        (line,) = [line for line in service.lines if "status page on http://" in line]
+        port = int(re.search(r":(\d+)/", line)[1])
+        assert _probe(port, "/healthz")[0] == 200 and _probe(port, "/readyz")[0] == 200
+        proxy.hang()  # every call of the source now waits for an answer that never comes
+        deadline = time.monotonic() + 120
+        while (answer := _probe(port, "/healthz"))[0] == 200:
+            assert time.monotonic() < deadline and service.process.poll() is None, service.tail()
+            time.sleep(1)  # condition poll on the probe
+        code, body = answer
+        (failing,) = body["pipelines"]
+        assert code == 503 and failing["name"] == "hang", body
+        assert re.fullmatch(r"no trigger completed for \d+ s \(\d+ restart\(s\)\)", failing["reason"]), body
+        proxy.restore()  # the broker answers again: the next trigger heals the probe
+        deadline = time.monotonic() + 180
+        while _probe(port, "/healthz")[0] != 200:
+            assert time.monotonic() < deadline and service.process.poll() is None, service.tail()
+            time.sleep(1)
+        service.signal_all(signal.SIGTERM)
+        code, output = service.finish()
+        assert code == 0, output[-3000:]
+    finally:
+        if service is not None and service.process.poll() is None:
+            service.process.kill()
+        proxy.close()
+        broker.stop()
