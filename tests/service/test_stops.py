@@ -7,10 +7,13 @@ import json
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
 
 from tests.fixtures.service import NOT_CLEAN, ROOT, Service
 
@@ -102,3 +105,123 @@ def test_run_stops_every_pipeline_cleanly_on_a_signal_to_its_group(kafka, tmp_pa
     for i in range(2):
         landed = _ids(tmp_path / f"t{i}")
         assert landed == sorted(set(landed)) and landed
+
+
+def _stop_mid_run(service: Service, ids: Callable[[], list[int]], total: int, timeout: float = 240) -> None:
+    """Wait until ``ids()`` (those landed) holds some but not all of ``total`` rows, then
+    SIGTERM to the group: exit 0, nothing unclean printed, no row twice."""
+    deadline = time.monotonic() + timeout
+    while not 0 < len(_or_none(ids)) < total:
+        assert service.process.poll() is None and time.monotonic() < deadline, service.tail()
+        time.sleep(0.2)  # condition poll on the table
+    service.signal_all(signal.SIGTERM)
+    code, output = service.finish()
+    assert code == 0, output[-5000:]
+    assert "stopped by SIGTERM" in output
+    unclean = [line for line in output.splitlines() if any(word in line for word in NOT_CLEAN)]
+    assert not unclean, "\n".join(unclean[:30]) + "\n---\n" + output[-3000:]
+    landed = ids()
+    assert landed == sorted(set(landed)), "a row landed twice"
+
+
+def _or_none(ids: Callable[[], list[int]]) -> list[int]:
+    try:
+        return ids()
+    except TableNotFoundError:  # not made yet
+        return []
+
+
+def _finish_run(args: list[str]) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "deltaflow.cli", *args, "--available-now"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_sql_stops_cleanly_on_a_signal_to_its_group(kafka, tmp_path):
+    topic, messages = kafka.create_topic(partitions=2), 20_000
+    kafka.produce(topic, _messages(0, messages), partitions=2, batched=True)
+    table = tmp_path / "t"
+    spec = tmp_path / "job.sql"
+    spec.write_text(
+        f"CREATE TABLE src (id BIGINT, name TEXT) WITH (connector = 'kafka', bootstrap_servers = "
+        f"'{kafka.bootstrap}', topic = '{topic}', format = 'json', max_messages_per_batch = 1000);\n"
+        f"CREATE TABLE dst WITH (connector = 'delta', path = '{table}', pipeline_id = 'sqlstop');\n"
+        "INSERT INTO dst SELECT id, name FROM src;\n"
+    )
+    _stop_mid_run(Service(["sql", str(spec)]), lambda: _ids(table), messages)
+    _finish_run(["sql", str(spec)])  # the next start takes the rest, nothing twice
+    assert _ids(table) == list(range(messages))
+
+
+def test_a_landed_files_watch_stops_cleanly_on_a_signal_to_its_group(tmp_path):
+    landing, table = tmp_path / "landing", tmp_path / "t"
+    landing.mkdir()
+    files, per_file = 60, 100
+    for f in range(files):
+        lines = (json.dumps({"id": i, "name": f"n{i}"}) for i in range(f * per_file, (f + 1) * per_file))
+        (landing / f"part-{f:03d}.json").write_text("\n".join(lines) + "\n")
+    spec = tmp_path / "files.yml"
+    spec.write_text(
+        json.dumps(
+            {
+                "pipelines": [
+                    {
+                        "id": "watch",
+                        "source": {
+                            "type": "files",
+                            "path": str(landing),
+                            "schema": "id LONG, name STRING",
+                            "max_files_per_trigger": 2,
+                            "min_file_age": 0,
+                        },
+                        "sinks": [{"table_uri": str(table)}],
+                    }
+                ]
+            }
+        )
+    )
+    _stop_mid_run(Service(["run", str(spec)]), lambda: _ids(table), files * per_file)
+    _finish_run(["run", str(spec)])
+    assert _ids(table) == list(range(files * per_file))
+
+
+def test_postgres_cdc_stops_cleanly_on_a_signal_to_its_group(postgres, tmp_path):
+    conn = postgres.connect()
+    conn.execute("CREATE TABLE stop_cdc (id int PRIMARY KEY, name text)")
+    conn.execute("CREATE PUBLICATION stop_pub FOR TABLE stop_cdc")
+    changes = 2000
+    table, mirror = tmp_path / "events", tmp_path / "mirror"
+    spec = tmp_path / "cdc.yml"
+    source = {"type": "postgres-cdc", "host": postgres.host, "port": postgres.port, "user": postgres.user}
+    source |= {"database": postgres.dbname, "publication": "stop_pub", "slot": "stop_slot"}
+    source |= {"snapshot": "never", "max_changes_per_batch": 200}
+    sinks = [{"table_uri": str(table)}]
+    sinks += [{"table_uri": str(mirror), "write_mode": "merge", "stream": "public.stop_cdc"}]
+    spec.write_text(json.dumps({"pipelines": [{"id": "cdcstop", "source": source, "sinks": sinks}]}))
+    service = Service(["run", str(spec)])
+    try:
+        service.wait_for("created replication slot", timeout=240)
+        for first in range(0, changes, 50):  # small transactions: many batches
+            conn.execute(
+                "INSERT INTO stop_cdc SELECT i, 'n' || i FROM generate_series(%s::int, %s::int) i",
+                (first, first + 49),
+            )
+    except BaseException:
+        service.process.kill()
+        raise
+
+    def inserted() -> list[int]:
+        data = DeltaTable(str(table)).to_pyarrow_table(columns=["data"])["data"].to_pylist()
+        return sorted(json.loads(row)["id"] for row in data)
+
+    _stop_mid_run(service, inserted, changes)
+    _finish_run(["run", str(spec)])
+    assert inserted() == list(range(changes))
+    mirrored = DeltaTable(str(mirror)).to_pyarrow_table(columns=["id"])["id"].to_pylist()
+    assert sorted(mirrored) == list(range(changes))
