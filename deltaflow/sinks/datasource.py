@@ -91,11 +91,12 @@ class DeltaflowDataSource(DataSource):
         return FORMAT_NAME
 
     def writer(self, schema: StructType, overwrite: bool) -> DeltaBatchWriter:
-        sink = _DeltaSink(_arrow_options(self.options), schema, overwrite)
+        sink = _DeltaSink(_table_partitioning(self.options, _arrow_options(self.options)), schema, overwrite)
         return DeltaBatchWriter(sink)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DeltaStreamWriter:  # noqa: N802
-        return DeltaStreamWriter(_DeltaSink(for_stream(_arrow_options(self.options)), schema, overwrite))
+        options = _table_partitioning(self.options, for_stream(_arrow_options(self.options)))
+        return DeltaStreamWriter(_DeltaSink(options, schema, overwrite))
 
 
 class DeltaStreamWriter(DataSourceStreamArrowWriter):
@@ -618,6 +619,24 @@ def sink_fence(options: SinkOptions) -> Any:
     if options.writer_epoch is None or not options.pipeline_id:
         return None
     return commit.Fence(commit.fence_app_id(options.pipeline_id), options.writer_epoch)
+
+
+def _table_partitioning(spark_options: Any, options: SinkOptions) -> SinkOptions:
+    """Without ``partition_columns`` among the write's options, an existing table's partitioning
+    (as delta-spark's append, ``deltaflow.write``, YAML sinks and ``ingest`` take it). Read once,
+    when Spark plans the write, before any task writes a file; given ones are checked against
+    the table at the commit, as before."""
+    if any(str(key).lower() == "partition_columns" for key in spark_options):
+        return options
+    from deltaflow.delta import log as delta_log
+
+    uri = normalize_uri(options.table_uri)
+    table = delta_log.load(uri, options.storage_options)
+    have = tuple(table.metadata().partition_columns) if table is not None else ()
+    if not have:
+        return options
+    logger.info("table %s is partitioned by %s: writing with its partitioning", uri, list(have))
+    return options.model_copy(update={"partition_columns": have})
 
 
 def _arrow_options(spark_options: Any) -> SinkOptions:

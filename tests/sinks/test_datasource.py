@@ -143,6 +143,35 @@ def test_partitioning_must_match_the_existing_table(spark, tmp_path):
         deltaflow.write(_df(spark, 5, 5), uri, partition_columns="name")
 
 
+def test_the_deltaflow_format_takes_an_existing_tables_partitioning_when_none_is_given(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    deltaflow.write(_df(spark, 0, 4), uri, partition_columns="name")
+    _df(spark, 4, 4).write.format("deltaflow").option("table_uri", uri).mode("append").save()
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    (landing / "f.json").write_text("".join(f'{{"id": {i}, "name": "n{i}"}}\n' for i in range(8, 14)))
+    source = spark.readStream.schema("id LONG, name STRING").json(str(landing))
+    query = (
+        source.writeStream.format("deltaflow")
+        .option("table_uri", uri)
+        .option("pipeline_id", "adopt")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert _ids(uri) == list(range(14))
+    # Every file of the table under its name=... folder, with its partition value in the log.
+    adds = _adds(uri)
+    assert len(adds) >= 3 and all(a["path"].startswith(f"name={a['partition.name']}/") for a in adds)
+    with pytest.raises(PySparkException, match=r"partitioned by \['name'\], but partition_columns=\[\]"):
+        _df(spark, 20, 2).write.format("deltaflow").option("table_uri", uri).option(
+            "partition_columns", ""
+        ).mode("append").save()
+
+
 def test_batch_write_with_txn_version_is_idempotent(spark, tmp_path):
     uri = str(tmp_path / "t")
     for _ in range(2):
