@@ -1,0 +1,372 @@
+"""Debezium change events to typed rows, inside the source tasks.
+
+Debezium, and the CDC tools that copy its layout, write one topic per database table. A
+message's key is the row's key (a struct of the key columns); its value is the change envelope:
+``op`` (``c`` create, ``r`` read by the snapshot, ``u`` update, ``d`` delete, ``t`` truncate),
+``before`` and ``after`` (the row images; ``before`` of an update only with REPLICA IDENTITY FULL
+or its equivalent), ``source`` (where the change was read) and ``ts_ms``. A delete is followed
+by a tombstone (the key without a value) for log compaction; a mirror has nothing to do with it.
+
+With Kafka Connect's JSON converter and ``schemas.enable=true`` each key and value is
+``{"schema": ..., "payload": ...}``: the schema gives each column's Connect type and, by its
+name, Debezium's semantic type, from which :func:`arrow_type` picks the Delta column type
+(README, "Debezium types"). Without schemas the payload comes alone, and the types are the
+table's (or inferred from the values by the caller).
+
+:func:`decode` turns one message into a :class:`Change`: the operation, the key, the row image
+(values converted to the Arrow types) and the image's schema. A message that cannot be read
+(not JSON, not an envelope, a value its type cannot hold) is a :class:`Change` with ``error``
+set: the caller makes it a dead letter, and nothing is guessed.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Literal
+
+import pyarrow as pa
+
+__all__ = ["Change", "arrow_type", "converter", "decode", "struct_schema"]
+
+#: Delta's DECIMAL holds at most 38 digits; a wider one is kept as its exact digits in text.
+MAX_DECIMAL_PRECISION = 38
+_EPOCH = dt.datetime(1970, 1, 1)
+_EPOCH_DAY = dt.date(1970, 1, 1)
+
+_PLAIN: dict[str, pa.DataType] = {
+    "int8": pa.int8(),
+    "int16": pa.int16(),
+    "int32": pa.int32(),
+    "int64": pa.int64(),
+    "float32": pa.float32(),
+    "float64": pa.float64(),
+    "boolean": pa.bool_(),
+    "string": pa.string(),
+    "bytes": pa.binary(),
+}
+_DATES = ("io.debezium.time.Date", "org.apache.kafka.connect.data.Date")
+#: Semantic timestamps without a zone (the database's local time), and their unit per second.
+_LOCAL_TIMESTAMPS = {
+    "io.debezium.time.Timestamp": 1_000,
+    "org.apache.kafka.connect.data.Timestamp": 1_000,
+    "io.debezium.time.MicroTimestamp": 1_000_000,
+    "io.debezium.time.NanoTimestamp": 1_000_000_000,
+}
+#: Times of day (Delta has no TIME type: kept as ``HH:MM:SS[.ffffff]`` text, as the
+#: postgres-cdc mirror keeps them), and their unit per second.
+_TIMES = {
+    "io.debezium.time.Time": 1_000,
+    "org.apache.kafka.connect.data.Time": 1_000,
+    "io.debezium.time.MicroTime": 1_000_000,
+    "io.debezium.time.NanoTime": 1_000_000_000,
+}
+_DECIMAL = "org.apache.kafka.connect.data.Decimal"
+_VARIABLE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
+_ZONED_TIMESTAMP = "io.debezium.time.ZonedTimestamp"
+_OPS: dict[str, Literal["upsert", "delete", "truncate"]] = {
+    "c": "upsert",
+    "r": "upsert",
+    "u": "upsert",
+    "d": "delete",
+    "t": "truncate",
+}
+
+
+class _BadValueError(ValueError):
+    pass
+
+
+def _decimal_precision(schema: Mapping[str, Any]) -> tuple[int | None, int]:
+    params = schema.get("parameters") or {}
+    scale = int(params.get("scale", 0))
+    precision = params.get("connect.decimal.precision")
+    return (int(precision) if precision is not None else None), scale
+
+
+def arrow_type(schema: Mapping[str, Any]) -> pa.DataType:
+    """The Delta (Arrow) type of a Kafka Connect schema (a field's, or a whole struct's)."""
+    name = schema.get("name")
+    kind = schema.get("type")
+    if name in _DATES:
+        return pa.date32()
+    if name in _LOCAL_TIMESTAMPS:
+        return pa.timestamp("us")
+    if name == _ZONED_TIMESTAMP:
+        return pa.timestamp("us", tz="UTC")
+    if name in _TIMES:
+        return pa.string()
+    if name == _DECIMAL:
+        precision, scale = _decimal_precision(schema)
+        if precision is not None and 0 < precision <= MAX_DECIMAL_PRECISION and 0 <= scale <= precision:
+            return pa.decimal128(precision, scale)
+        return pa.string()  # no declared precision, or beyond Delta's: the exact digits as text
+    if name == _VARIABLE_DECIMAL:
+        return pa.string()
+    if kind == "struct":
+        return pa.struct(struct_schema(schema))
+    if kind == "array":
+        return pa.list_(arrow_type(schema.get("items") or {"type": "string"}))
+    if kind == "map":
+        return pa.map_(arrow_type(schema.get("keys") or {}), arrow_type(schema.get("values") or {}))
+    if kind in _PLAIN:
+        return _PLAIN[kind]
+    raise _BadValueError(f"unknown Kafka Connect type {kind!r}")
+
+
+def struct_schema(schema: Mapping[str, Any]) -> pa.Schema:
+    """The columns of a Connect struct schema (a row image or a key), nullable as declared."""
+    fields = []
+    for f in schema.get("fields") or []:
+        fields.append(pa.field(f["field"], arrow_type(f), nullable=bool(f.get("optional", True))))
+    return pa.schema(fields)
+
+
+def _bytes(value: Any) -> bytes:
+    if isinstance(value, bytes | bytearray):
+        return bytes(value)
+    if isinstance(value, str):
+        try:
+            return base64.b64decode(value, validate=True)
+        except ValueError:
+            raise _BadValueError(f"{value!r} is not base64") from None
+    raise _BadValueError(f"{value!r} is not bytes")
+
+
+def _unscaled(value: Any, scale: int) -> Decimal:
+    """A Connect Decimal: the unscaled number's big-endian two's complement bytes (base64 in
+    JSON), or a ``Decimal`` already (Avro)."""
+    if isinstance(value, Decimal):
+        return value
+    return Decimal(int.from_bytes(_bytes(value), "big", signed=True)).scaleb(-scale)
+
+
+def _time_text(value: Any, per_second: int) -> str:
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _BadValueError(f"{value!r} is not a time of day")
+    micros = value * 1_000_000 // per_second
+    seconds, micro = divmod(micros, 1_000_000)
+    text = f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+    return f"{text}.{micro:06d}" if micro else text
+
+
+def converter(schema: Mapping[str, Any]) -> Callable[[Any], Any]:
+    """JSON payload value of ``schema`` -> the Python value of :func:`arrow_type`'s type
+    (``None`` stays ``None``); raises ``ValueError`` for a value the type cannot hold."""
+    name = schema.get("name")
+    kind = schema.get("type")
+    convert: Callable[[Any], Any]
+    if name in _DATES:
+
+        def convert(v: Any) -> Any:
+            return _EPOCH_DAY + dt.timedelta(days=_int(v))
+
+    elif name in _LOCAL_TIMESTAMPS:
+        per_second = _LOCAL_TIMESTAMPS[name]
+
+        def convert(v: Any) -> Any:
+            return _EPOCH + dt.timedelta(microseconds=_int(v) * 1_000_000 // per_second)
+
+    elif name == _ZONED_TIMESTAMP:
+
+        def convert(v: Any) -> Any:
+            try:
+                parsed = dt.datetime.fromisoformat(v)
+            except (TypeError, ValueError):
+                raise _BadValueError(f"{v!r} is not an ISO-8601 timestamp") from None
+            if parsed.tzinfo is None:
+                raise _BadValueError(f"{v!r} has no zone")
+            return parsed.astimezone(dt.UTC)
+
+    elif name in _TIMES:
+        per_second = _TIMES[name]
+
+        def convert(v: Any) -> Any:
+            return _time_text(v, per_second)
+
+    elif name == _DECIMAL:
+        declared, scale = _decimal_precision(schema)
+        text = pa.types.is_string(arrow_type(schema))
+        precision = declared or 0  # known whenever the type is a DECIMAL
+
+        def convert(v: Any) -> Any:
+            number = _unscaled(v, scale)
+            if text:
+                return str(number)
+            if len(number.as_tuple().digits) > precision or -int(number.as_tuple().exponent) > scale:
+                raise _BadValueError(f"{number} does not fit DECIMAL({precision},{scale})")
+            return number
+
+    elif name == _VARIABLE_DECIMAL:
+
+        def convert(v: Any) -> Any:
+            if not isinstance(v, Mapping) or "value" not in v:
+                raise _BadValueError(f"{v!r} is not a VariableScaleDecimal (scale, value)")
+            return str(_unscaled(v["value"], int(v.get("scale") or 0)))
+
+    elif kind == "struct":
+        fields = [(f["field"], converter(f)) for f in schema.get("fields") or []]
+
+        def convert(v: Any) -> Any:
+            if not isinstance(v, Mapping):
+                raise _BadValueError(f"{v!r} is not a struct")
+            return {n: (None if v.get(n) is None else c(v[n])) for n, c in fields}
+
+    elif kind == "array":
+        item = converter(schema.get("items") or {"type": "string"})
+
+        def convert(v: Any) -> Any:
+            if not isinstance(v, list):
+                raise _BadValueError(f"{v!r} is not an array")
+            return [None if x is None else item(x) for x in v]
+
+    elif kind == "map":
+        key, value = converter(schema.get("keys") or {}), converter(schema.get("values") or {})
+
+        def convert(v: Any) -> Any:
+            pairs = v.items() if isinstance(v, Mapping) else v
+            try:
+                return [(key(k), None if x is None else value(x)) for k, x in pairs]
+            except (TypeError, ValueError) as exc:
+                raise _BadValueError(f"{v!r} is not a map: {exc}") from None
+
+    elif kind == "bytes":
+        convert = _bytes
+    elif kind in ("int8", "int16", "int32", "int64"):
+        convert = _int
+    elif kind in ("float32", "float64"):
+
+        def convert(v: Any) -> Any:
+            if isinstance(v, bool) or not isinstance(v, int | float | str):
+                raise _BadValueError(f"{v!r} is not a number")
+            return float(v)  # also "NaN", "Infinity"
+
+    elif kind == "boolean":
+
+        def convert(v: Any) -> Any:
+            if not isinstance(v, bool):
+                raise _BadValueError(f"{v!r} is not a boolean")
+            return v
+
+    elif kind == "string":
+
+        def convert(v: Any) -> Any:
+            return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+
+    else:
+        raise _BadValueError(f"unknown Kafka Connect type {kind!r}")
+    return convert
+
+
+def _int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _BadValueError(f"{v!r} is not an integer")
+    return v
+
+
+@dataclass(frozen=True)
+class Change:
+    """One message of a Debezium topic, read.
+
+    Attributes:
+        op: ``upsert`` (create, snapshot read, update), ``delete``, ``truncate``, or ``None``
+            for a tombstone (a key without a value: nothing to apply).
+        key: The key's columns (from the message key; ``None`` when it has none).
+        image: The row: ``after`` of an upsert, ``before`` of a delete (``None`` when the
+            event carries no image, as a delete without REPLICA IDENTITY FULL may not).
+        before: An update's row before the change, when the database sent it.
+        schema: The image's columns from the envelope's schema (``None`` without schemas).
+        key_schema: The key's columns from the key's schema (``None`` without schemas).
+        error: Why the message cannot be applied (a dead letter); the rest is then ``None``.
+    """
+
+    op: Literal["upsert", "delete", "truncate"] | None
+    key: dict[str, Any] | None = None
+    image: dict[str, Any] | None = None
+    before: dict[str, Any] | None = None
+    schema: pa.Schema | None = None
+    key_schema: pa.Schema | None = None
+    error: str | None = None
+
+
+def _envelope(raw: bytes, what: str) -> tuple[Any, Mapping[str, Any] | None]:
+    """(payload, schema) of a JSON-converter message, with or without ``schemas.enable``."""
+    try:
+        value = json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise _BadValueError(f"the {what} is not JSON: {exc}") from None
+    if isinstance(value, dict) and set(value) == {"schema", "payload"}:
+        schema = value["schema"]
+        if schema is not None and not isinstance(schema, dict):
+            raise _BadValueError(f"the {what}'s schema is not an object")
+        return value["payload"], schema
+    return value, None
+
+
+def _field(schema: Mapping[str, Any] | None, name: str) -> Mapping[str, Any] | None:
+    if schema is None:
+        return None
+    for f in schema.get("fields") or []:
+        if f.get("field") == name:
+            return dict(f)
+    return None
+
+
+def _row(value: Any, schema: Mapping[str, Any] | None, what: str) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _BadValueError(f"{what} is not an object")
+    if schema is None:
+        return value
+    try:
+        row = converter(schema)(value)
+    except ValueError as exc:
+        raise _BadValueError(f"{what}: {exc}") from None
+    assert isinstance(row, dict)
+    return row
+
+
+def decode(key: bytes | None, value: bytes | None) -> Change:
+    """One Debezium message (JSON converter, with or without schemas) as a :class:`Change`."""
+    try:
+        key_payload, key_schema = _envelope(key, "key") if key is not None else (None, None)
+        if key_payload is not None and not isinstance(key_payload, dict):
+            raise _BadValueError("the key is not an object of the key's columns")
+        key_row = _row(key_payload, key_schema, "the key")
+        if value is None:
+            return Change(None, key=key_row)
+        payload, schema = _envelope(value, "value")
+        if not isinstance(payload, dict) or "op" not in payload:
+            raise _BadValueError("the value is not a Debezium change event (no 'op')")
+        op = _OPS.get(str(payload["op"]))
+        if op is None:
+            raise _BadValueError(f"unknown Debezium op {payload['op']!r} (expected c, r, u, d or t)")
+        if op == "truncate":
+            return Change("truncate", key=key_row)
+        after_schema, before_schema = _field(schema, "after"), _field(schema, "before")
+        image_schema = after_schema if op == "upsert" else before_schema
+        if schema is not None and image_schema is None:
+            raise _BadValueError("the envelope's schema has no 'after'/'before' struct")
+        before = _row(payload.get("before"), before_schema, "'before'")
+        image = _row(payload.get("after"), after_schema, "'after'") if op == "upsert" else before
+        if op == "upsert" and image is None:
+            raise _BadValueError(f"a {payload['op']!r} event without 'after'")
+        if op == "delete" and image is None and key_row is None:
+            raise _BadValueError("a delete without 'before' and without a key: no row to delete")
+        return Change(
+            op,
+            key=key_row,
+            image=image,
+            before=before if op == "upsert" else None,
+            schema=struct_schema(image_schema) if image_schema is not None else None,
+            key_schema=struct_schema(key_schema) if key_schema is not None else None,
+        )
+    except _BadValueError as exc:
+        return Change(None, error=str(exc))

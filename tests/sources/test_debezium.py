@@ -1,0 +1,198 @@
+"""Debezium messages (Kafka Connect's JSON converter, with and without schemas) read into
+changes with Delta types: every semantic type of the README's table, each op, tombstones,
+truncates, and the messages that must become dead letters."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+from decimal import Decimal
+
+import pyarrow as pa
+import pytest
+
+from deltaflow.sources.debezium import arrow_type, decode
+
+# The columns of a PostgreSQL table as Debezium's PostgreSQL connector describes them
+# (decimal.handling.mode=precise, time.precision.mode=adaptive_time_microseconds).
+COLUMNS = [
+    {"field": "id", "type": "int32", "optional": False},
+    {"field": "name", "type": "string", "optional": True},
+    {"field": "price", "type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal",
+     "parameters": {"scale": "2", "connect.decimal.precision": "10"}},
+    {"field": "ratio", "type": "struct", "optional": True, "name": "io.debezium.data.VariableScaleDecimal",
+     "fields": [{"field": "scale", "type": "int32"}, {"field": "value", "type": "bytes"}]},
+    {"field": "born", "type": "int32", "optional": True, "name": "io.debezium.time.Date"},
+    {"field": "seen", "type": "int64", "optional": True, "name": "io.debezium.time.MicroTimestamp"},
+    {"field": "at", "type": "string", "optional": True, "name": "io.debezium.time.ZonedTimestamp"},
+    {"field": "opens", "type": "int64", "optional": True, "name": "io.debezium.time.MicroTime"},
+    {"field": "doc", "type": "string", "optional": True, "name": "io.debezium.data.Json"},
+    {"field": "uid", "type": "string", "optional": True, "name": "io.debezium.data.Uuid"},
+    {"field": "tags", "type": "array", "optional": True, "items": {"type": "string", "optional": True}},
+    {"field": "blob", "type": "bytes", "optional": True},
+    {"field": "ok", "type": "boolean", "optional": True},
+    {"field": "score", "type": "float64", "optional": True},
+]  # fmt: skip
+KEY_SCHEMA = {"type": "struct", "name": "db.public.t.Key", "optional": False, "fields": COLUMNS[:1]}
+ROW_SCHEMA = {"type": "struct", "name": "db.public.t.Value", "optional": True, "fields": COLUMNS}
+
+
+def _b64(unscaled: int, size: int = 2) -> str:
+    return base64.b64encode(unscaled.to_bytes(size, "big", signed=True)).decode()
+
+
+def _envelope(op: str, before: dict | None, after: dict | None, *, schemas: bool = True) -> bytes:
+    payload = {
+        "before": before,
+        "after": after,
+        "source": {"connector": "postgresql", "db": "db", "schema": "public", "table": "t", "lsn": 123},
+        "op": op,
+        "ts_ms": 1_700_000_000_000,
+    }
+    if not schemas:
+        return json.dumps(payload).encode()
+    schema = {
+        "type": "struct",
+        "name": "db.public.t.Envelope",
+        "fields": [
+            {**ROW_SCHEMA, "field": "before"},
+            {**ROW_SCHEMA, "field": "after"},
+            {"field": "source", "type": "struct", "fields": []},
+            {"field": "op", "type": "string"},
+            {"field": "ts_ms", "type": "int64", "optional": True},
+        ],
+    }
+    return json.dumps({"schema": schema, "payload": payload}).encode()
+
+
+def _key(id_: int, *, schemas: bool = True) -> bytes:
+    return json.dumps({"schema": KEY_SCHEMA, "payload": {"id": id_}} if schemas else {"id": id_}).encode()
+
+
+ROW = {
+    "id": 7,
+    "name": "seven",
+    "price": _b64(12345),  # 123.45
+    "ratio": {"scale": 3, "value": _b64(-1500)},  # -1.500
+    "born": 19_000,
+    "seen": 1_700_000_000_123_456,
+    "at": "2024-03-01T10:00:00.5+02:00",
+    "opens": 9 * 3600 * 1_000_000 + 30 * 60 * 1_000_000 + 250_000,
+    "doc": '{"a": [1, 2]}',
+    "uid": "5b1f5d7e-8b43-4d59-9c7a-1f0e8f3c2a10",
+    "tags": ["a", None, "b"],
+    "blob": base64.b64encode(b"\x00\xff").decode(),
+    "ok": True,
+    "score": "-Infinity",
+}
+
+
+def test_the_semantic_types_map_to_delta_types():
+    change = decode(_key(7), _envelope("c", None, ROW))
+    assert change.error is None
+    assert change.schema == pa.schema(
+        [
+            pa.field("id", pa.int32(), nullable=False),
+            ("name", pa.string()),
+            ("price", pa.decimal128(10, 2)),
+            ("ratio", pa.string()),  # a numeric without a declared scale: its exact digits
+            ("born", pa.date32()),
+            ("seen", pa.timestamp("us")),  # the database's local time: TIMESTAMP_NTZ
+            ("at", pa.timestamp("us", tz="UTC")),
+            ("opens", pa.string()),  # Delta has no TIME type
+            ("doc", pa.string()),
+            ("uid", pa.string()),
+            ("tags", pa.list_(pa.string())),
+            ("blob", pa.binary()),
+            ("ok", pa.bool_()),
+            ("score", pa.float64()),
+        ]
+    )
+    image = change.image
+    assert image is not None
+    assert image["price"] == Decimal("123.45") and image["ratio"] == "-1.500"
+    assert image["born"] == dt.date(2022, 1, 8)
+    assert image["seen"] == dt.datetime(2023, 11, 14, 22, 13, 20, 123456)
+    assert image["at"] == dt.datetime(2024, 3, 1, 8, 0, 0, 500000, tzinfo=dt.UTC)
+    assert image["opens"] == "09:30:00.250000"
+    assert (
+        image["tags"] == ["a", None, "b"] and image["blob"] == b"\x00\xff" and image["score"] == float("-inf")
+    )
+    # The converted values fit the schema's types: Arrow takes them as they are.
+    assert pa.Table.from_pylist([image], change.schema).to_pylist()[0]["price"] == Decimal("123.45")
+    assert change.op == "upsert" and change.key == {"id": 7}
+    assert change.key_schema == pa.schema([pa.field("id", pa.int32(), nullable=False)])
+
+
+@pytest.mark.parametrize(
+    ("op", "before", "after", "expected_op", "image_of"),
+    [
+        ("r", None, ROW, "upsert", "after"),  # a snapshot read
+        ("u", None, {**ROW, "name": "new"}, "upsert", "after"),  # REPLICA IDENTITY DEFAULT
+        ("u", ROW, {**ROW, "name": "new"}, "upsert", "after"),  # REPLICA IDENTITY FULL
+        ("d", ROW, None, "delete", "before"),
+        ("d", {"id": 7}, None, "delete", "before"),  # only the key columns known
+    ],
+    ids=["read", "update", "update-full", "delete-full", "delete-key"],
+)
+def test_each_op_becomes_an_upsert_or_a_delete_of_its_image(op, before, after, expected_op, image_of):
+    change = decode(_key(7), _envelope(op, before, after))
+    assert change.error is None and change.op == expected_op
+    image = change.image
+    assert image is not None and image["id"] == 7
+    assert image.get("name") == (after if image_of == "after" else before).get("name")
+    assert change.before == (
+        decode(_key(7), _envelope("c", None, before)).image if op == "u" and before else None
+    )
+
+
+def test_tombstones_and_truncates():
+    tombstone = decode(_key(7), None)
+    assert (tombstone.op, tombstone.key, tombstone.error) == (None, {"id": 7}, None)
+    truncate = decode(None, _envelope("t", None, None))
+    assert (truncate.op, truncate.image, truncate.error) == ("truncate", None, None)
+
+
+def test_without_schemas_the_payload_is_taken_as_it_is():
+    change = decode(_key(7, schemas=False), _envelope("u", None, {"id": 7, "name": "x"}, schemas=False))
+    assert (change.op, change.key, change.image, change.schema) == (
+        "upsert",
+        {"id": 7},
+        {"id": 7, "name": "x"},
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "error"),
+    [
+        (None, b"{not json", "the value is not JSON"),
+        (None, b'{"after": {"id": 1}}', "not a Debezium change event (no 'op')"),
+        (None, json.dumps({"op": "x", "after": {}}).encode(), "unknown Debezium op 'x'"),
+        (None, json.dumps({"op": "c", "after": None}).encode(), "a 'c' event without 'after'"),
+        (None, json.dumps({"op": "d", "before": None}).encode(), "a delete without 'before' and without a"),
+        (b"[1]", json.dumps({"op": "c", "after": {"id": 1}}).encode(), "the key is not an object"),
+        (None, _envelope("c", None, {**ROW, "price": "!!"}), "'after': '!!' is not base64"),
+        (None, _envelope("c", None, {**ROW, "price": _b64(10**11, 8)}), "does not fit DECIMAL(10,2)"),
+        (None, _envelope("c", None, {**ROW, "born": "2024-01-01"}), "'2024-01-01' is not an integer"),
+        (None, _envelope("c", None, {**ROW, "at": "2024-01-01T00:00:00"}), "has no zone"),
+    ],
+    ids=["not-json", "no-op", "bad-op", "create-without-after", "delete-without-row", "key-array",
+         "bad-base64", "decimal-overflow", "date-as-text", "zoneless"],
+)  # fmt: skip
+def test_a_message_that_cannot_be_applied_says_why(key, value, error):
+    change = decode(key, value)
+    assert change.op is None and change.image is None
+    assert change.error is not None and error in change.error
+
+
+def test_wide_decimals_and_nested_types():
+    wide = {"type": "bytes", "name": "org.apache.kafka.connect.data.Decimal", "parameters": {"scale": "0"}}
+    assert arrow_type(wide) == pa.string()  # no declared precision: text
+    assert (
+        arrow_type({**wide, "parameters": {"scale": "2", "connect.decimal.precision": "40"}}) == pa.string()
+    )
+    nested = {"type": "struct", "fields": [{"field": "m", "type": "map", "keys": {"type": "string"},
+                                            "values": {"type": "int64"}}]}  # fmt: skip
+    assert arrow_type(nested) == pa.struct([("m", pa.map_(pa.string(), pa.int64()))])
