@@ -28,7 +28,7 @@ from deltaflow.errors import BatchInterruptedError
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["INTERRUPTED", "stoppable", "stopping"]
+__all__ = ["INTERRUPTED", "quiet_stop_logs", "stoppable", "stopping"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +40,29 @@ _INTERRUPTED_CALL = re.compile(
 )
 #: Set by the daemon once a stop signal arrived: an interrupt then is the stop's.
 stopping = threading.Event()
+#: Spark's JVM loggers whose lines during a stop are the stop's own, and their level from then
+#: on. A stop that interrupts a batch writing Parquet through Spark (a Spark-engine sink) makes
+#: the file writer log "Aborting job" at ERROR with the interrupt's Java trace (the batch is
+#: abandoned uncommitted, as any interrupted batch), and the scheduler log each task the stop
+#: killed at WARN. Their real failures reach deltaflow as the batch's error anyway.
+STOP_LOG_LEVELS = {
+    "org.apache.spark.sql.execution.datasources.FileFormatWriter": "OFF",
+    "org.apache.spark.scheduler.TaskSetManager": "ERROR",
+    "org.apache.spark.scheduler.DAGScheduler": "ERROR",
+}
+
+
+def quiet_stop_logs() -> None:
+    """Before the daemon stops its queries: :data:`STOP_LOG_LEVELS` in this process's JVM (none
+    over Spark Connect, whose server logs on its own)."""
+    from pyspark import SparkContext
+
+    jvm = SparkContext._jvm
+    if jvm is None:
+        return
+    log4j = jvm.org.apache.logging.log4j
+    for name, level in STOP_LOG_LEVELS.items():
+        log4j.core.config.Configurator.setLevel(name, getattr(log4j.Level, level))
 
 
 def stoppable(function: Callable[[DataFrame, int], None]) -> Callable[[DataFrame, int], None]:

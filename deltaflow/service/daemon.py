@@ -53,7 +53,7 @@ from deltaflow.errors import (
     brief,
 )
 from deltaflow.metrics import metrics, progress_messages, progress_rates, source_lags
-from deltaflow.pipeline.interrupts import stopping
+from deltaflow.pipeline.interrupts import quiet_stop_logs, stopping
 from deltaflow.service.status import board
 
 if TYPE_CHECKING:
@@ -374,6 +374,7 @@ def _watch(
             else:
                 logger.info("received signal %d: stopping query %r", received[0], name)
             board.set_state(name, "stopping")  # /readyz answers 503 from here on
+            quiet_stop_logs()
             query.stop()  # the current batch is abandoned uncommitted or was committed whole
             tally.update(query)
             return None
