@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 
 import click
 
@@ -18,7 +17,7 @@ from deltaflow.cli.options import (
     key_values,
     serve,
 )
-from deltaflow.cli.output import ProgressLine, verbose
+from deltaflow.cli.output import ProgressLine, note, progress_shown, verbose
 from deltaflow.io import logs
 
 __all__ = ["ingest"]
@@ -598,10 +597,9 @@ def ingest(
     topics = topic or f"/{topic_pattern}/"
     if ends_at_latest_offsets and (tables := caught_up(config)) is not None:
         # Nothing to read: no Spark, no claim, no commit (a scheduled job of an idle topic).
-        click.echo(
+        note(
             f"nothing to ingest: {len(tables)} table(s) hold every message of {topics} up to its "
             "latest offset; nothing was started or committed",
-            err=True,
         )
         click.echo(f"ingested 0 message(s) in 0 batch(es) into {table_uri}")
         return
@@ -624,7 +622,7 @@ def ingest(
 
     try:
         # Restarts the query with backoff when the broker goes away; stops on SIGTERM/SIGINT.
-        bar = ProgressLine() if ends_at_latest_offsets and sys.stderr.isatty() else None
+        bar = ProgressLine() if ends_at_latest_offsets and progress_shown() else None
         try:
             summary = run_until_stopped(
                 lambda: start_ingest(spark, config, on_engine=lambda e: board.set_engine(pipeline_id, e)),
@@ -640,9 +638,9 @@ def ingest(
     finally:
         spark.stop()
     if summary.signal is not None:
-        click.echo(f"stopped by {signal.Signals(summary.signal).name}", err=True)
+        note(f"stopped by {signal.Signals(summary.signal).name}")
     if summary.restarts:
-        click.echo(f"the query was restarted {summary.restarts} time(s) after transient failures", err=True)
+        note(f"the query was restarted {summary.restarts} time(s) after transient failures")
     click.echo(f"ingested {summary.messages:,} message(s) in {summary.batches} batch(es) into {table_uri}")
 
 

@@ -1,8 +1,11 @@
-"""Everything the commands print: JSON for scripts (``--json``), text for people, progress."""
+"""Everything the commands print: JSON for scripts (``--json``), text for people, progress, and
+notes on standard error (records with ``--log-format json``)."""
 
 from __future__ import annotations
 
 import json
+import logging
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -11,7 +14,9 @@ import click
 if TYPE_CHECKING:
     from deltaflow.service.daemon import RunSummary
 
-__all__ = ["ProgressLine", "emit", "print_rows", "run_summary", "size", "verbose"]
+__all__ = ["ProgressLine", "emit", "note", "print_rows", "progress_shown", "run_summary", "size", "verbose"]
+
+logger = logging.getLogger(__name__)
 
 
 class ProgressLine:
@@ -97,7 +102,26 @@ def print_rows(table: object) -> None:
     click.echo(f"({table.num_rows} row(s))")
 
 
+def note(text: str, *, level: int = logging.INFO) -> None:
+    """A line for the person running the command, on standard error (beside the results on
+    standard output): a record at ``level`` with ``--log-format json``."""
+    if _root_option("log_format") == "json":
+        logger.log(level, "%s", text)
+    else:
+        click.echo(text, err=True)
+
+
+def progress_shown() -> bool:
+    """Whether a :class:`ProgressLine` may be drawn: on a terminal, and not between JSON lines."""
+    return sys.stderr.isatty() and _root_option("log_format") != "json"
+
+
 def verbose() -> bool:
     """Whether ``deltaflow -v`` (``--verbose``) was given to the command running now."""
+    return bool(_root_option("verbose"))
+
+
+def _root_option(name: str) -> object:
+    """An option of the ``deltaflow`` group for the command running now (None outside one)."""
     ctx = click.get_current_context(silent=True)
-    return bool(ctx is not None and (ctx.find_root().obj or {}).get("verbose"))
+    return None if ctx is None else (ctx.find_root().obj or {}).get(name)

@@ -16,7 +16,7 @@ from deltaflow.cli.options import (
     STOP_TIMEOUT,
     serve,
 )
-from deltaflow.cli.output import run_summary
+from deltaflow.cli.output import note, run_summary
 
 __all__ = ["run", "sql", "validate"]
 
@@ -122,8 +122,8 @@ def _describe_pipelines(name: str, file: Any, *, notes_from: str = "rivven") -> 
         extra = f"; {len(spec.expectations)} expectation(s)" if spec.expectations else ""
         off = "" if spec.enabled else " (disabled)"
         click.echo(f"{spec.pipeline_id}{off}: {describe_source(spec)} => {routes}{extra}{_engine(spec)}")
-    for note in file.notes:
-        click.echo(f"  {notes_from} {note}")
+    for remark in file.notes:
+        click.echo(f"  {notes_from} {remark}")
     click.echo(f"{name}: {len(file.pipelines)} pipeline(s), valid")
 
 
@@ -183,4 +183,4 @@ def _run_file(
         click.echo(run_summary(pipeline, summary))
     stopped = {s.signal for s in summaries.values() if s.signal}
     if stopped:
-        click.echo(f"stopped by {', '.join(signal.Signals(s).name for s in sorted(stopped))}", err=True)
+        note(f"stopped by {', '.join(signal.Signals(s).name for s in sorted(stopped))}")

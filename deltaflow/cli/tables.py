@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from deltaflow.cli.options import JSON, STORAGE, key_values
-from deltaflow.cli.output import emit, print_rows, run_summary, size, verbose
+from deltaflow.cli.output import emit, note, print_rows, progress_shown, run_summary, size, verbose
 from deltaflow.io.footers import FOOTER_THREADS
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ def optimize(
     """Compact small files (bin-packing) or Z-order them; the data does not change."""
     from deltaflow import ops
 
-    click.echo(f"{'z-ordering' if zorder else 'compacting'} {table_uri} ...", err=True)
+    note(f"{'z-ordering' if zorder else 'compacting'} {table_uri} ...")
     started = time.monotonic()
     result = ops.optimize(
         table_uri,
@@ -118,33 +119,29 @@ def vacuum(
             click.echo(path)
         count = len(result.files) + len(result.staging_files)
         if result.kept_registered or result.kept_unreferenced:
-            click.echo(
+            note(
                 f"kept {result.kept_registered} file(s) registered in place and "
                 f"{result.kept_unreferenced} never-referenced file(s) of a table holding such files "
                 "(--include-registered deletes them too)",
-                err=True,
             )
         if result.kept_staging:
-            click.echo(
+            note(
                 f"kept {result.kept_staging} staged file(s) of writers that hold a live claim on the "
                 "table (a running stream's batch in progress)",
-                err=True,
             )
         if result.kept_in_flight:
-            click.echo(
+            note(
                 f"kept {result.kept_in_flight} never-referenced file(s) younger than an hour: the "
                 "table was committed to within the hour, and a writer's files wait unreferenced "
                 "until their commit",
-                err=True,
             )
         if result.dry_run:
-            click.echo(
+            note(
                 f"dry run: {count} file(s) would be deleted (retention {result.retention_hours} h); "
                 "add --execute to delete them",
-                err=True,
             )
         else:
-            click.echo(f"deleted {count} file(s) (retention {result.retention_hours} h)", err=True)
+            note(f"deleted {count} file(s) (retention {result.retention_hours} h)")
 
     emit(as_json, result, text)
 
@@ -270,14 +267,14 @@ def restore(
     )
     if result.version != result.version_before:
         # On stderr, also with --json: the rows are gone for the running pipelines too.
-        click.echo(
+        note(
             f"warning: the rows added after version {result.restored_to} (up to version "
             f"{result.version_before}) are gone from the table and will NOT be written again by the "
             "pipelines that wrote them: a "
             "restore does not roll back their progress (txn), so they continue after what they had "
             "committed. To have those rows again, replay them from the source (a new pipeline_id "
             "and checkpoint) or restore a newer version",
-            err=True,
+            level=logging.WARNING,
         )
 
 
@@ -377,12 +374,10 @@ LISTED_PATHS = 10
 
 def _footer_progress() -> tuple[Callable[[int, int], None], Callable[[], None]]:
     """A progress callback for footer reading, and the function that ends its output."""
-    import sys
-
     from deltaflow.cli.output import ProgressLine
 
     started = time.monotonic()
-    bar = ProgressLine("footers", "files") if sys.stderr.isatty() else None
+    bar = ProgressLine("footers", "files") if progress_shown() else None
     shown = [0.0]
 
     def progress(done: int, total: int) -> None:
@@ -393,7 +388,7 @@ def _footer_progress() -> tuple[Callable[[int, int], None], Callable[[], None]]:
                 shown[0] = now
                 bar.show(done, total - done, rate)
         elif done % PROGRESS_EVERY == 0 or (done == total and total >= PROGRESS_EVERY):
-            click.echo(f"read {done:,}/{total:,} footers ({rate:,.0f} files/s)", err=True)
+            note(f"read {done:,}/{total:,} footers ({rate:,.0f} files/s)")
 
     return progress, bar.close if bar is not None else (lambda: None)
 
@@ -401,9 +396,9 @@ def _footer_progress() -> tuple[Callable[[int, int], None], Callable[[], None]]:
 def _list_paths(what: str, paths: Sequence[str]) -> None:
     shown = paths if verbose() else paths[:LISTED_PATHS]
     for path in shown:
-        click.echo(f"{what}: {path}", err=True)
+        note(f"{what}: {path}")
     if len(paths) > len(shown):
-        click.echo(f"{what}: {len(paths) - len(shown):,} more (deltaflow -v lists every one)", err=True)
+        note(f"{what}: {len(paths) - len(shown):,} more (deltaflow -v lists every one)")
 
 
 def _print_added(result: AddFilesResult, started: float) -> None:
@@ -413,17 +408,16 @@ def _print_added(result: AddFilesResult, started: float) -> None:
         for f in result.files:
             parts = ", ".join(f"{k}={v}" for k, v in f.partition_values.items())
             click.echo(f"{f.path}\t{f.rows} rows\t{size(f.size)}" + (f"\t{parts}" if parts else ""))
-        click.echo(
+        note(
             f"dry run: {result.files_added} file(s) ({result.rows_added} rows, "
             f"{size(result.bytes_added)}) would be added to {result.table_uri}"
             + (" (a new table)" if result.created else "")
             + (f", {result.files_copied} of them copied below its root first" if result.files_copied else "")
             + f"; {result.files_skipped} skipped; nothing was committed",
-            err=True,
         )
         return
     if not result.files_added:
-        click.echo(f"nothing to add to {result.table_uri} ({result.files_skipped} file(s) skipped)", err=True)
+        note(f"nothing to add to {result.table_uri} ({result.files_skipped} file(s) skipped)")
         return
     click.echo(
         f"added {result.files_added} file(s) ({result.rows_added} rows, {size(result.bytes_added)}) to "

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import click
+import pyarrow as pa
 import pytest
 from click.testing import CliRunner
+from deltalake import write_deltalake
 
 from deltaflow.cli import cli
 
@@ -57,3 +65,62 @@ def test_a_flag_value_option_reads_its_environment_variable():
     )
     assert result.exit_code == 2
     assert "--avro and --raw exclude each other" in result.output
+
+
+# --log-format json: every line on stderr is a JSON record.
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(
+    args: list[str], env: dict[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    base = {
+        k: v for k, v in os.environ.items() if not k.startswith(("DELTAFLOW_LOG_", "KAFKA_DELTA_INGEST_"))
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "deltaflow.cli", *args],
+        cwd=ROOT,
+        env={**base, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _records(stderr: str) -> list[dict[str, object]]:
+    """Every line of ``stderr`` as a JSON record (a line that is not one fails the test)."""
+    records = []
+    for line in stderr.splitlines():
+        record = json.loads(line)
+        assert isinstance(record, dict), line
+        assert {"ts", "level", "logger", "msg"} <= record.keys(), line
+        records.append(record)
+    assert records
+    return records
+
+
+def test_json_logs_of_commands_without_spark(tmp_path):
+    missing = str(tmp_path / "missing")
+    text = _run(["vacuum", missing], timeout=120)
+    assert (text.returncode, text.stderr) == (2, f"error: no Delta table at '{missing}'\n")  # as ever
+    done = _run(["--log-format", "json", "vacuum", missing], timeout=120)
+    assert done.returncode == 2
+    [record] = _records(done.stderr)
+    assert (record["level"], record["msg"], record["table"]) == ("ERROR", text.stderr.strip(), missing)
+    assert "exc" not in record  # a traceback with --verbose only, as in text
+    verbose = _run(["--log-format", "json", "-v", "vacuum", missing], timeout=120)
+    assert str(_records(verbose.stderr)[-1]["exc"]).startswith("Traceback")
+    # A usage error: before any command ran, still a record.
+    usage = _run(["--log-format", "json", "no-such-command"], timeout=120)
+    assert usage.returncode == 2
+    assert [r["msg"] for r in _records(usage.stderr)] == ["error: No such command 'no-such-command'."]
+    # A command's notes on stderr are records; its results on stdout stay as they are.
+    table = tmp_path / "t"
+    write_deltalake(str(table), pa.table({"id": [1, 2]}))
+    plain = _run(["vacuum", str(table)], timeout=120)
+    dry = _run(["--log-format", "json", "vacuum", str(table)], timeout=120)
+    assert dry.returncode == plain.returncode == 0, dry.stderr
+    assert dry.stdout == plain.stdout
+    notes = [r for r in _records(dry.stderr) if r["logger"] == "deltaflow.cli.output"]
+    assert [(r["level"], r["msg"]) for r in notes] == [("INFO", plain.stderr.splitlines()[-1])]
