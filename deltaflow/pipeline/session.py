@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from deltaflow.errors import ConfigError
+from deltaflow.io import logs
 from deltaflow.pipeline.class_cache import JAVA_OPTION_VARIABLES, class_cache
 
 if TYPE_CHECKING:
@@ -46,6 +47,11 @@ WORKER_DAEMON = "deltaflow.pipeline.worker_daemon"
 JvmProfile = Literal["full", "quick", "lean"]
 QUICK_JVM = ("-XX:TieredStopAtLevel=1",)
 LEAN_JVM = (*QUICK_JVM, "-XX:+UseSerialGC")
+#: Spark 4's structured logging: the JVM's log4j records as JSON (``--log-format json``).
+STRUCTURED_LOGGING = "spark.log.structuredLogging.enabled"
+#: The log4j2 configuration Spark itself loads when structured logging is on (in
+#: spark-common-utils: its console appender with ``SparkLayout.json``, a JsonTemplateLayout).
+SPARK_JSON_LOG4J = "org/apache/spark/log4j2-json-layout.properties"
 
 
 def default_conf(master: str) -> dict[str, str]:
@@ -116,6 +122,9 @@ def spark_session(master: str | None = None, *, jvm: JvmProfile = "full", **conf
         for key in ("spark.pyspark.python", "spark.pyspark.driver.python", "spark.driver.memory"):
             settings.pop(key)
     settings.update({k: str(v) for k, v in conf.items()})
+    json_logs = logs.exported_format() == "json"
+    if json_logs:
+        settings.setdefault(STRUCTURED_LOGGING, "true")
     from pyspark import SparkContext
 
     # Only a JVM this call starts takes deltaflow's JVM flags (pyspark keeps the first JVM of
@@ -137,6 +146,7 @@ def spark_session(master: str | None = None, *, jvm: JvmProfile = "full", **conf
         *(cache.java_options() if cache else ()),
         *(_lean([*options, *others]) if started_here and jvm == "lean" else ()),
         *(QUICK_JVM if started_here and jvm == "quick" else ()),
+        *(_json_log4j([*options, *others]) if started_here and json_logs and _structured(settings) else ()),
     ]
     if ours:
         # Ours first: the JVM takes the last of a repeated flag.
@@ -152,11 +162,13 @@ def spark_session(master: str | None = None, *, jvm: JvmProfile = "full", **conf
         builder = builder.master(master)
     for key, value in settings.items():
         builder = builder.config(key, value)
-    with _jvm_ignoring_stop_signals(shielded):
+    with _jvm_launch(ignore_stop_signals=shielded, stdout_to_stderr=started_here and json_logs):
         spark = builder.getOrCreate()
     if cache is not None and cache.writes:
         atexit.register(cache.finish, getattr(spark.sparkContext._gateway, "proc", None))
     spark.sparkContext.setLogLevel(os.environ.get("DELTAFLOW_SPARK_LOG_LEVEL", "WARN"))
+    if started_here and json_logs:
+        _structured_logging_as_configured(spark)
     if shielded:
         # A query's stop interrupts its thread, also inside the chmod Hadoop runs for each
         # checkpoint file it writes: Hadoop then logs a WARN with a Java trace for a clean stop.
@@ -175,14 +187,69 @@ def spark_session(master: str | None = None, *, jvm: JvmProfile = "full", **conf
     return spark
 
 
+#: The files log4j2 finds on the class path by itself (Spark's conf folder is on it).
+_LOG4J2_FILES = ("log4j2.properties", "log4j2.yaml", "log4j2.yml", "log4j2.json", "log4j2.jsn", "log4j2.xml")
+
+
+def _structured(settings: dict[str, str]) -> bool:
+    return settings.get(STRUCTURED_LOGGING, "").strip().lower() == "true"
+
+
+def _json_log4j(options: Sequence[str]) -> tuple[str, ...]:
+    """The Java option that makes the driver JVM log with Spark's JSON layout from its first
+    line, unless the user configured log4j2 (options, variables, a ``log4j2.*`` file in
+    Spark's conf folder): theirs stays.
+
+    ``spark.log.structuredLogging.enabled`` alone does not reach this JVM: spark-submit turns
+    structured logging off for shells, and pyspark's gateway is one (``pyspark-shell``), so
+    Spark would load its text profile. Naming the profile Spark loads for structured logging
+    keeps Spark's own layout (:data:`SPARK_JSON_LOG4J`); executors on a cluster read the
+    setting itself.
+    """
+    from pyspark.find_spark_home import _find_spark_home
+
+    texts = [*options, *(os.environ.get(name, "") for name in JAVA_OPTION_VARIABLES)]
+    folder = Path(os.environ.get("SPARK_CONF_DIR") or Path(_find_spark_home(), "conf"))
+    theirs = (
+        any("log4j.configurationFile" in t or "log4j2.configurationFile" in t for t in texts)
+        or bool(os.environ.get("LOG4J_CONFIGURATION_FILE"))
+        or any((folder / name).is_file() for name in _LOG4J2_FILES)
+    )
+    if theirs:
+        logger.info("Spark logs with the log4j2 configuration given (not Spark's JSON layout)")
+        return ()
+    return (f"-Dlog4j2.configurationFile={SPARK_JSON_LOG4J}",)
+
+
+def _structured_logging_as_configured(spark: SparkSession) -> None:
+    """Spark's structured logging on or off in the driver JVM as the session's setting says
+    (what spark-submit does for applications that are not shells): with it on, Spark's records
+    carry their context (query and batch ids, ...) in ``context``."""
+    try:
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        jvm.org.apache.spark.util.Utils.resetStructuredLogging(spark.sparkContext._jsc.sc().conf())
+    except Exception as exc:  # noqa: BLE001 - another Spark: its records keep no context
+        logger.debug("Spark's structured logging left as it was: %s", exc)
+
+
 @contextlib.contextmanager
-def _jvm_ignoring_stop_signals(active: bool) -> Iterator[None]:
-    """While pyspark launches its JVM: the JVM starts with SIGTERM and SIGINT ignored (pyspark
-    itself ignores SIGINT there). HotSpot leaves a signal ignored at its start ignored, and the
-    processes it starts inherit that. The driver's own handlers are untouched."""
-    if not active:
+def _jvm_launch(*, ignore_stop_signals: bool, stdout_to_stderr: bool) -> Iterator[None]:
+    """While pyspark launches its JVM:
+
+    * ``ignore_stop_signals``: the JVM starts with SIGTERM and SIGINT ignored (pyspark itself
+      ignores SIGINT there). HotSpot leaves a signal ignored at its start ignored, and the
+      processes it starts inherit that. The driver's own handlers are untouched.
+    * ``stdout_to_stderr``: the JVM's standard output is this process's standard error (JSON
+      logs: what the JVM prints, it prints beside its records, not into the command's output).
+    """
+    if not ignore_stop_signals and not stdout_to_stderr:
         yield
         return
+    try:
+        stderr: int | None = sys.stderr.fileno()
+    except (OSError, ValueError):  # a replaced sys.stderr (tests): the JVM's stdout stays
+        stderr = None
     import pyspark.java_gateway as gateway
 
     names = vars(gateway)  # pyspark's module calls Popen by this name
@@ -200,7 +267,10 @@ def _jvm_ignoring_stop_signals(active: bool) -> Iterator[None]:
         launch = names["Popen"]
 
         def popen(*args: Any, **kwargs: Any) -> Any:
-            kwargs["preexec_fn"] = preexec(kwargs.get("preexec_fn"))
+            if ignore_stop_signals:
+                kwargs["preexec_fn"] = preexec(kwargs.get("preexec_fn"))
+            if stdout_to_stderr and stderr is not None:
+                kwargs.setdefault("stdout", stderr)
             return launch(*args, **kwargs)
 
         names["Popen"] = popen
@@ -210,7 +280,7 @@ def _jvm_ignoring_stop_signals(active: bool) -> Iterator[None]:
             names["Popen"] = launch
 
 
-#: Held while pyspark's JVM launch is wrapped (:func:`_jvm_ignoring_stop_signals`).
+#: Held while pyspark's JVM launch is wrapped (:func:`_jvm_launch`).
 _LAUNCH_LOCK = threading.Lock()
 
 

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import zipfile
 from pathlib import Path
 
 import pyspark
@@ -137,6 +138,32 @@ def test_the_lean_jvm_leaves_a_collector_the_user_chose(monkeypatch):
     assert _lean(["", "-XX:+UseParallelGC"]) == ("-XX:TieredStopAtLevel=1",)
     monkeypatch.setenv("SPARK_SUBMIT_OPTS", "-XX:+UseZGC")
     assert _lean(["", ""]) == ("-XX:TieredStopAtLevel=1",)
+
+
+def test_json_logs_use_spark_s_json_layout_unless_log4j2_is_configured(tmp_path, monkeypatch):
+    """Spark's own JSON profile from the JVM's first line; a log4j2 configuration of the user's
+    (an option, a variable, a file in Spark's conf folder) stays theirs."""
+    from deltaflow.pipeline.session import SPARK_JSON_LOG4J, _json_log4j
+
+    for name in ("SPARK_SUBMIT_OPTS", "JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("LOG4J_CONFIGURATION_FILE", raising=False)
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    (tmp_path / "log4j2.properties.template").write_text("")  # Spark's distributions ship one
+    assert _json_log4j(["", "-Dx=1"]) == (f"-Dlog4j2.configurationFile={SPARK_JSON_LOG4J}",)
+    assert _json_log4j(["-Dlog4j.configurationFile=mine.xml", ""]) == ()
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", "-Dlog4j2.configurationFile=mine.xml")
+    assert _json_log4j(["", ""]) == ()
+    monkeypatch.delenv("JAVA_TOOL_OPTIONS")
+    (tmp_path / "log4j2.properties").write_text("rootLogger.level = warn\n")
+    assert _json_log4j(["", ""]) == ()
+    # The profile is Spark's own, in the jars of this pyspark.
+    profiles = []
+    for path in (Path(pyspark.__file__).parent / "jars").glob("spark-common-utils*.jar"):
+        with zipfile.ZipFile(path) as jar:
+            if SPARK_JSON_LOG4J in jar.namelist():
+                profiles.append(jar.read(SPARK_JSON_LOG4J).decode())
+    assert len(profiles) == 1 and "JsonTemplateLayout" in profiles[0]
 
 
 class _Manager:
