@@ -891,5 +891,12 @@ def claim_writer(
         policy=policy,
     )
     epoch = int(result.info.get(EPOCH_KEY, claimed[app])) if result.recovered else claimed[app]
-    logger.info("pipeline %r writes %s as epoch %d (%s)", pipeline_id, table_uri, epoch, writer_name())
+    logger.info(
+        "pipeline %r writes %s as epoch %d (%s)",
+        pipeline_id,
+        table_uri,
+        epoch,
+        writer_name(),
+        extra={"pipeline": pipeline_id, "table": table_uri},
+    )
     return Fence(app, epoch)

@@ -212,13 +212,13 @@ def write_stream(
         from deltaflow.sinks.merge import MergeWriter, target_rows
 
         opts = _prepare_table(target_rows(df, opts), opts, adopt_partitioning=True)
-        writer = df.writeStream.foreachBatch(stoppable(MergeWriter(_claim(opts))))
+        writer = df.writeStream.foreachBatch(stoppable(MergeWriter(_claim(opts)), pipeline=pipeline_id))
     elif opts.uses_spark_writer:
         opts = _prepare_table(df, opts, adopt_partitioning=True)
         from deltaflow.sinks.batch_writer import SparkBatchWriter
 
         batch_writer = SparkBatchWriter(_claim(opts), overwrite=output_mode == "complete")
-        writer = df.writeStream.foreachBatch(stoppable(batch_writer))
+        writer = df.writeStream.foreachBatch(stoppable(batch_writer, pipeline=pipeline_id))
     else:
         opts = _prepare_table(df, opts, adopt_partitioning=True)
         writer = df.writeStream.format(FORMAT_NAME).options(**_claim(opts).to_spark_options())

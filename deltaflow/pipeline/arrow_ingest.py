@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from deltaflow.config.ingest import IngestConfig
 from deltaflow.config.sink import SinkOptions, StreamSinkOptions
 from deltaflow.errors import ConfigError
-from deltaflow.io import arrow_transforms
+from deltaflow.io import arrow_transforms, logs
 from deltaflow.io.faults import crash_target, maybe_crash
 from deltaflow.metrics import metrics
 from deltaflow.pipeline.dead_letters import log_failed, log_unknown_fields
@@ -140,7 +140,7 @@ def arrow_stream(
     results = load_stream(spark, KafkaIngestDataSource, {**source_options, "ingest_plan": plan.to_option()})
     # Spark counts the task rows; the messages they stand for are reported beside them.
     observed = results.observe(MESSAGES_OBSERVATION, F.coalesce(F.sum("rows"), F.lit(0)).alias("messages"))
-    return observed.writeStream.foreachBatch(stoppable(writer))
+    return observed.writeStream.foreachBatch(stoppable(writer, pipeline=writer.pipeline_id))
 
 
 class IngestTables:
@@ -244,6 +244,10 @@ class ArrowIngestWriter:
         self.failed_total = 0
         self.unknown_total = 0
 
+    @property
+    def pipeline_id(self) -> str:
+        return self._pipeline
+
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         from deltaflow.delta.progress import pending_topics, split_offsets
         from deltaflow.sinks.spark_checkpoint import read_batch_end
@@ -261,7 +265,8 @@ class ArrowIngestWriter:
             sinks = {uri: self._tables.sink(uri) for uri in by_table}
             for uri, parts in by_table.items():
                 metrics.batch_written(pipeline=self._pipeline, table=uri, seconds=written)
-                self._report(uri, [r for _, r in parts], batch_id)
+                with logs.context(table=uri):
+                    self._report(uri, [r for _, r in parts], batch_id)
             if self._follow_table or self._evolve:
                 self._follow(batch, by_table, sinks, batch_id)
             # Step 1 of each table: the dead letters first, so that no main row is committed

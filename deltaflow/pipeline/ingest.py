@@ -837,7 +837,7 @@ def ingest(
             dlq_format=config.dlq_format,
             follow_table=config.value_format == "json",
         )
-        stream = frame.writeStream.foreachBatch(stoppable(writer))
+        stream = frame.writeStream.foreachBatch(stoppable(writer, pipeline=config.pipeline_id))
     stream = stream.option("checkpointLocation", location).queryName(config.pipeline_id)
     if config.ends_at_latest_offsets:
         stream = stream.trigger(availableNow=True)

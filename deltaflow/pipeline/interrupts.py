@@ -12,7 +12,9 @@ and the stop ends with a ``StackOverflowError`` and a thousand-line trace instea
 :class:`~deltaflow.errors.BatchInterruptedError` whose text still has both parts of the
 pattern, so Spark sees a stopped query: when the Java exception of a Py4J call is the interrupt
 itself, or when the daemon received a stop signal (:data:`stopping`). Every other error passes
-unchanged (its text is logged at DEBUG when rewritten).
+unchanged (its text is logged at DEBUG when rewritten). Being the one wrapper of every batch
+function, it also gives the records logged during a batch their pipeline and batch id
+(:func:`deltaflow.io.logs.context`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from deltaflow.errors import BatchInterruptedError
+from deltaflow.io import logs
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -65,13 +68,16 @@ def quiet_stop_logs() -> None:
         log4j.core.config.Configurator.setLevel(name, getattr(log4j.Level, level))
 
 
-def stoppable(function: Callable[[DataFrame, int], None]) -> Callable[[DataFrame, int], None]:
+def stoppable(
+    function: Callable[[DataFrame, int], None], *, pipeline: str | None = None
+) -> Callable[[DataFrame, int], None]:
     """``function`` (a ``foreachBatch`` function) raising a short, recognisable error when the
-    query's stop interrupts it."""
+    query's stop interrupts it; its records carry ``pipeline`` and the batch id."""
 
     def batch(frame: DataFrame, batch_id: int) -> None:
         try:
-            function(frame, batch_id)
+            with logs.context(pipeline=pipeline, batch=batch_id):
+                function(frame, batch_id)
         except Exception as exc:
             if not _interrupted(exc):
                 raise

@@ -766,7 +766,7 @@ def start_pipeline(
     if on_engine is not None:
         on_engine("spark")
     stream = (
-        source.writeStream.foreachBatch(stoppable(writer))
+        source.writeStream.foreachBatch(stoppable(writer, pipeline=spec.pipeline_id))
         .option("checkpointLocation", location)
         .queryName(spec.pipeline_id)
     )

@@ -149,7 +149,7 @@ def start_watch(
         compaction=compaction,
     )
     stream = (
-        files.writeStream.foreachBatch(stoppable(writer))
+        files.writeStream.foreachBatch(stoppable(writer, pipeline=pipeline_id))
         .option("checkpointLocation", checkpoint_location)
         .queryName(pipeline_id)
     )

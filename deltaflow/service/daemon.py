@@ -52,6 +52,7 @@ from deltaflow.errors import (
     TransientError,
     brief,
 )
+from deltaflow.io import logs
 from deltaflow.metrics import metrics, progress_messages, progress_rates, source_lags
 from deltaflow.pipeline.interrupts import quiet_stop_logs, stopping
 from deltaflow.service.status import board
@@ -215,7 +216,7 @@ def run_until_stopped(
         )
     tally = _Tally(name, on_progress, units or KAFKA_UNITS)
     try:
-        with _stop_signals(stop_timeout_s) as received:
+        with _stop_signals(stop_timeout_s) as received, logs.context(pipeline=name):
             return _loop(start_query, received, tally, name, poll_s, max_backoff_s, give_up_after_s)
     except Exception as exc:
         board.set_state(name, "failed", error=f"{type(exc).__name__}: {exc}")
@@ -265,9 +266,10 @@ def run_all(
             def watch(name: str, start: Callable[[], StreamingQuery]) -> None:
                 try:
                     tally = _Tally(name, units=(units or {}).get(name, KAFKA_UNITS))
-                    results[name] = _loop(
-                        start, received, tally, name, poll_s, max_backoff_s, give_up_after_s
-                    )
+                    with logs.context(pipeline=name):
+                        results[name] = _loop(
+                            start, received, tally, name, poll_s, max_backoff_s, give_up_after_s
+                        )
                 except BaseException as exc:  # noqa: BLE001 - re-raised by the main thread
                     board.set_state(name, "failed", error=f"{type(exc).__name__}: {exc}")
                     errors[name] = exc

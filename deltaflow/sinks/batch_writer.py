@@ -121,7 +121,12 @@ class SparkBatchWriter:
             if is_committed(
                 table, sink.table_uri, opts.pipeline_id, batch_id, streaming=True, checkpoint=query_id
             ):
-                logger.info("batch %s of %r is already committed: replay skipped", batch_id, opts.pipeline_id)
+                logger.info(
+                    "batch %s of %r is already committed: replay skipped",
+                    batch_id,
+                    opts.pipeline_id,
+                    extra={"table": sink.table_uri},
+                )
                 return None
 
         # Step 0 (cont.). Write the files.
@@ -156,7 +161,12 @@ class SparkBatchWriter:
         """Delete the files of a batch that will not be committed."""
         files = [f for m in pending.messages for f in m.files]
         deleted = pending.sink.delete_uncommitted(files)
-        logger.info("batch %s: %d uncommitted file(s) deleted", pending.batch_id, deleted)
+        logger.info(
+            "batch %s: %d uncommitted file(s) deleted",
+            pending.batch_id,
+            deleted,
+            extra={"table": pending.sink.table_uri},
+        )
 
     def _spark_write(self, batch: DataFrame, staging: Path) -> int:
         """Spark writes the batch into ``staging``; returns the rows its tasks wrote (counted in

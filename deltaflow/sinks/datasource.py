@@ -11,6 +11,7 @@ schema, and :meth:`DeltaflowDataSource.streamWriter` does no I/O.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -41,6 +42,7 @@ from deltaflow.errors import (
     WrittenFilesLostError,
     storage_error,
 )
+from deltaflow.io import logs
 from deltaflow.io.faults import maybe_crash
 from deltaflow.io.parquet import PartitionedFileWriter, WrittenFile, delete_files, writer_process
 from deltaflow.io.storage import filesystem
@@ -246,145 +248,150 @@ class _DeltaSink:
                 files are deleted only when another commit holds the batch.
         Step 5. Report. Spark records the batch as done only after this returns.
         """
-        from deltaflow.delta import commit
-        from deltaflow.delta import log as delta_log
-        from deltaflow.delta.schema import file_schema
+        with self._logged(batch_id):
+            from deltaflow.delta import commit
+            from deltaflow.delta import log as delta_log
+            from deltaflow.delta.schema import file_schema
 
-        opts = self.options
-        app_id, version = self._txn(batch_id)
-        streaming = batch_id is not None
-        # The checkpoint the batch runs on (its query id, as the tasks saw it): a batch the table
-        # holds from another checkpoint is a lost checkpoint, not a replay.
-        checkpoint = _query_id(messages) if streaming else None
-        end: Mapping[str, Mapping[str, int]] | None = None
-        lost: Mapping[str, Mapping[str, Any]] = {}
-        if opts.kafka_offsets and batch_id is not None:
-            end, lost = source if source is not None else read_batch_source(opts, batch_id)
+            opts = self.options
+            app_id, version = self._txn(batch_id)
+            streaming = batch_id is not None
+            # The checkpoint the batch runs on (its query id, as the tasks saw it): a batch the table
+            # holds from another checkpoint is a lost checkpoint, not a replay.
+            checkpoint = _query_id(messages) if streaming else None
+            end: Mapping[str, Mapping[str, int]] | None = None
+            lost: Mapping[str, Mapping[str, Any]] = {}
+            if opts.kafka_offsets and batch_id is not None:
+                end, lost = source if source is not None else read_batch_source(opts, batch_id)
 
-        # Step 2, the done check and the txns of an attempt ask the same load: its txn versions
-        # are read from the log once (progress.transaction_version keeps them per load).
-        def kafka_txns(table: Any) -> dict[str, int]:
-            return self._kafka_txns(table, end, lost) if end is not None else {}
+            # Step 2, the done check and the txns of an attempt ask the same load: its txn versions
+            # are read from the log once (progress.transaction_version keeps them per load).
+            def kafka_txns(table: Any) -> dict[str, int]:
+                return self._kafka_txns(table, end, lost) if end is not None else {}
 
-        def already_done(table: Any) -> bool:
-            if end is not None:
-                # Kafka progress: the batch is in the log when no partition it read advances it.
-                return not kafka_txns(table)
-            return is_committed(
-                table, self.table_uri, app_id, version, streaming=streaming, checkpoint=checkpoint
-            )
+            def already_done(table: Any) -> bool:
+                if end is not None:
+                    # Kafka progress: the batch is in the log when no partition it read advances it.
+                    return not kafka_txns(table)
+                return is_committed(
+                    table, self.table_uri, app_id, version, streaming=streaming, checkpoint=checkpoint
+                )
 
-        # Step 1. Collect the files every task reported.
-        files = _collect(messages)
-        maybe_crash("before_commit", batch_id, self.table_uri)
+            # Step 1. Collect the files every task reported.
+            files = _collect(messages)
+            maybe_crash("before_commit", batch_id, self.table_uri)
 
-        # Step 2. Replay check, before anything is changed; a writer another process took the
-        # pipeline from stops here too, also when it would skip the batch or commit nothing.
-        table = delta_log.load(self.table_uri, opts.storage_options)
-        try:
-            commit.check_fence(table, self.table_uri, sink_fence(opts))
-            # (Kafka progress: a batch without rows that advances nothing is not a replay, just empty.)
-            replay = already_done(table) and (end is None or bool(files))
-        except (CheckpointMismatchError, WriterFencedError):
-            self.delete_uncommitted(files)  # in no log entry, and no attempt was made
-            raise
-        if replay:
-            self._skip(files, batch_id, "it is in the log already (a replay)")
-            return
-
-        # Step 3. Check the inputs.
-        try:
-            changed = self._check(table, files)
-        except DeltaflowError:
-            self.delete_uncommitted(files)
-            raise
-        if not files and not self.overwrite and table is not None and not kafka_txns(table):
-            logger.debug("batch %s of %r wrote no rows: nothing to commit", batch_id, app_id)
-            return
-        indexed = delta_log.indexed_columns(table, opts.table_properties)
-        if indexed >= 0:
-            names = file_schema(self.schema, opts.partition_columns).names
-            files = [_trim_stats(f, frozenset(names[:indexed])) for f in files]
-
-        # Step 4. One transaction: files + txns + commit metadata, under the commit rule.
-        rows = sum(f.num_records for f in files)
-        started = time.monotonic()
-        txn = {}
-        if app_id is not None and version is not None:
-            txn = progress.batch_txns(app_id, version, checkpoint)
-        what = f"batch {batch_id if streaming else version} of {opts.pipeline_id or 'a batch write'!r}"
-        try:
-            result = commit.commit_files(
-                self.table_uri,
-                files,
-                what=what,
-                schema=self.schema,
-                partition_by=opts.partition_columns,
-                mode="overwrite" if self.overwrite else "append",
-                metadata={
-                    **self._commit_metadata(messages, batch_id, rows),
-                    **progress.data_loss_metadata(lost),
-                },
-                storage_options=opts.storage_options,
-                policy=commit.RetryPolicy(max_retries=opts.max_commit_retries),
-                create_if_missing=opts.auto_create_table,
-                properties=opts.table_properties,
-                txns=lambda table: {**kafka_txns(table), **txn},
-                partition_filters=self._replace_filters(table) if self.overwrite else None,
-                replace_schema=self.overwrite and opts.overwrite_schema,
-                already_done=already_done if (txn or end is not None) else None,
-                fence=sink_fence(opts),
-                # The load of step 2 serves the first attempt, unless step 3 committed since.
-                loaded=commit.NOT_LOADED if changed else table,
-            )
-        except CheckpointMismatchError:
-            # Found inside the commit, possibly after an attempt whose outcome the log could no
-            # longer show (a writer paused past the log retention): the files stay.
-            raise
-        except DeltaflowError:
-            # The log does not hold the batch, but an attempt may still be in flight: the files
-            # stay (orphans for vacuum --full if it never lands).
-            metrics.commit_failed(pipeline=opts.pipeline_id or "", table=self.table_uri)
-            raise
-        if not result.committed:
-            # Another commit holds this batch (an earlier process, a zombie): ours is in no log
-            # entry, so its files are referenced by none, unless an attempt is still in flight.
-            self._skip(
-                files,
-                batch_id,
-                f"another commit holds it (version {result.version})",
-                delete=result.may_delete_files,
-            )
-            return
-        maybe_crash("after_commit", batch_id, self.table_uri)
-
-        # Step 5. Report.
-        metrics.batch_committed(
-            pipeline=opts.pipeline_id or "",
-            table=self.table_uri,
-            rows=rows,
-            files=len(files),
-            bytes_=sum(f.size for f in files),
-            seconds=time.monotonic() - started,
-            retries=result.retries,
-        )
-        logger.info(
-            "committed batch %s of %r to %s: version %s, %d file(s), %d row(s), %d retr%s%s",
-            batch_id,
-            opts.pipeline_id,
-            self.table_uri,
-            result.version,
-            len(files),
-            rows,
-            result.retries,
-            "y" if result.retries == 1 else "ies",
-            " (an attempt that reported an error had landed)" if result.recovered else "",
-        )
-        if (opts.auto_compact or opts.vacuum_interval_hours) and batch_id is not None and not self.overwrite:
+            # Step 2. Replay check, before anything is changed; a writer another process took the
+            # pipeline from stops here too, also when it would skip the batch or commit nothing.
+            table = delta_log.load(self.table_uri, opts.storage_options)
             try:
-                self._compactor().after_commit(f.partition_values for f in files)
-            except Exception:  # the batch is committed: maintenance must not fail it
-                logger.exception("auto-maintenance of %s not scheduled", self.table_uri)
+                commit.check_fence(table, self.table_uri, sink_fence(opts))
+                # (Kafka progress: a batch without rows that advances nothing is not a replay, just empty.)
+                replay = already_done(table) and (end is None or bool(files))
+            except (CheckpointMismatchError, WriterFencedError):
+                self.delete_uncommitted(files)  # in no log entry, and no attempt was made
+                raise
+            if replay:
+                self._skip(files, batch_id, "it is in the log already (a replay)")
+                return
+
+            # Step 3. Check the inputs.
+            try:
+                changed = self._check(table, files)
+            except DeltaflowError:
+                self.delete_uncommitted(files)
+                raise
+            if not files and not self.overwrite and table is not None and not kafka_txns(table):
+                logger.debug("batch %s of %r wrote no rows: nothing to commit", batch_id, app_id)
+                return
+            indexed = delta_log.indexed_columns(table, opts.table_properties)
+            if indexed >= 0:
+                names = file_schema(self.schema, opts.partition_columns).names
+                files = [_trim_stats(f, frozenset(names[:indexed])) for f in files]
+
+            # Step 4. One transaction: files + txns + commit metadata, under the commit rule.
+            rows = sum(f.num_records for f in files)
+            started = time.monotonic()
+            txn = {}
+            if app_id is not None and version is not None:
+                txn = progress.batch_txns(app_id, version, checkpoint)
+            what = f"batch {batch_id if streaming else version} of {opts.pipeline_id or 'a batch write'!r}"
+            try:
+                result = commit.commit_files(
+                    self.table_uri,
+                    files,
+                    what=what,
+                    schema=self.schema,
+                    partition_by=opts.partition_columns,
+                    mode="overwrite" if self.overwrite else "append",
+                    metadata={
+                        **self._commit_metadata(messages, batch_id, rows),
+                        **progress.data_loss_metadata(lost),
+                    },
+                    storage_options=opts.storage_options,
+                    policy=commit.RetryPolicy(max_retries=opts.max_commit_retries),
+                    create_if_missing=opts.auto_create_table,
+                    properties=opts.table_properties,
+                    txns=lambda table: {**kafka_txns(table), **txn},
+                    partition_filters=self._replace_filters(table) if self.overwrite else None,
+                    replace_schema=self.overwrite and opts.overwrite_schema,
+                    already_done=already_done if (txn or end is not None) else None,
+                    fence=sink_fence(opts),
+                    # The load of step 2 serves the first attempt, unless step 3 committed since.
+                    loaded=commit.NOT_LOADED if changed else table,
+                )
+            except CheckpointMismatchError:
+                # Found inside the commit, possibly after an attempt whose outcome the log could no
+                # longer show (a writer paused past the log retention): the files stay.
+                raise
+            except DeltaflowError:
+                # The log does not hold the batch, but an attempt may still be in flight: the files
+                # stay (orphans for vacuum --full if it never lands).
+                metrics.commit_failed(pipeline=opts.pipeline_id or "", table=self.table_uri)
+                raise
+            if not result.committed:
+                # Another commit holds this batch (an earlier process, a zombie): ours is in no log
+                # entry, so its files are referenced by none, unless an attempt is still in flight.
+                self._skip(
+                    files,
+                    batch_id,
+                    f"another commit holds it (version {result.version})",
+                    delete=result.may_delete_files,
+                )
+                return
+            maybe_crash("after_commit", batch_id, self.table_uri)
+
+            # Step 5. Report.
+            metrics.batch_committed(
+                pipeline=opts.pipeline_id or "",
+                table=self.table_uri,
+                rows=rows,
+                files=len(files),
+                bytes_=sum(f.size for f in files),
+                seconds=time.monotonic() - started,
+                retries=result.retries,
+            )
+            logger.info(
+                "committed batch %s of %r to %s: version %s, %d file(s), %d row(s), %d retr%s%s",
+                batch_id,
+                opts.pipeline_id,
+                self.table_uri,
+                result.version,
+                len(files),
+                rows,
+                result.retries,
+                "y" if result.retries == 1 else "ies",
+                " (an attempt that reported an error had landed)" if result.recovered else "",
+            )
+            if (
+                (opts.auto_compact or opts.vacuum_interval_hours)
+                and batch_id is not None
+                and not self.overwrite
+            ):
+                try:
+                    self._compactor().after_commit(f.partition_values for f in files)
+                except Exception:  # the batch is committed: maintenance must not fail it
+                    logger.exception("auto-maintenance of %s not scheduled", self.table_uri)
 
     def _skip(
         self, files: Sequence[WrittenFile], batch_id: int | None, why: str, *, delete: bool = True
@@ -431,26 +438,31 @@ class _DeltaSink:
         (every message present: :meth:`commit_batch` already kept or deleted the files by the
         commit rule; an attempt may still be in flight, so nothing is deleted here).
         """
-        if all(isinstance(m, DeltaCommitMessage) for m in messages):
+        with self._logged(batch_id):
+            if all(isinstance(m, DeltaCommitMessage) for m in messages):
+                logger.warning(
+                    "aborted batch %s of %r on %s after its commit step: files left as the commit step "
+                    "decided (unreferenced ones are orphans for vacuum --full)",
+                    batch_id,
+                    self.options.pipeline_id,
+                    self.table_uri,
+                )
+                return
+            files = [f for m in messages if isinstance(m, DeltaCommitMessage) for f in m.files]
+            removed = self.delete_uncommitted(files)
             logger.warning(
-                "aborted batch %s of %r on %s after its commit step: files left as the commit step "
-                "decided (unreferenced ones are orphans for vacuum --full)",
+                "aborted batch %s of %r on %s (a task failed, nothing was committed): deleted %d file(s)",
                 batch_id,
                 self.options.pipeline_id,
                 self.table_uri,
+                removed,
             )
-            return
-        files = [f for m in messages if isinstance(m, DeltaCommitMessage) for f in m.files]
-        removed = self.delete_uncommitted(files)
-        logger.warning(
-            "aborted batch %s of %r on %s (a task failed, nothing was committed): deleted %d file(s)",
-            batch_id,
-            self.options.pipeline_id,
-            self.table_uri,
-            removed,
-        )
 
     # -- helpers -----------------------------------------------------------------------------
+
+    def _logged(self, batch_id: int | None) -> contextlib.AbstractContextManager[None]:
+        """Records logged inside carry the pipeline, the batch and the table (JSON logs)."""
+        return logs.context(pipeline=self.options.pipeline_id, batch=batch_id, table=self.table_uri)
 
     def _txn(self, batch_id: int | None) -> tuple[str | None, int | None]:
         if batch_id is not None:

@@ -26,6 +26,7 @@ from deltaflow._version import __version__
 from deltaflow.config.locations import normalize_uri
 from deltaflow.config.sink import SinkOptions, for_stream
 from deltaflow.errors import ConfigError, DeltaflowError, MergeError
+from deltaflow.io import logs
 from deltaflow.io.faults import maybe_crash
 from deltaflow.metrics import metrics
 
@@ -165,6 +166,10 @@ class MergeWriter:
         self._uri = normalize_uri(options.table_uri)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        with logs.context(table=self._uri):  # the pipeline and batch: the batch function's
+            self._apply(batch, batch_id)
+
+    def _apply(self, batch: DataFrame, batch_id: int) -> None:
         from pyspark.sql import functions as F  # noqa: N812
 
         from deltaflow.delta import commit

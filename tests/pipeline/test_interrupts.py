@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import re
 
 import pytest
 
 from deltaflow.errors import BatchInterruptedError
+from deltaflow.io.logs import JsonFormatter
 from deltaflow.pipeline.interrupts import stoppable, stopping
 
 #: Spark's own test of an interrupted Python batch function (StreamExecution.PROXY_ERROR).
@@ -61,3 +64,14 @@ def test_an_error_that_only_quotes_the_interrupt_is_rewritten_only_during_a_stop
             stoppable(batch)(None, 3)
     finally:
         stopping.clear()
+
+
+def test_the_records_of_a_batch_function_carry_its_pipeline_and_batch():
+    seen = []
+
+    def batch(_frame, _batch_id):
+        record = logging.LogRecord("deltaflow.x", logging.INFO, __file__, 1, "m", None, None)
+        seen.append(json.loads(JsonFormatter().format(record)))
+
+    stoppable(batch, pipeline="p")(None, 4)
+    assert (seen[0]["pipeline"], seen[0]["batch"]) == ("p", 4)
