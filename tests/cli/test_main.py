@@ -67,9 +67,11 @@ def test_a_flag_value_option_reads_its_environment_variable():
     assert "--avro and --raw exclude each other" in result.output
 
 
-# --log-format json: every line on stderr is a JSON record.
+# --log-format json: every line on stderr is a JSON record, of deltaflow, Spark's JVM, its workers.
 
 ROOT = Path(__file__).resolve().parents[2]
+#: Given to the runs below as a Kafka password: it must appear nowhere in their output.
+SECRET = "hunter2-never-printed"
 
 
 def _run(
@@ -98,6 +100,73 @@ def _records(stderr: str) -> list[dict[str, object]]:
         records.append(record)
     assert records
     return records
+
+
+def _jvm(records: list[dict[str, object]]) -> list[dict[str, object]]:
+    """Spark's JVM records: its layout names the logger by the class's simple name."""
+    return [r for r in records if "." not in str(r["logger"]) and str(r["logger"])[:1].isupper()]
+
+
+def _ingest_messages(kafka, count: int, *, bad: int = 0) -> str:
+    topic = kafka.create_topic(partitions=2)
+    values = [json.dumps({"id": i, "name": f"n{i}"}).encode() for i in range(count)]
+    kafka.produce(topic, values + [b"not json"] * bad, partitions=2)
+    return topic
+
+
+def test_json_logs_of_ingest_are_json_lines_with_spark_s_records_and_no_secret(kafka, tmp_path):
+    topic = _ingest_messages(kafka, 20, bad=1)
+    table = tmp_path / "t"
+    args = ["ingest", topic, str(table), "--kafka", kafka.bootstrap, "--app_id", "jl", "-e"]
+    done = _run(["--log-format", "json", *args, "--kafka_setting", f"sasl.password={SECRET}"])
+    assert done.returncode == 0, done.stderr[-5000:]
+    assert done.stdout == f"ingested 21 message(s) in 1 batch(es) into {table}\n"  # the JVM's prints not
+    records = _records(done.stderr)
+    # Spark's JVM logs in its structured layout: records with their context (MDC).
+    assert any(isinstance(r.get("context"), dict) for r in _jvm(records)), done.stderr
+    committed = [r for r in records if str(r["msg"]).startswith("committed batch 0 of 'jl'")]
+    assert [(r["pipeline"], r["batch"], r["table"]) for r in committed] == [("jl", 0, str(table))]
+    dead = [r for r in records if r["logger"] == "deltaflow.pipeline.dead_letters"]
+    assert [(r["level"], r["pipeline"], r["batch"]) for r in dead] == [("WARN", "jl", 0)]
+    assert SECRET not in done.stdout + done.stderr
+
+
+def test_json_logs_by_environment_variable_with_dead_letters_committed(kafka, tmp_path):
+    topic = _ingest_messages(kafka, 20, bad=2)
+    table, dlq = tmp_path / "t", tmp_path / "dlq"
+    args = ["ingest", topic, str(table), "--kafka", kafka.bootstrap, "--app_id", "je", "-e"]
+    scram = json.dumps({"username": "deltaflow", "password": SECRET})
+    env = {"DELTAFLOW_LOG_FORMAT": "json", "KAFKA_DELTA_INGEST_SCRAM_JSON": scram}
+    done = _run(["-v", *args, "--dlq_table_location", str(dlq)], env)
+    assert done.returncode == 0, done.stderr[-5000:]
+    records = _records(done.stderr)
+    assert _jvm(records)
+    committed = {
+        (r["pipeline"], r["batch"], r["table"])
+        for r in records
+        if str(r["msg"]).startswith("committed batch")
+    }
+    assert committed == {("je", 0, str(table)), ("je-dlq", 0, str(dlq))}
+    assert SECRET not in done.stdout + done.stderr
+
+
+def test_json_logs_of_a_failed_batch_carry_the_exceptions(kafka, tmp_path):
+    topic = _ingest_messages(kafka, 5)
+    table = tmp_path / "t"
+    args = ["ingest", topic, str(table), "--kafka", kafka.bootstrap, "--app_id", "jx", "-e"]
+    # A Spark SQL transform that raises in the tasks: the batch, then the query, fails.
+    done = _run(["--log-format", "json", "-v", *args, "-t", "check: sql: assert_true(id < 0)"])
+    assert done.returncode == 2, done.stderr[-5000:]
+    records = _records(done.stderr)
+    # Spark's records of the failed tasks carry the Java exception as JSON.
+    assert any(isinstance(r.get("exception"), dict) for r in _jvm(records)), done.stderr
+    failed = [r for r in records if r["logger"] == "deltaflow.service.daemon" and r["level"] == "ERROR"]
+    assert [r["pipeline"] for r in failed] == ["jx"]
+    # The CLI's last word (Spark's JVM may still log beside it while it stops).
+    [last] = [r for r in records if r["logger"] == "deltaflow.cli.main"]
+    assert last["level"] == "ERROR"
+    assert str(last["msg"]).startswith("error: the streaming query failed")
+    assert str(last["exc"]).startswith("Traceback (most recent call last):")  # -v: the traceback
 
 
 def test_json_logs_of_commands_without_spark(tmp_path):
