@@ -68,6 +68,27 @@ def test_a_signal_to_the_process_group_stops_ingest_cleanly_and_loses_nothing(ka
         assert _ids(table) == list(range(MESSAGES))
 
 
+def test_a_stop_with_json_logs_keeps_every_line_json_and_leaves_no_process(kafka, tmp_path):
+    """With --log-format json a relay process sits between the service and its stderr; it gets
+    the group's signal too, keeps relaying the clean stop's records and ends with the others."""
+    topic = kafka.create_topic(partitions=4)
+    kafka.produce(topic, _messages(0, MESSAGES), partitions=4, batched=True)
+    table = tmp_path / "t"
+    args = _ingest(kafka, topic, table, "--allowed_latency", "1", "--max_messages_per_batch", "10000")
+    service = Service(["--log-format", "json", *args])
+    service.wait_for("committed batch 1 of")
+    service.signal_all(signal.SIGTERM)
+    code, output = service.finish()  # no process of the service left: the relay neither
+    assert code == 0, output[-5000:]
+    # stdout (the result line) and stderr (records) share the pipe here.
+    records = [json.loads(line) for line in output.splitlines() if not line.startswith("ingested ")]
+    assert all({"ts", "level", "logger", "msg"} <= r.keys() for r in records)
+    assert any(r["msg"] == "stopped by SIGTERM" for r in records)
+    assert not [r for r in records if r["level"] in ("ERROR", "FATAL") or "exc" in r or "exception" in r]
+    landed = _ids(table)
+    assert landed == sorted(set(landed)) and 0 < len(landed) < MESSAGES
+
+
 def test_run_stops_every_pipeline_cleanly_on_a_signal_to_its_group(kafka, tmp_path):
     topics = [kafka.create_topic(partitions=2) for _ in range(2)]
     for topic in topics:
