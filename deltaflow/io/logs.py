@@ -19,6 +19,7 @@ wraps any other line (the JVM's own warnings, a native library's output) into a 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
@@ -247,11 +248,29 @@ def relay_stderr() -> subprocess.Popen[bytes] | None:
         logging.getLogger(__name__).warning("standard error is not relayed as JSON: %s", exc)
         return None
     sys.stderr.flush()
+    original = os.dup(2)
     os.dup2(write, 2)
     os.close(write)
     os.close(read)
     _relays.append(process)  # kept: a Popen dropped while its process runs warns
+    atexit.register(_drain_relay, process, original)
     return process
+
+
+#: At exit, how long the CLI waits for its relay to write the last lines (the JVM and Spark's
+#: workers, which hold the pipe too, have ended by then; one that has not is not waited for).
+RELAY_DRAIN_S = 5.0
+
+
+def _drain_relay(process: subprocess.Popen[bytes], original: int) -> None:
+    """At exit: give standard error back its own file (closing this process's end of the pipe)
+    and wait, bounded, for the relay to write what it holds, so that the process's last
+    lines come before its exit (a shell's next prompt, a service manager's exit record)."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.flush()
+        os.dup2(original, 2)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(RELAY_DRAIN_S)
 
 
 #: The relays this process started (one, from the CLI).
