@@ -5,6 +5,7 @@ SIGKILL after TimeoutStopSec. Only the addresses of the real broker and lake are
 from __future__ import annotations
 
 import configparser
+import json
 import os
 import shlex
 import signal
@@ -84,6 +85,9 @@ def test_the_example_unit_runs_and_stops_cleanly_as_systemd_stops_it(kafka, tmp_
     unclean = [line for line in output.splitlines() if any(word in line for word in NOT_CLEAN)]
     assert not unclean, output[-5000:]
     assert "stopped by SIGTERM" in output
+    if env_file.get("DELTAFLOW_LOG_FORMAT") == "json":  # the unit's log pipeline gets records only
+        records = [json.loads(line) for line in output.splitlines() if line.strip()]
+        assert all(isinstance(r, dict) and {"ts", "level", "logger", "msg"} <= r.keys() for r in records)
     for table in tables:
         ids = DeltaTable(str(table)).to_pyarrow_table(columns=["id"])["id"].to_pylist()
         assert sorted(ids) == list(range(ROWS))
