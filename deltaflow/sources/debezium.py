@@ -10,8 +10,8 @@ by a tombstone (the key without a value) for log compaction; a mirror has nothin
 With Kafka Connect's JSON converter and ``schemas.enable=true`` each key and value is
 ``{"schema": ..., "payload": ...}``: the schema gives each column's Connect type and, by its
 name, Debezium's semantic type, from which :func:`arrow_type` picks the Delta column type
-(README, "Debezium types"). Without schemas the payload comes alone, and the types are the
-table's (or inferred from the values by the caller).
+(the mapping is in its docstring). Without schemas the payload comes alone, and the types are
+the table's (or inferred from the values by the caller).
 
 :func:`decode` turns one message into a :class:`Change`: the operation, the key, the row image
 (values converted to the Arrow types) and the image's schema. A message that cannot be read
@@ -89,7 +89,26 @@ def _decimal_precision(schema: Mapping[str, Any]) -> tuple[int | None, int]:
 
 
 def arrow_type(schema: Mapping[str, Any]) -> pa.DataType:
-    """The Delta (Arrow) type of a Kafka Connect schema (a field's, or a whole struct's)."""
+    """The Delta (Arrow) type of a Kafka Connect schema (a field's, or a whole struct's).
+
+    ================================================  ============================================
+    Connect type or semantic name                     Delta type
+    ================================================  ============================================
+    int8, int16, int32, int64                         BYTE, SHORT, INT, LONG
+    float32, float64; boolean; string; bytes          FLOAT, DOUBLE; BOOLEAN; STRING; BINARY
+    ``...data.Decimal`` (scale, precision <= 38)      DECIMAL(precision, scale)
+    ``...data.Decimal`` wider or without precision    STRING (the exact digits)
+    ``io.debezium.data.VariableScaleDecimal``         STRING (the exact digits)
+    ``io.debezium.time.Date``, ``...data.Date``       DATE
+    ``io.debezium.time.[Micro|Nano]Timestamp``,       TIMESTAMP_NTZ (the database's local time)
+    ``...data.Timestamp``
+    ``io.debezium.time.ZonedTimestamp``               TIMESTAMP (UTC)
+    ``io.debezium.time.[Micro|Nano]Time``,            STRING ``HH:MM:SS[.ffffff]`` (Delta has no
+    ``...data.Time``, ``ZonedTime``                   TIME; as the postgres-cdc mirror keeps them)
+    ``Json``, ``Uuid``, ``Enum``, ``Xml``, ...        STRING (their text)
+    array; map; struct                                ARRAY; MAP; STRUCT of the above
+    ================================================  ============================================
+    """
     name = schema.get("name")
     kind = schema.get("type")
     if name in _DATES:
