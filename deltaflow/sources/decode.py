@@ -262,8 +262,28 @@ class JsonDecoder:
             good.append(i)
             if extra:
                 unknown[i] = extra
-        if good:
+        if not good:
+            return
+        try:
             out.append((good, pa.Table.from_pylist(rows, schema=self.schema)))
+            return
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            pass
+        # A value its column cannot hold (a decimal with more digits than its precision or
+        # scale): that message fails, not the batch.
+        kept: list[int] = []
+        fitting: list[dict[str, Any]] = []
+        for i, row in zip(good, rows, strict=True):
+            try:
+                pa.Table.from_pylist([row], schema=self.schema)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+                errors[i] = f"JSON: does not fit the table: {exc}"
+                unknown[i] = None
+                continue
+            kept.append(i)
+            fitting.append(row)
+        if kept:
+            out.append((kept, pa.Table.from_pylist(fitting, schema=self.schema)))
 
     def _parse_block(self, lines: list[bytes], behavior: str) -> tuple[pa.Table | None, str | None]:
         buf = b"\n".join(lines)

@@ -166,6 +166,20 @@ def test_json_types_pyarrow_cannot_parse_go_through_python():
     assert out.errors[0] is None and out.errors[1].startswith("JSON: Invalid isoformat string")
 
 
+def test_json_a_decimal_its_column_cannot_hold_fails_that_message_not_the_chunk():
+    """More fractional digits than the scale, or more digits than the precision: the message is
+    a dead letter (the whole chunk raised, failing the batch on both engines, again at every
+    restart)."""
+    schema = pa.schema([("id", pa.int64()), ("n", pa.decimal128(6, 2))])
+    values = [b'{"id": 1, "n": 1.25}', b'{"id": 2, "n": 1.255}', b'{"id": 3, "n": 123456}', b'{"id": 4}']
+    out = JsonDecoder(schema).decode(values)
+    decimal = __import__("decimal").Decimal
+    assert out.data.to_pylist() == [{"id": 1, "n": decimal("1.25")}, None, None, {"id": 4, "n": None}]
+    assert out.errors[0] is None and out.errors[3] is None
+    assert out.errors[1] == "JSON: does not fit the table: Rescaling Decimal value would cause data loss"
+    assert out.errors[2].startswith("JSON: does not fit the table: ")
+
+
 def test_gzip_decompress_flags_bad_payloads():
     values, errors = decompress([gzip.compress(b'{"id": 1}'), b"not gzip", None], "gzip")
     assert values[0] == b'{"id": 1}'
