@@ -10,7 +10,8 @@ the same on Spark (the tests compare both, and both with the per-message evaluat
   (the last three as Spark's cast to string writes them);
 * ``epoch_seconds_to_iso8601`` / ``epoch_millis_to_iso8601`` / ``epoch_micros_to_iso8601`` /
   ``epoch_millis_to_micro`` over a number, or a string holding one; anything else makes the row
-  fail with ``transform '<target>': <function>: not a number: <value>``.
+  fail with ``transform '<target>': <function>: not a number: <value>``, and so does a number
+  outside :func:`~deltaflow.io.jmespath_eval.epoch_bounds` (``out of range``).
 
 Every other JMESPath expression (and these forms over other column types) is evaluated per
 message (:func:`deltaflow.io.jmespath_eval.evaluate`), its result coerced into the target
@@ -27,7 +28,7 @@ import pyarrow.compute as pc
 
 from deltaflow.config.transforms import Transform
 from deltaflow.errors import ConfigError
-from deltaflow.io.jmespath_eval import NUMBER, as_text, evaluate
+from deltaflow.io.jmespath_eval import NUMBER, as_text, epoch_bounds, evaluate, out_of_range
 
 __all__ = [
     "KAFKA_COLUMN",
@@ -231,24 +232,37 @@ def _epoch(
     column: pa.ChunkedArray, unit: str, target: str, function: str
 ) -> tuple[pa.ChunkedArray, pa.ChunkedArray]:
     """An ``epoch_*`` function: the number truncated to whole units (as kafka-delta-ingest's
-    ``as i64``), as ISO-8601 with fractional digits only when not zero (chrono's format)."""
+    ``as i64``), as ISO-8601 with fractional digits only when not zero (chrono's format); a
+    number out of :func:`~deltaflow.io.jmespath_eval.epoch_bounds` fails the row."""
+    no_text = pa.scalar(None, pa.string())
     if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
         ok = pc.match_substring_regex(column, NUMBER)
         number = pc.cast(pc.utf8_trim(pc.if_else(ok, column, None), " "), pa.float64())
         failed_rows = pc.and_(pc.is_valid(column), pc.invert(ok))
         message = pc.binary_join_element_wise(f"transform {target!r}: {function}: not a number: ", column, "")
-        failed = pc.if_else(failed_rows, message, pa.scalar(None, pa.string()))
+        failed = pc.if_else(failed_rows, message, no_text)
     else:
-        number = pc.cast(column, pa.float64())
+        # (Rounded to the nearest double, as Spark's cast: an integer beyond 2**53 is no error.)
+        number = pc.cast(column, pa.float64(), safe=False)
         failed = pa.chunked_array([pa.nulls(len(column), pa.string())])
     # Infinity and NaN (or a string overflowing to one) give null, on every engine.
     number = pc.if_else(pc.is_finite(number), number, pa.scalar(None, pa.float64()))
-    units = pc.cast(pc.trunc(number), pa.int64(), safe=False)
+    low, high = epoch_bounds(unit)
+    inside = pc.and_(pc.greater(number, low), pc.less(number, high))
+    outside = pc.fill_null(pc.invert(inside), False)
+    failed = pc.if_else(outside, f"transform {target!r}: {out_of_range(function, unit)}", failed)
+    number = pc.if_else(inside, number, pa.scalar(None, pa.float64()))
+    units = pc.cast(pc.trunc(number), pa.int64())
     micros = pc.multiply(units, _UNIT_MICROS[unit])
     if unit == "millis_to_micro":
         return micros, failed
-    seconds = pc.cast(pc.floor(pc.divide(pc.cast(micros, pa.float64()), float(_MICROS))), pa.int64())
-    fraction = pc.subtract(micros, pc.multiply(seconds, _MICROS))
+    # Whole seconds rounded down and the microseconds beyond them, in integers (the instants of
+    # years 1 to 9999 need more digits than a double holds).
+    whole = pc.divide(micros, _MICROS)  # toward zero
+    fraction = pc.subtract(micros, pc.multiply(whole, _MICROS))
+    below = pc.less(fraction, 0)
+    fraction = pc.if_else(below, pc.add(fraction, _MICROS), fraction)
+    seconds = pc.if_else(below, pc.subtract(whole, 1), whole)
     text = pc.strftime(pc.cast(seconds, pa.timestamp("s", tz="UTC")), format="%Y-%m-%dT%H:%M:%S")
     millis = pc.utf8_lpad(pc.cast(pc.divide(fraction, 1000), pa.string()), 3, "0")
     micro_digits = pc.utf8_lpad(pc.cast(fraction, pa.string()), 6, "0")

@@ -30,7 +30,17 @@ from jmespath.exceptions import JMESPathError
 
 from deltaflow.io.coercions import coerce, json_kind
 
-__all__ = ["FUNCTIONS", "NUMBER", "as_text", "epoch_iso8601", "evaluate", "json_rows", "search"]
+__all__ = [
+    "FUNCTIONS",
+    "NUMBER",
+    "as_text",
+    "epoch_bounds",
+    "epoch_iso8601",
+    "evaluate",
+    "json_rows",
+    "out_of_range",
+    "search",
+]
 
 _MICROS = 1_000_000
 #: A number in a string, as the ``epoch_*`` functions take it (surrounding spaces allowed, ASCII digits); the
@@ -39,15 +49,40 @@ NUMBER = r"^ *[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)? *$"
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 #: Microseconds per unit of the ``epoch_*`` functions' argument.
 _UNIT_MICROS = {"seconds": _MICROS, "millis": 1000, "micros": 1, "millis_to_micro": 1000}
+#: The instants an ``epoch_*_to_iso8601`` result can name: years 1 to 9999 (four digits).
+_MIN_INSTANT_US = -62_135_596_800 * _MICROS
+_MAX_INSTANT_US = 253_402_300_800 * _MICROS - 1
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def epoch_bounds(unit: str) -> tuple[float, float]:
+    """The open interval of numbers an ``epoch_*`` function of ``unit`` takes, as doubles
+    (every engine compares the argument with these: the same doubles, the same verdict): the
+    whole units truncated from them give an instant in years 1 to 9999, or for
+    ``millis_to_micro`` microseconds that fit 64 bits."""
+    factor = _UNIT_MICROS[unit]
+    low, high = _INT64 if unit == "millis_to_micro" else (_MIN_INSTANT_US, _MAX_INSTANT_US)
+    # Whole units u with low <= u * factor <= high; truncation toward zero keeps x in
+    # (first - 1, last + 1) within them.
+    first, last = -(-low // factor), high // factor
+    return float(first - 1), float(last + 1)
+
+
+def out_of_range(function: str, unit: str) -> str:
+    """Why an ``epoch_*`` argument outside :func:`epoch_bounds` fails the message."""
+    if unit == "millis_to_micro":
+        return f"{function}: out of range (the microseconds do not fit 64 bits)"
+    return f"{function}: out of range (not in the years 1 to 9999)"
 
 
 class FunctionArgumentError(ValueError):
     """A custom function refused its argument (the message becomes a dead letter)."""
 
 
-def _number(value: Any, function: str) -> int | None:
+def _number(value: Any, function: str, unit: str) -> int | None:
     """An ``epoch_*`` argument truncated toward zero (kafka-delta-ingest's ``as i64``); a string
-    holding a number is taken too (deltaflow's leniency), null gives null."""
+    holding a number is taken too (deltaflow's leniency), null gives null; outside
+    :func:`epoch_bounds` it fails."""
     if value is None:
         return None
     number: Any = value
@@ -61,6 +96,9 @@ def _number(value: Any, function: str) -> int | None:
         raise FunctionArgumentError(
             f"{function}: not a number: {value if isinstance(value, str) else json_kind(value)}"
         )
+    low, high = epoch_bounds(unit)
+    if not low < float(number) < high:
+        raise FunctionArgumentError(out_of_range(function, unit))
     return int(number)
 
 
@@ -69,7 +107,8 @@ def epoch_iso8601(units: int, unit: str) -> str:
     ``{:?}`` of a UTC instant): fractional digits only when not zero, in groups of three."""
     micros = units * _UNIT_MICROS[unit]
     instant = _EPOCH + dt.timedelta(microseconds=micros)
-    text = instant.strftime("%Y-%m-%dT%H:%M:%S")
+    # (strftime's %Y leaves out the leading zeros of years before 1000.)
+    text = f"{instant.year:04d}" + instant.strftime("-%m-%dT%H:%M:%S")
     fraction = micros % _MICROS
     if fraction:
         text += f".{fraction // 1000:03d}" if fraction % 1000 == 0 else f".{fraction:06d}"
@@ -107,22 +146,22 @@ class _Functions(functions.Functions):  # type: ignore[misc]
 
     @functions.signature({"types": []})  # type: ignore[untyped-decorator]
     def _func_epoch_seconds_to_iso8601(self, value: Any) -> str | None:
-        n = _number(value, "epoch_seconds_to_iso8601")
+        n = _number(value, "epoch_seconds_to_iso8601", "seconds")
         return None if n is None else epoch_iso8601(n, "seconds")
 
     @functions.signature({"types": []})  # type: ignore[untyped-decorator]
     def _func_epoch_millis_to_iso8601(self, value: Any) -> str | None:
-        n = _number(value, "epoch_millis_to_iso8601")
+        n = _number(value, "epoch_millis_to_iso8601", "millis")
         return None if n is None else epoch_iso8601(n, "millis")
 
     @functions.signature({"types": []})  # type: ignore[untyped-decorator]
     def _func_epoch_micros_to_iso8601(self, value: Any) -> str | None:
-        n = _number(value, "epoch_micros_to_iso8601")
+        n = _number(value, "epoch_micros_to_iso8601", "micros")
         return None if n is None else epoch_iso8601(n, "micros")
 
     @functions.signature({"types": []})  # type: ignore[untyped-decorator]
     def _func_epoch_millis_to_micro(self, value: Any) -> int | None:
-        n = _number(value, "epoch_millis_to_micro")
+        n = _number(value, "epoch_millis_to_micro", "millis_to_micro")
         return None if n is None else n * 1000
 
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from deltaflow.config.transforms import Transform
 from deltaflow.io.arrow_transforms import vectorised
-from deltaflow.io.jmespath_eval import NUMBER
+from deltaflow.io.jmespath_eval import NUMBER, epoch_bounds, out_of_range
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -56,13 +56,26 @@ def _number(value: Column) -> Column:
     from pyspark.sql import functions as F  # noqa: N812
 
     text = value.cast("string")
-    return F.when(text.rlike(NUMBER), F.trim(text).cast("double"))
+    # Cast only what holds a number (an ANSI cast of other text raises); a string such as
+    # 1e400 holds one, but no finite double.
+    number = F.when(text.rlike(NUMBER), F.trim(text).cast("double"))
+    return F.when(~F.isnan(number) & (F.abs(number) < F.lit(float("inf"))), number)
+
+
+def _within(number: Column, unit: str) -> Column:
+    """Whether an ``epoch_*`` argument lies within :func:`~deltaflow.io.jmespath_eval.epoch_bounds`
+    (the doubles the Arrow engine compares with)."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    low, high = epoch_bounds(unit)
+    return (number > F.lit(low)) & (number < F.lit(high))
 
 
 def _epoch(number: Column, unit: str) -> Column:
     from pyspark.sql import functions as F  # noqa: N812
 
-    micros = number.try_cast("long") * F.lit(_UNIT_MICROS[unit])
+    # Truncated toward zero; out of the bounds null (and the row fails: see failure()).
+    micros = F.when(_within(number, unit), number.try_cast("long")) * F.lit(_UNIT_MICROS[unit])
     if unit == "millis_to_micro":
         return micros
     fraction = F.pmod(micros, F.lit(1_000_000))
@@ -81,22 +94,31 @@ def _epoch(number: Column, unit: str) -> Column:
 
 def failure(t: Transform, schema: pa.Schema) -> Column | None:
     """A column holding why the compiled form of ``t`` failed for a row of ``schema`` (else
-    null), where it can fail: an ``epoch_*`` function given a string that holds no number (the
-    row then goes to the dead-letter table instead of landing with a null)."""
+    null), where it can fail: an ``epoch_*`` function given a string that holds no number, or
+    a number out of its bounds (the row then goes to the dead-letter table instead of landing
+    with a null), as on the Arrow engine."""
     from pyspark.sql import functions as F  # noqa: N812
 
     from deltaflow.io.arrow_transforms import field_type
 
-    if (epoch := t.epoch) is not None and pa.types.is_string(field_type(schema, epoch[1])):
-        value = _field(epoch[1])
-        target = ".".join(t.target)
-        function = t.ast["value"]
-        text = value.cast("string")
-        return F.when(
-            value.isNotNull() & ~text.rlike(NUMBER),
-            F.concat(F.lit(f"transform {target!r}: {function}: not a number: "), text),
-        )
-    return None
+    if (epoch := t.epoch) is None:
+        return None
+    unit, path = epoch
+    value = _field(path)
+    target = ".".join(t.target)
+    function = t.ast["value"]
+    number = _number(value)
+    outside = F.when(
+        number.isNotNull() & ~_within(number, unit),
+        F.lit(f"transform {target!r}: {out_of_range(function, unit)}"),
+    )
+    if not pa.types.is_string(field_type(schema, path)):
+        return outside
+    text = value.cast("string")
+    return F.when(
+        value.isNotNull() & ~text.rlike(NUMBER),
+        F.concat(F.lit(f"transform {target!r}: {function}: not a number: "), text),
+    ).otherwise(outside)
 
 
 def _field(path: Sequence[str]) -> Column:

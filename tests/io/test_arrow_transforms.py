@@ -212,6 +212,61 @@ def test_engines_and_the_per_message_evaluator_agree(spark):
     assert "EvalPython" not in only_vectorised._jdf.queryExecution().executedPlan().toString()
 
 
+def test_epoch_numbers_beyond_the_years_1_to_9999_fail_the_message_on_every_path(spark):
+    """An ``epoch_*`` argument naming an instant outside years 1 to 9999 (or microseconds
+    beyond 64 bits) fails the message, with the same reason on both engines and per message:
+    the Arrow engine failed the whole batch on it (a double cast), the Spark engine wrote a
+    five-digit year."""
+    table = pa.table(
+        {
+            "secs": pa.array([253402300799, 253402300800, -62135596800, -62135596801, 1 << 62, None]),
+            "millis": pa.array(["1767225600123", "1e20", "1e400", " -1 ", "253402300800000", "x"]),
+            "real": pa.array([1.5, 1e300, float("inf"), float("nan"), -2.5e17, 9.3e15]),
+        }
+    )
+    transforms = [
+        parse_transform(t)
+        for t in (
+            "a: epoch_seconds_to_iso8601(secs)",
+            "b: epoch_millis_to_iso8601(millis)",
+            "c: epoch_micros_to_iso8601(real)",
+            "d: epoch_millis_to_micro(real)",
+        )
+    ]
+    # One failing transform per row shows its reason: each alone, so that every one is seen.
+    for t in transforms:
+        out, errors = apply(table, [t])
+        _, _, rows = _spark_rows(spark, table, [t])
+        name = t.target[0]
+        assert out.column(name).to_pylist() == [r[name] for r in rows], t.source
+        assert errors is not None and errors.to_pylist() == [r["_error"] for r in rows], t.source
+        values, reasons = evaluate(t.expression, table, out.schema.field(name).type, name)
+        assert values.to_pylist() == out.column(name).to_pylist(), t.source
+        assert reasons.to_pylist() == errors.to_pylist(), t.source
+    years = "out of range (not in the years 1 to 9999)"
+    out, errors = apply(table, transforms[:1])
+    first, last = "0001-01-01T00:00:00Z", "9999-12-31T23:59:59Z"
+    assert out.column("a").to_pylist() == [last, None, first, None, None, None]
+    assert errors is not None and errors.to_pylist() == [
+        None,
+        f"transform 'a': epoch_seconds_to_iso8601: {years}",
+        None,
+        f"transform 'a': epoch_seconds_to_iso8601: {years}",
+        f"transform 'a': epoch_seconds_to_iso8601: {years}",
+        None,
+    ]
+    out, errors = apply(table, transforms[3:])
+    assert out.column("d").to_pylist() == [1000, None, None, None, None, None]
+    assert errors is not None and errors.to_pylist() == [
+        None,
+        "transform 'd': epoch_millis_to_micro: out of range (the microseconds do not fit 64 bits)",
+        None,  # Infinity and NaN give null, as before
+        None,
+        "transform 'd': epoch_millis_to_micro: out of range (the microseconds do not fit 64 bits)",
+        "transform 'd': epoch_millis_to_micro: out of range (the microseconds do not fit 64 bits)",
+    ]
+
+
 def test_a_per_message_result_takes_the_tables_type():
     table = _messages()
     target = pa.schema([("n", pa.int32()), ("when", pa.timestamp("us", tz="UTC")), ("s", pa.string())])
