@@ -143,7 +143,9 @@ class KafkaSourceOptions(BaseModel):
             (``deltaflow ingest`` does: a table kafka-delta-ingest wrote resumes where it stopped).
         value_format: ``binary`` (rows carry the value bytes), ``json`` or ``avro``: the source
             decodes values into a ``data`` struct, with ``error`` and ``unknown_fields`` columns;
-            a message that fails to decode is a row with its error, never a failed batch.
+            a message that fails to decode is a row with its error, never a failed batch. A
+            message without a value (a tombstone) is no row when the source decodes (as
+            kafka-delta-ingest skips it: there is nothing to land nor to dead-letter).
         value_schema: The decoded value's columns as Spark DDL (``id BIGINT, ts TIMESTAMP``);
             required for ``json`` and for Avro ``container``.
         avro_schema: Avro record schema (JSON text) of bare Avro values, or the reader schema
@@ -1168,8 +1170,19 @@ def _to_arrow(
 ) -> pa.RecordBatch:
     import pyarrow as pa
 
-    n = len(rows)
     values: list[bytes | None] = [m.value() for m in rows]
+    if decoder is not None and None in values:
+        # Tombstones (no value: what Debezium and compacted topics send after a delete) hold
+        # nothing to decode: no row and no dead letter, as kafka-delta-ingest skips them.
+        kept = [m for m, v in zip(rows, values, strict=True) if v is not None]
+        logger.debug(
+            "%s[%s]: %d message(s) without a value (tombstones) skipped",
+            task.topic,
+            task.partition,
+            len(rows) - len(kept),
+        )
+        rows, values = kept, [v for v in values if v is not None]
+    n = len(rows)
     value_column: pa.Array | None = None
     decoded: list[Any] = []
     errors: list[str | None] | None = None
@@ -1204,7 +1217,7 @@ def _to_arrow(
             return pa.nulls(n, dtype)
         return pa.array([None if m is None else build(m) for m in failed], dtype)
 
-    first, last = rows[0].offset(), rows[-1].offset()
+    first, last = (rows[0].offset(), rows[-1].offset()) if rows else (0, -1)
     if last - first == n - 1:  # no gaps (compaction, transaction markers): no per-message call
         import numpy as np
 
