@@ -560,7 +560,8 @@ def build_ingest_frame(spark: SparkSession, config: IngestConfig, raw: DataFrame
         "timestamp",
         # Kafka's ids (kafka-delta-ingest's kafka.timestamp_type), not librdkafka's 0/1/2.
         (F.col("timestamp_type") - 1).alias("timestamp_type"),
-        F.col("key").cast("string").alias("key"),
+        # As UTF-8 text, invalid sequences replaced by U+FFFD (as the Arrow engine decodes them).
+        F.make_valid_utf8(F.col("key").cast("string")).alias("key"),
         "headers",
     ).alias("kafka")
     if config.value_format == "raw":

@@ -568,7 +568,6 @@ def write_task(task: IngestTask) -> pa.RecordBatch:
 def _decoded(table: pa.Table) -> tuple[pa.Table, pa.ChunkedArray, pa.ChunkedArray | None]:
     """The value's fields (or ``value`` for raw messages) plus the ``kafka`` struct; the
     decode errors; the unknown fields per message."""
-    key = table.column("key")
     kafka = pa.StructArray.from_arrays(
         [
             table.column("partition").combine_chunks(),
@@ -577,7 +576,7 @@ def _decoded(table: pa.Table) -> tuple[pa.Table, pa.ChunkedArray, pa.ChunkedArra
             table.column("timestamp").combine_chunks(),
             # Kafka's ids (kafka-delta-ingest's kafka.timestamp_type), not librdkafka's 0/1/2.
             pc.subtract(table.column("timestamp_type").combine_chunks(), pa.scalar(1, pa.int32())),
-            pc.cast(key, options=pc.CastOptions(pa.string(), allow_invalid_utf8=True)).combine_chunks(),
+            _key_text(table.column("key")),
             table.column("headers").combine_chunks(),
         ],
         names=list(_KAFKA_FIELDS),
@@ -595,6 +594,20 @@ def _decoded(table: pa.Table) -> tuple[pa.Table, pa.ChunkedArray, pa.ChunkedArra
         errors = table.column("error")
         unknown = table.column("unknown_fields")
     return values.append_column(arrow_transforms.KAFKA_COLUMN, kafka), errors, unknown
+
+
+def _key_text(key: pa.ChunkedArray) -> pa.Array:
+    """The keys as UTF-8 text, invalid sequences replaced by U+FFFD (the Spark engine's
+    ``make_valid_utf8`` gives the same): keys are bytes, and a key that is no UTF-8 must neither
+    fail the batch nor land as an invalid string."""
+    key = key.combine_chunks()
+    try:
+        return pc.cast(key, pa.string())
+    except pa.ArrowInvalid:  # some key is no UTF-8: decode those in Python
+        return pa.array(
+            [None if k is None else k.decode("utf-8", errors="replace") for k in key.to_pylist()],
+            pa.string(),
+        )
 
 
 def _count_unknown(
