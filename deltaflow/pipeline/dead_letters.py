@@ -37,6 +37,7 @@ __all__ = [
     "KAFKA_COLUMNS",
     "KDI_COLUMNS",
     "PIPELINE_SCHEMA",
+    "base64_text",
     "ingest_letters",
     "log_failed",
     "log_unknown_fields",
@@ -66,6 +67,15 @@ PIPELINE_SCHEMA = (
 )
 
 
+def base64_text(column: Column) -> Column:
+    """``column``'s bytes in base64 on one line, as the Arrow engine and kafka-delta-ingest write
+    them. Spark's ``base64`` breaks its output into MIME lines of 76 characters (CRLF between
+    them: ``spark.sql.chunkBase64String.enabled``, on by default); the breaks are removed."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    return F.regexp_replace(F.base64(column), "[\r\n]", "")
+
+
 def ingest_letters(
     frame: DataFrame, transforms: Sequence[Transform] = (), dlq_format: str = "deltaflow"
 ) -> DataFrame:
@@ -80,7 +90,7 @@ def ingest_letters(
         is_json = F.try_parse_json(text).isNotNull()
         now = F.current_timestamp()
         kdi = failed.select(
-            F.when(~is_json, F.base64(value)).alias("base64_bytes"),
+            F.when(~is_json, base64_text(value)).alias("base64_bytes"),
             F.when(is_json, text).alias("json_string"),
             F.col(f"{INGEST_META}.error").alias("error"),
             F.unix_micros(now).alias("timestamp"),
@@ -96,8 +106,8 @@ def ingest_letters(
         F.col("kafka.partition").alias("partition"),
         F.col("kafka.offset").alias("offset"),
         F.col("kafka.timestamp").alias("kafka_timestamp"),
-        F.base64(F.col(f"{INGEST_META}.key")).alias("key_base64"),
-        F.base64(F.col(f"{INGEST_META}.value")).alias("value_base64"),
+        base64_text(F.col(f"{INGEST_META}.key")).alias("key_base64"),
+        base64_text(F.col(f"{INGEST_META}.value")).alias("value_base64"),
         F.col(f"{INGEST_META}.error").alias("error"),
         F.current_timestamp().alias("dead_lettered_at"),
         F.col("kafka"),

@@ -45,7 +45,7 @@ from deltaflow.config.time_partitions import TimePartitionColumn
 from deltaflow.config.transforms import parse_transform
 from deltaflow.errors import ConfigError, ExpectationFailedError
 from deltaflow.metrics import metrics
-from deltaflow.pipeline.dead_letters import PIPELINE_SCHEMA, pipeline_letters
+from deltaflow.pipeline.dead_letters import PIPELINE_SCHEMA, base64_text, pipeline_letters
 from deltaflow.pipeline.interrupts import stoppable
 from deltaflow.pipeline.transforms import apply_transforms
 from deltaflow.sources.files import BatchFiles, files_stream, read_files, source_schema
@@ -602,8 +602,8 @@ def _kafka_letters(failed: DataFrame, pipeline_id: str, batch_id: int) -> DataFr
             F.col("kafka.topic").alias("topic"),
             F.col("kafka.partition").alias("partition"),
             F.col("kafka.offset").alias("offset"),
-            F.base64(F.col("kafka.key")).alias("key_base64"),
-            F.base64(F.col(_RAW)).alias("value_base64"),
+            base64_text(F.col("kafka.key")).alias("key_base64"),
+            base64_text(F.col(_RAW)).alias("value_base64"),
         )
     )
     return pipeline_letters(failed, pipeline_id, batch_id, reason=F.col(_ERROR), record=record)
