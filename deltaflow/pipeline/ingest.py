@@ -37,7 +37,7 @@ from deltaflow.pipeline.evolution import (
     sample_text,
 )
 from deltaflow.pipeline.interrupts import stoppable
-from deltaflow.pipeline.transforms import apply_transforms
+from deltaflow.pipeline.kafka_rows import decoded_fields, decoded_frame
 from deltaflow.sinks.spark_checkpoint import restarts_offsets_went_back
 
 if TYPE_CHECKING:
@@ -210,26 +210,13 @@ def _value_schema(spark: SparkSession, config: IngestConfig) -> StructType:
     from pyspark.sql.types import StructType
 
     table = _main_table(config)
-    table_fields: list[Any] = []
-    if table is not None:
-        import pyarrow as pa
-        from pyspark.sql.pandas.types import from_arrow_schema
-
-        # Columns a transform makes whole are not in the message; nor are nested targets
-        # (removed below: decoded, they would be null structs a transform cannot add to).
-        produced = {t.target[0] for t in config.parsed_transforms() if len(t.target) == 1}
-        table_schema = from_arrow_schema(pa.schema(table.schema().to_arrow()))
-        table_fields = [f for f in table_schema.fields if f.name not in produced]
     if config.value_schema:
         parsed = StructType.fromDDL(config.value_schema)
         if not isinstance(parsed, StructType):
             raise ConfigError(f"--schema must list columns, got {config.value_schema!r}")
-        # The table's other columns (added by schema evolution, or by hand) decode too.
-        given = set(parsed.fieldNames())
-        merged = StructType([*parsed.fields, *(f for f in table_fields if f.name not in given)])
-        return _without_nested_targets(merged, config)
+        return decoded_fields(parsed, table, config.parsed_transforms())
     if table is not None:
-        return _without_nested_targets(StructType(table_fields), config)
+        return decoded_fields(StructType([]), table, config.parsed_transforms())
     samples = _sample_values(config)
     if not samples:
         raise ConfigError(
@@ -242,38 +229,6 @@ def _value_schema(spark: SparkSession, config: IngestConfig) -> StructType:
     inferred = StructType([f for f in inferred.fields if f.name != "_corrupt_record"])
     logger.info("inferred the JSON schema from %d message(s): %s", len(samples), inferred.simpleString())
     return inferred
-
-
-def _without_nested_targets(schema: StructType, config: IngestConfig) -> StructType:
-    """``schema`` without the nested fields transforms produce (``meta.kafka.offset``), and
-    without structs left empty by that (``meta.kafka``).
-
-    Messages do not carry them (kafka-delta-ingest's walkthrough: a table with ``meta.kafka``
-    filled by ``kafka.*`` transforms). Decoded from the table's schema they would be null
-    structs, and a field set inside a null struct stays null; left out, the transform adds the
-    struct to its parent (the table's column order is restored when the rows are written).
-    """
-    from pyspark.sql.types import StructField, StructType
-
-    targets = [t.target for t in config.parsed_transforms() if len(t.target) > 1]
-    if not targets:
-        return schema
-
-    def prune(struct: StructType, paths: list[tuple[str, ...]]) -> StructType:
-        fields: list[StructField] = []
-        for f in struct.fields:
-            below = [p[1:] for p in paths if p[0].lower() == f.name.lower()]
-            if any(len(p) == 0 for p in below):
-                continue  # the transform's target itself
-            if below and isinstance(f.dataType, StructType):
-                inner = prune(f.dataType, below)
-                if not inner.fields:
-                    continue
-                f = StructField(f.name, inner, f.nullable, f.metadata)
-            fields.append(f)
-        return StructType(fields)
-
-    return prune(schema, targets)
 
 
 #: Messages sampled for schemas at most in all (several topics share it) ...
@@ -545,57 +500,16 @@ def empty_source(spark: SparkSession, options: Mapping[str, str]) -> DataFrame:
 
 
 def build_ingest_frame(spark: SparkSession, config: IngestConfig, raw: DataFrame | None = None) -> DataFrame:
-    """The streaming DataFrame ``ingest`` writes on the Spark engine: decoded, transformed rows
-    with the ``kafka`` struct and the ``_deltaflow`` struct (error, unknown_fields, raw key and
-    value). ``raw``: the source (:func:`kafka_source`), if already loaded."""
-    from pyspark.sql import functions as F  # noqa: N812
-
-    transforms = config.parsed_transforms()
+    """The streaming DataFrame ``ingest`` writes on the Spark engine (:func:`decoded_frame`).
+    ``raw``: the source (:func:`kafka_source`), if already loaded."""
     if raw is None:
         raw = kafka_source(spark, source_options(spark, config))
-    kafka = F.struct(
-        "partition",
-        "offset",
-        "topic",
-        "timestamp",
-        # Kafka's ids (kafka-delta-ingest's kafka.timestamp_type), not librdkafka's 0/1/2.
-        (F.col("timestamp_type") - 1).alias("timestamp_type"),
-        # As UTF-8 text, invalid sequences replaced by U+FFFD (as the Arrow engine decodes them).
-        F.make_valid_utf8(F.col("key").cast("string")).alias("key"),
-        "headers",
-    ).alias("kafka")
-    if config.value_format == "raw":
-        meta = F.struct(
-            F.lit(None).cast("string").alias("error"),
-            F.lit(None).cast("array<string>").alias("unknown_fields"),
-            F.col("key"),
-            F.col("value"),
-        )
-        decoded = raw.select(F.col("value"), kafka, meta.alias(META))
-    else:
-        meta = F.struct("error", "unknown_fields", "key", "value")
-        decoded = raw.select("data.*", kafka, meta.alias(META))
-        produced = sorted({t.target[0].lower() for t in transforms})
-        if produced:
-            # A field a transform produces is not "unknown" when the message carries it too.
-            kept = F.filter(
-                F.col(f"{META}.unknown_fields"),
-                lambda name: ~F.lower(F.split(name, r"\.").getItem(0)).isin(produced),
-            )
-            decoded = decoded.withColumn(
-                META, F.col(META).withField("unknown_fields", F.when(F.size(kept) > 0, kept))
-            )
-    error = f"{META}_transform_error"
-    out = apply_transforms(
-        decoded.withColumn(error, F.lit(None).cast("string")),
-        transforms,
+    return decoded_frame(
+        raw,
+        config.parsed_transforms(),
+        raw_values=config.value_format == "raw",
         table_schema=_table_schema(config),
-        errors=error,
     )
-    out = out.withColumn(
-        META, F.col(META).withField("error", F.coalesce(F.col(f"{META}.error"), F.col(error)))
-    )
-    return out.drop(error)
 
 
 def _table_schema(config: IngestConfig) -> pa.Schema | None:
