@@ -51,7 +51,7 @@ from deltaflow.config.postgres import PostgresCdcOptions
 from deltaflow.config.rivven import is_rivven_layout, translate
 from deltaflow.config.sink import SinkOptions
 from deltaflow.config.time_partitions import TimePartitionColumn, parse_time_pattern
-from deltaflow.config.transforms import parse_transform
+from deltaflow.config.transforms import Transform, parse_transform
 from deltaflow.config.units import parse_seconds, parse_size
 from deltaflow.errors import ConfigError, PipelineConfigError
 
@@ -650,6 +650,10 @@ class PipelineSpec(_Model):
         elif self.sinks[0].write_mode != "append":
             out.append("a parquet-files source adds files: the sink's write_mode must be append")
         return out
+
+    def parsed_transforms(self) -> list[Transform]:
+        """``transforms``, parsed (in order)."""
+        return [parse_transform(f"{k}: {v}") for k, v in self.transforms.items()]
 
     def sink_names(self) -> list[str]:
         return [s.name or f"sink{i}" for i, s in enumerate(self.sinks)]

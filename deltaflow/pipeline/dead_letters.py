@@ -1,6 +1,6 @@
 """Dead letters: the rows a pipeline could not land, in a Delta table of their own.
 
-Two layouts, both defined here:
+The layouts, all defined here:
 
 * ``deltaflow ingest`` (kafka-delta-ingest's dead-letter table): one row per Kafka message that
   failed decoding or a transform, with its coordinates and raw bytes (:data:`KAFKA_COLUMNS`);
@@ -12,11 +12,18 @@ Two layouts, both defined here:
   microseconds while ``--dlq_transform``s run, as kafka-delta-ingest's transforms see it, then a
   TIMESTAMP) and ``date`` (its UTC date, ``yyyy-MM-dd``: kafka-delta-ingest's documented
   partition column, which it leaves to a transform; a ``--dlq_transform`` of ``date`` wins).
-* Pipelines (``deltaflow run``/``sql``): one row per record of any source, with the reason (an
-  expectation with ``action: drop``, an undecodable Kafka message) and the record as JSON
-  (:data:`PIPELINE_SCHEMA`). Its txn is the pipeline's batch id, like its sinks'.
+* Pipelines (``deltaflow run``/``sql``) of a Kafka source, on either engine: ingest's layout
+  (:data:`KAFKA_COLUMNS`), so that a pipeline's dead letters do not depend on the engine it
+  runs on. On the Spark engine a row a ``drop`` expectation rejects lands there too
+  (:func:`kafka_row_letters`). Its txn is the pipeline's batch id on the Spark engine, the
+  ingest's per-partition txns on the Arrow engine (each engine keeps its own progress).
+* Pipelines of other sources: one row per record, with the reason (an expectation with
+  ``action: drop``, a JSON line that is no object) and the record as JSON
+  (:data:`PIPELINE_SCHEMA`). Its txn is the pipeline's batch id, like its sinks'. A Kafka
+  pipeline's dead-letter table made by an earlier deltaflow in this layout keeps it
+  (:func:`layout_of`).
 
-Both are written before the main table's commit of the same batch, so a crash between the two
+All are written before the main table's commit of the same batch, so a crash between the two
 never leaves a main row whose failed neighbours are lost.
 """
 
@@ -24,7 +31,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
 from deltaflow.config.transforms import Transform
 from deltaflow.pipeline.transforms import apply_transforms
@@ -37,8 +44,11 @@ __all__ = [
     "KAFKA_COLUMNS",
     "KDI_COLUMNS",
     "PIPELINE_SCHEMA",
+    "Layout",
     "base64_text",
     "ingest_letters",
+    "kafka_row_letters",
+    "layout_of",
     "log_failed",
     "log_unknown_fields",
     "pipeline_letters",
@@ -61,10 +71,23 @@ KAFKA_COLUMNS = (
 )
 #: Columns of kafka-delta-ingest's dead-letter table (``--dlq_format kafka-delta-ingest``).
 KDI_COLUMNS = ("base64_bytes", "json_string", "error", "timestamp", "date")
-#: Columns of a pipeline's dead-letter table.
+#: Columns of a pipeline's dead-letter table (sources other than Kafka).
 PIPELINE_SCHEMA = (
     "pipeline_id STRING, batch_id BIGINT, reason STRING, record STRING, dead_lettered_at TIMESTAMP"
 )
+#: ``kafka``: :data:`KAFKA_COLUMNS` (and ``--dlq_transform`` columns); ``pipeline``: :data:`PIPELINE_SCHEMA`.
+Layout = Literal["kafka", "pipeline"]
+_PIPELINE_COLUMNS = ("pipeline_id", "batch_id", "reason", "record", "dead_lettered_at")
+
+
+def layout_of(table: Any) -> Layout | None:
+    """The layout of an existing dead-letter table (a ``DeltaTable``): ``pipeline`` when it has
+    exactly the columns of :data:`PIPELINE_SCHEMA` (a Kafka pipeline's table made before its
+    dead letters took ingest's layout), else ``kafka``; ``None`` without a table."""
+    if table is None:
+        return None
+    names = tuple(f.name for f in table.schema().fields)
+    return "pipeline" if names == _PIPELINE_COLUMNS else "kafka"
 
 
 def base64_text(column: Column) -> Column:
@@ -113,6 +136,34 @@ def ingest_letters(
         F.col("kafka"),
     )
     return apply_transforms(out, transforms).drop("kafka")
+
+
+def kafka_row_letters(rows: DataFrame, reason: Column) -> DataFrame:
+    """Rows of a Kafka pipeline rejected after decoding (a ``drop`` expectation on the Spark
+    engine) in :data:`KAFKA_COLUMNS`: the message's coordinates and key from the rows'
+    ``kafka`` struct (null when ``select``/``query`` left it out), the row itself (without
+    ``kafka``) as JSON text in ``value_base64`` (it is no longer the message's bytes), the
+    ``reason`` in ``error``."""
+    from pyspark.sql import functions as F  # noqa: N812
+    from pyspark.sql.types import StructType
+
+    kafka = rows.schema["kafka"].dataType if "kafka" in rows.columns else None
+    has = set(kafka.fieldNames()) if isinstance(kafka, StructType) else set()
+
+    def meta(name: str, kind: str) -> Column:
+        return F.col(f"kafka.{name}") if name in has else F.lit(None).cast(kind)
+
+    record = F.to_json(F.struct(*(F.col(f"`{c}`") for c in rows.columns if c != "kafka")))
+    return rows.select(
+        meta("topic", "string").alias("topic"),
+        meta("partition", "int").alias("partition"),
+        meta("offset", "bigint").alias("offset"),
+        meta("timestamp", "timestamp").alias("kafka_timestamp"),
+        base64_text(meta("key", "string").cast("binary")).alias("key_base64"),
+        base64_text(record.cast("binary")).alias("value_base64"),
+        reason.alias("error"),
+        F.current_timestamp().alias("dead_lettered_at"),
+    )
 
 
 def pipeline_letters(

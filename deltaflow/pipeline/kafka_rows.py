@@ -1,21 +1,35 @@
-"""A Kafka message as a row on the Spark engine, as the Arrow engine makes it
-(:mod:`deltaflow.sources.kafka_ingest`), so that a table does not depend on the engine that
-wrote it.
+"""A Kafka message as a row on the Spark engine: ``deltaflow ingest`` and YAML pipelines alike,
+and as the Arrow engine makes it (:mod:`deltaflow.sources.kafka_ingest`), so that a pipeline's
+tables do not depend on the engine it runs on.
 
 * :func:`decoded_fields`: the fields a JSON value is decoded into (the schema given, the
   table's other columns, without what the transforms produce);
 * :func:`kafka_struct`: the ``kafka`` struct the transforms and dead letters read;
 * :func:`decoded_frame`: the source's rows decoded and transformed, each carrying its first
-  failure (a dead letter).
+  failure (a dead letter);
+* :class:`KafkaRows` (:func:`for_pipeline`): the same for a YAML pipeline, with the
+  dead-letter layout of its table.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from deltaflow.config.locations import normalize_uri
+from deltaflow.config.pipeline import KafkaSourceSpec, PipelineSpec
 from deltaflow.config.transforms import Transform
-from deltaflow.pipeline.dead_letters import INGEST_META
+from deltaflow.errors import ConfigError
+from deltaflow.pipeline.dead_letters import (
+    INGEST_META,
+    Layout,
+    base64_text,
+    ingest_letters,
+    layout_of,
+    pipeline_letters,
+)
 from deltaflow.pipeline.transforms import apply_transforms
 
 if TYPE_CHECKING:
@@ -23,7 +37,9 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
     from pyspark.sql.types import StructType
 
-__all__ = ["decoded_fields", "decoded_frame", "kafka_struct"]
+__all__ = ["KafkaRows", "decoded_fields", "decoded_frame", "for_pipeline", "kafka_struct"]
+
+logger = logging.getLogger(__name__)
 
 #: The struct each row carries: its first failure, unknown fields, raw key and value.
 META = INGEST_META
@@ -56,11 +72,11 @@ def decoded_frame(
     raw_values: bool = False,
     table_schema: pa.Schema | None = None,
 ) -> DataFrame:
-    """The rows of a ``deltaflow-kafka`` source on the Spark engine (``ingest``), transformed:
-    the value's fields (or ``value`` for ``raw_values``), the ``kafka`` struct
-    (:func:`kafka_struct`) and the ``_deltaflow`` struct (error, unknown_fields, raw key and
-    value). A message whose decoding or a transform failed carries the first error: it is a
-    dead letter.
+    """The rows of a ``deltaflow-kafka`` source on the Spark engine (``ingest`` and YAML
+    pipelines alike), transformed: the value's fields (or ``value`` for ``raw_values``), the
+    ``kafka`` struct (:func:`kafka_struct`) and the ``_deltaflow`` struct (error,
+    unknown_fields, raw key and value). A message whose decoding or a transform failed carries
+    the first error: it is a dead letter.
 
     Args:
         raw: The source's rows.
@@ -106,7 +122,7 @@ def decoded_frame(
 
 
 def decoded_fields(given: StructType, table: Any, transforms: Sequence[Transform]) -> StructType:
-    """The fields a JSON value is decoded into (both engines of ``ingest``):
+    """The fields a JSON value is decoded into (both engines, ``ingest`` and YAML pipelines):
     ``given``'s, then the other columns of the existing ``table`` (added by schema evolution,
     or by hand: they decode too), without what the transforms produce.
 
@@ -159,3 +175,135 @@ def _without_nested_targets(schema: StructType, transforms: Sequence[Transform])
         return StructType(fields)
 
     return prune(schema, targets)
+
+
+def _value_schema(spec: PipelineSpec, src: KafkaSourceSpec, table: Any) -> str | None:
+    """The JSON value's fields as ``deltaflow ingest`` decodes them on either engine
+    (:func:`decoded_fields`): the source's ``schema``, plus the other columns of the one sink's
+    ``table``, without what the transforms produce."""
+    from pyspark.sql.types import StructType
+
+    if src.format != "json" or not src.schema_:
+        return src.schema_
+    given = StructType.fromDDL(src.schema_)
+    if not isinstance(given, StructType):
+        raise ConfigError(
+            f"pipeline {spec.pipeline_id!r}: source.schema must list columns, got {src.schema_!r}",
+            pipeline_id=spec.pipeline_id,
+        )
+    return decoded_fields(given, table, spec.parsed_transforms()).json()
+
+
+def _one_sink(spec: PipelineSpec) -> bool:
+    """Whether the pipeline writes one table, appending (what the Arrow engine can run)."""
+    return len(spec.sinks) == 1 and spec.sinks[0].write_mode == "append"
+
+
+def _only_table(spec: PipelineSpec) -> Any:
+    """The table of a pipeline's one append sink, when it exists (else ``None``)."""
+    from deltaflow.delta import log as delta_log
+
+    if not _one_sink(spec):
+        return None
+    sink = spec.sinks[0]
+    return delta_log.load(normalize_uri(sink.table_uri), sink.storage_options)
+
+
+@dataclass(frozen=True)
+class KafkaRows:
+    """A Kafka pipeline's rows on the Spark engine, made as the Arrow engine makes them (as
+    ``deltaflow ingest`` does on either engine): the value's fields, the ``kafka`` struct, the
+    ``transforms`` applied, and the messages whose decoding or a transform failed told apart.
+
+    Attributes:
+        value_schema: The fields the source decodes a JSON value into (Spark JSON; Avro:
+            ``None``, from the Avro schema).
+        keep_value: The source keeps every message's bytes (a transform may reject a decoded
+            message, and its dead letter holds them).
+        transforms: The pipeline's transforms.
+        table_schema: The one sink's table, if it exists: per-message results take its types.
+        layout: The dead-letter table's layout (:func:`~deltaflow.pipeline.dead_letters.layout_of`).
+        follow_table: JSON into one append sink: the value is decoded with the table's columns
+            too, and a column another writer adds while the query runs restarts it (as ingest).
+    """
+
+    value_schema: str | None
+    keep_value: bool
+    transforms: tuple[Transform, ...]
+    table_schema: pa.Schema | None = None
+    layout: Layout = "kafka"
+    follow_table: bool = False
+
+    def frame(self, raw: DataFrame) -> DataFrame:
+        """The source's rows decoded and transformed, with ``kafka`` and the ``_deltaflow``
+        struct (:func:`decoded_frame`)."""
+        return decoded_frame(raw, self.transforms, table_schema=self.table_schema)
+
+    @staticmethod
+    def failed(frame: DataFrame) -> DataFrame:
+        """The rows whose decoding or a transform failed (the dead letters)."""
+        from pyspark.sql import functions as F  # noqa: N812
+
+        return frame.filter(F.col(f"{META}.error").isNotNull())
+
+    @staticmethod
+    def good(frame: DataFrame) -> DataFrame:
+        """The rows that decoded and transformed, with ``kafka`` (for ``filter``/``select``)."""
+        from pyspark.sql import functions as F  # noqa: N812
+
+        return frame.filter(F.col(f"{META}.error").isNull()).drop(META)
+
+    def letters(self, failed: DataFrame, pipeline_id: str, batch_id: int) -> DataFrame:
+        """The dead-letter rows of the messages that failed, in the table's layout."""
+        if self.layout == "kafka":
+            return ingest_letters(failed)
+        from pyspark.sql import functions as F  # noqa: N812
+
+        record = F.to_json(
+            F.struct(
+                F.col("kafka.topic").alias("topic"),
+                F.col("kafka.partition").alias("partition"),
+                F.col("kafka.offset").alias("offset"),
+                base64_text(F.col(f"{META}.key")).alias("key_base64"),
+                base64_text(F.col(f"{META}.value")).alias("value_base64"),
+            )
+        )
+        reason = F.col(f"{META}.error")
+        return pipeline_letters(failed, pipeline_id, batch_id, reason=reason, record=record)
+
+
+def for_pipeline(spec: PipelineSpec) -> KafkaRows:
+    """How the Spark engine makes a Kafka pipeline's rows and dead letters: as the Arrow engine
+    does, into the dead-letter table's layout (an existing table made in the pipeline layout
+    before Kafka pipelines took ingest's keeps it: its rows stay readable as they were)."""
+    import pyarrow as pa
+
+    from deltaflow.delta import log as delta_log
+
+    src = spec.source
+    assert isinstance(src, KafkaSourceSpec)
+    table = _only_table(spec)
+    transforms = spec.parsed_transforms()
+    layout: Layout = "kafka"
+    if spec.dead_letter is not None:
+        uri = normalize_uri(spec.dead_letter.table_uri)
+        found = layout_of(delta_log.load(uri, spec.dead_letter.storage_options))
+        if found == "pipeline":
+            logger.warning(
+                "pipeline %r: the dead-letter table %s has the columns pipeline_id, batch_id, reason, "
+                "record (made by an earlier deltaflow): its layout is kept. A new table gets the layout "
+                "of the Arrow engine and deltaflow ingest (topic, partition, offset, kafka_timestamp, "
+                "key_base64, value_base64, error, dead_lettered_at): point dead_letter.table_uri at a "
+                "new table to take it",
+                spec.pipeline_id,
+                uri,
+            )
+            layout = "pipeline"
+    return KafkaRows(
+        value_schema=_value_schema(spec, src, table),
+        keep_value=spec.dead_letter is not None and any(t.can_fail for t in transforms),
+        transforms=tuple(transforms),
+        table_schema=pa.schema(table.schema().to_arrow()) if table is not None else None,
+        layout=layout,
+        follow_table=src.format == "json" and _one_sink(spec),
+    )

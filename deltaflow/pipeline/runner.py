@@ -3,9 +3,11 @@
 Per pipeline, one streaming query reads the source; each micro-batch goes to
 :class:`PipelineWriter` (``foreachBatch``), which
 
-1. splits off the messages the source could not decode (Kafka); reads the batch's files and,
-   with a dead-letter table, splits off the JSON lines that are no record (files),
-2. applies ``transforms`` -> ``filter`` -> ``select`` (:func:`process`),
+1. Kafka: applies the ``transforms`` as ``deltaflow ingest`` does and splits off the messages
+   that could not be decoded or transformed (dead letters in ingest's layout, the same as on
+   the Arrow engine); files: reads the batch's files and, with a dead-letter table, splits
+   off the JSON lines that are no record,
+2. applies ``transforms`` (other sources) -> ``filter`` -> ``select`` (:func:`process`),
 3. evaluates the ``expectations`` in one aggregation: any ``fail`` violation raises
    :class:`~deltaflow.errors.ExpectationFailedError` before anything is committed,
 4. commits the dead letters (``drop`` violations, undecodable messages) to the dead-letter table,
@@ -42,11 +44,17 @@ from deltaflow.config.pipeline import (
 )
 from deltaflow.config.sink import SinkOptions
 from deltaflow.config.time_partitions import TimePartitionColumn
-from deltaflow.config.transforms import parse_transform
 from deltaflow.errors import ConfigError, ExpectationFailedError
 from deltaflow.metrics import metrics
-from deltaflow.pipeline.dead_letters import PIPELINE_SCHEMA, base64_text, pipeline_letters
+from deltaflow.pipeline.dead_letters import (
+    INGEST_META,
+    PIPELINE_SCHEMA,
+    ingest_letters,
+    kafka_row_letters,
+    pipeline_letters,
+)
 from deltaflow.pipeline.interrupts import stoppable
+from deltaflow.pipeline.kafka_rows import KafkaRows, for_pipeline
 from deltaflow.pipeline.transforms import apply_transforms
 from deltaflow.sources.files import BatchFiles, files_stream, read_files, source_schema
 from deltaflow.sources.streams import load_stream
@@ -62,10 +70,6 @@ if TYPE_CHECKING:
 __all__ = ["PipelineWriter", "choose_engine", "describe_source", "process", "start_pipeline"]
 
 logger = logging.getLogger(__name__)
-
-#: Kafka sources: why a message could not be decoded (null for good ones) and its raw bytes.
-_ERROR = "_deltaflow_error"
-_RAW = "_deltaflow_raw"
 
 
 def state_dir() -> Path:
@@ -102,8 +106,11 @@ def checkpoint_location(spec: PipelineSpec) -> str:
 # -- sources -----------------------------------------------------------------------------------
 
 
-def read_source(spark: SparkSession, spec: PipelineSpec, checkpoint: str) -> DataFrame:
-    """The pipeline's source as a streaming DataFrame (Kafka: plus the error/raw columns)."""
+def read_source(
+    spark: SparkSession, spec: PipelineSpec, checkpoint: str, kafka: KafkaRows | None = None
+) -> DataFrame:
+    """The pipeline's source as a streaming DataFrame (Kafka: the source's rows, decoded as
+    ``kafka`` says, transformed per batch by it)."""
     from deltaflow.pipeline.api import register
 
     register(spark)
@@ -120,7 +127,7 @@ def read_source(spark: SparkSession, spec: PipelineSpec, checkpoint: str) -> Dat
         raise ConfigError(
             "a parquet-files source has no rows to read: it registers files", pipeline_id=spec.pipeline_id
         )
-    return _kafka(spark, src)
+    return _kafka(spark, src, kafka or for_pipeline(spec))
 
 
 def _postgres(spark: SparkSession, spec: PipelineSpec, src: PostgresCdcSourceSpec) -> DataFrame:
@@ -171,17 +178,16 @@ def _generator(spark: SparkSession, src: GeneratorSourceSpec) -> DataFrame:
     return df
 
 
-def _kafka(spark: SparkSession, src: KafkaSourceSpec) -> DataFrame:
-    from pyspark.sql import functions as F  # noqa: N812
-
+def _kafka(spark: SparkSession, src: KafkaSourceSpec, rows: KafkaRows) -> DataFrame:
     from deltaflow.sources.kafka import KafkaDataSource
 
-    raw = load_stream(spark, KafkaDataSource, _kafka_options(src))
-    meta = F.struct(*(F.col(c) for c in ("topic", "partition", "offset", "timestamp", "key", "headers")))
-    return raw.select("data.*", meta.alias("kafka"), F.col("error").alias(_ERROR), F.col("value").alias(_RAW))
+    options = _kafka_options(src, value_schema=rows.value_schema, keep_value=rows.keep_value)
+    return load_stream(spark, KafkaDataSource, options)
 
 
-def _kafka_options(src: KafkaSourceSpec) -> dict[str, str]:
+def _kafka_options(
+    src: KafkaSourceSpec, *, value_schema: str | None = None, keep_value: bool = False
+) -> dict[str, str]:
     options: dict[str, str] = {
         "bootstrap_servers": src.bootstrap_servers,
         "value_format": src.format,
@@ -189,15 +195,17 @@ def _kafka_options(src: KafkaSourceSpec) -> dict[str, str]:
         "starting_offsets": src.starting_offsets
         if isinstance(src.starting_offsets, str)
         else json.dumps(src.starting_offsets),
-        "keep_value": "false",
+        # A transform may still reject a decoded message: its dead letter needs the bytes.
+        "keep_value": str(keep_value).lower(),
         "fail_on_data_loss": str(src.fail_on_data_loss).lower(),
     }
     if src.topic_pattern:
         options["topic_pattern"] = src.topic_pattern
     else:
         options["topic"] = ",".join(src.topics)
-    if src.schema_:
-        options["value_schema"] = src.schema_
+    schema = value_schema or src.schema_
+    if schema:
+        options["value_schema"] = schema
     if src.avro_schema:
         options["avro_schema"] = src.avro_schema
     if src.schema_registry_url:
@@ -218,22 +226,24 @@ def _first_line(exc: BaseException) -> str:
 # -- processing --------------------------------------------------------------------------------
 
 
-def process(df: DataFrame, spec: PipelineSpec) -> DataFrame:
+def process(df: DataFrame, spec: PipelineSpec, *, keep_kafka: bool = False) -> DataFrame:
     """``transforms`` -> ``filter`` -> ``select``, or ``query`` (a Kafka source's ``kafka``
-    struct is dropped unless ``select`` or ``query`` keeps it: map the fields you want)."""
+    struct is dropped unless ``select`` or ``query`` keeps it, or ``keep_kafka``: map the
+    fields you want). A Kafka source's rows come transformed (:class:`KafkaRows`)."""
     from pyspark.sql import functions as F  # noqa: N812
 
     if spec.query:
         # Each streaming query runs its batches in its own session: the view is private to it.
         df.createOrReplaceTempView(spec.source_name)
         return df.sparkSession.sql(spec.query)
-    if spec.transforms:
-        df = apply_transforms(df, [parse_transform(f"{k}: {v}") for k, v in spec.transforms.items()])
+    kafka = isinstance(spec.source, KafkaSourceSpec)
+    if spec.transforms and not kafka:
+        df = apply_transforms(df, spec.parsed_transforms())
     if spec.filter:
         df = df.filter(F.expr(spec.filter))
     if spec.select:
         df = df.selectExpr(*spec.select)
-    elif isinstance(spec.source, KafkaSourceSpec) and "kafka" in df.columns:
+    elif kafka and "kafka" in df.columns and not keep_kafka:
         df = df.drop("kafka")
     return df
 
@@ -364,6 +374,7 @@ class PipelineWriter:
         dead_letter: SinkOptions | None,
         mirrors: Sequence[MirrorWriter] = (),
         files: BatchFiles | None = None,
+        kafka: KafkaRows | None = None,
     ) -> None:
         from deltaflow.sinks.batch_writer import SparkBatchWriter
         from deltaflow.sinks.merge import MergeWriter
@@ -381,7 +392,8 @@ class PipelineWriter:
         tables = [*(s.options for s in sinks), *([dead_letter] if dead_letter else [])]
         self._batch_tables = [o for o in tables if not o.kafka_offsets]
         self._checked_query: str | None = None
-        self._kafka = isinstance(spec.source, KafkaSourceSpec)
+        #: A Kafka source: the batch is the source's rows, decoded and transformed here.
+        self._kafka = kafka
         #: A files source: the batch is the files it takes, read here.
         self._files = files
 
@@ -406,10 +418,13 @@ class PipelineWriter:
         spec = self._spec
         self._check_checkpoint(batch, batch_id)
         reused = len(self._sinks) + len(self._mirrors) > 1 or bool(spec.expectations)
-        # The source's rows are cached when steps before the transforms read them again (Kafka's
-        # split, mirrors); otherwise the rows after the transforms are: a transform such as
-        # input_file_name() must be evaluated in the scan of the files, not over a cache.
-        if self._kafka or (self._mirrors and reused):
+        # Kafka: the transformed rows are cached (split into dead letters and rows; a
+        # per-message transform runs once). Mirrors: the source's rows. Otherwise the rows after
+        # the transforms are: a transform such as input_file_name() must be evaluated in the
+        # scan of the files, not over a cache.
+        if self._kafka is not None:
+            batch = hold(self._kafka.frame(batch))
+        elif self._mirrors and reused:
             batch = hold(batch)
         if self._mirrors:
             # Mirrors first (their commit order: see _cdc_sinks_in_order), from one collection,
@@ -425,38 +440,70 @@ class PipelineWriter:
                 for future in done:
                     future.result()  # the first failure, once every mirror has finished
         letters: list[DataFrame] = []
-        if self._kafka:
-            # Messages without a value (tombstones: Debezium follows each delete with one) are no
-            # rows and no errors.
-            tombstone = F.col(_ERROR).isNotNull() & F.col(_RAW).isNull()
-            batch = batch.filter(~tombstone)
-            failed = batch.filter(F.col(_ERROR).isNotNull())
-            undecodable = failed.count()
-            if undecodable:
-                metrics.records_failed(
-                    pipeline=spec.pipeline_id, table=self._sinks[0].options.table_uri, count=undecodable
-                )
-                letters.append(_kafka_letters(failed, spec.pipeline_id, batch_id))
-                logger.warning(
-                    "pipeline %r batch %s: %d message(s) could not be decoded",
-                    spec.pipeline_id,
-                    batch_id,
-                    undecodable,
-                )
-            batch = batch.filter(F.col(_ERROR).isNull()).drop(_ERROR, _RAW)
+        # Kafka, with a drop expectation and ingest's dead-letter layout: the rows keep their
+        # message's coordinates until the expectations have run.
+        keep_kafka = (
+            self._kafka is not None
+            and self._kafka.layout == "kafka"
+            and any(e.action == "drop" for e in spec.expectations)
+            and not (spec.select or spec.query)
+        )
+        if self._kafka is not None:
+            # (Messages without a value, tombstones, are no rows: the source skips them.)
+            self._split_kafka(batch, batch_id, letters)
+            batch = self._kafka.good(batch)
         if self._files is not None:
             batch = self._files(batch)
             if self._files.dead_letters:
                 batch = self._split_malformed(batch, batch_id, hold, letters)
-        rows = process(batch, spec)
-        if reused and not (self._kafka or self._mirrors):
+        rows = process(batch, spec, keep_kafka=keep_kafka)
+        if reused and not (self._kafka is not None or self._mirrors):
             rows = hold(rows)
         rows = self._check_expectations(rows, batch_id, letters)
+        if keep_kafka:
+            rows = rows.drop("kafka")
         if letters:
             self._dead_letter(letters, batch_id)
         for sink in self._sinks:
             routed = rows.filter(F.expr(sink.when)) if sink.when else rows
             self._writers[sink.name](sink.rows(routed), batch_id)
+
+    def _split_kafka(self, frame: DataFrame, batch_id: int, letters: list[DataFrame]) -> None:
+        """Count, meter and log the batch's failed messages (their dead letters to ``letters``)
+        and its fields the table lacks, in one pass, as the Arrow engine reports them; a field
+        the table has gained since the query started restarts it (the Arrow engine's too)."""
+        from pyspark.sql import functions as F  # noqa: N812
+
+        from deltaflow.pipeline.dead_letters import log_unknown_fields
+        from deltaflow.pipeline.evolution import restart_if_table_gained
+
+        assert self._kafka is not None
+        spec, table = self._spec, self._sinks[0].options.table_uri
+        error, unknown = F.col(f"{INGEST_META}.error"), F.col(f"{INGEST_META}.unknown_fields")
+        good_unknown = F.when(error.isNull(), unknown)
+        stats = frame.agg(
+            F.count(error).alias("failed"),
+            F.first(error, ignorenulls=True).alias("first_error"),
+            F.count(good_unknown).alias("unknown"),
+            F.array_distinct(F.flatten(F.collect_set(good_unknown))).alias("names"),
+        ).first()
+        assert stats is not None
+        if stats["unknown"]:
+            metrics.unknown_fields_seen(pipeline=spec.pipeline_id, table=table, count=stats["unknown"])
+            if self._kafka.follow_table:
+                restart_if_table_gained(self._sinks[0].options, stats["names"], batch_id)
+            log_unknown_fields(batch_id, stats["unknown"], stats["names"])
+        if stats["failed"]:
+            metrics.records_failed(pipeline=spec.pipeline_id, table=table, count=stats["failed"])
+            letters.append(self._kafka.letters(self._kafka.failed(frame), spec.pipeline_id, batch_id))
+            logger.warning(
+                "pipeline %r batch %s: %d message(s) could not be decoded or transformed%s; first error: %s",
+                spec.pipeline_id,
+                batch_id,
+                stats["failed"],
+                " (to the dead-letter table)" if self._dlq else " (skipped: no dead-letter table)",
+                stats["first_error"],
+            )
 
     def _check_checkpoint(self, batch: DataFrame, batch_id: int) -> None:
         """Before a query's first batch writes anything: every table holding the pipeline's
@@ -565,15 +612,19 @@ class PipelineWriter:
         for e in drops:
             keep = keep & ok[e.name]
         names = F.array_compact(F.array(*(F.when(~ok[e.name], F.lit(e.name)) for e in drops)))
-        letters.append(
-            pipeline_letters(
-                rows.filter(~keep),
-                spec.pipeline_id,
-                batch_id,
-                reason=F.concat(F.lit("expectation failed: "), F.array_join(names, ", ")),
-                record=F.to_json(F.struct(*(F.col(f"`{c}`") for c in rows.columns))),
+        reason = F.concat(F.lit("expectation failed: "), F.array_join(names, ", "))
+        if self._kafka is not None and self._kafka.layout == "kafka":
+            letters.append(kafka_row_letters(rows.filter(~keep), reason))
+        else:
+            letters.append(
+                pipeline_letters(
+                    rows.filter(~keep),
+                    spec.pipeline_id,
+                    batch_id,
+                    reason=reason,
+                    record=F.to_json(F.struct(*(F.col(f"`{c}`") for c in rows.columns))),
+                )
             )
-        )
         dropped = sum(violations[e.name] for e in drops)
         logger.warning(
             "pipeline %r batch %s: rows violating %s dropped%s (%d violation(s))",
@@ -592,21 +643,6 @@ class PipelineWriter:
         for more in letters[1:]:
             frame = frame.unionByName(more)
         self._dlq(frame, batch_id)
-
-
-def _kafka_letters(failed: DataFrame, pipeline_id: str, batch_id: int) -> DataFrame:
-    from pyspark.sql import functions as F  # noqa: N812
-
-    record = F.to_json(
-        F.struct(
-            F.col("kafka.topic").alias("topic"),
-            F.col("kafka.partition").alias("partition"),
-            F.col("kafka.offset").alias("offset"),
-            base64_text(F.col("kafka.key")).alias("key_base64"),
-            base64_text(F.col(_RAW)).alias("value_base64"),
-        )
-    )
-    return pipeline_letters(failed, pipeline_id, batch_id, reason=F.col(_ERROR), record=record)
 
 
 # -- starting and running ----------------------------------------------------------------------
@@ -713,8 +749,11 @@ def start_pipeline(
         logger.info("pipeline %r runs as plain Kafka ingest (the Arrow engine)", spec.pipeline_id)
         return start(spark, spec.ingest_config(available_now=available_now), on_engine=on_engine)
     location = checkpoint_location(spec)
-    source = read_source(spark, spec, location)
-    good = source.drop(_ERROR, _RAW) if isinstance(spec.source, KafkaSourceSpec) else source
+    kafka = for_pipeline(spec) if isinstance(spec.source, KafkaSourceSpec) else None
+    source = read_source(spark, spec, location, kafka)
+    good = source
+    if kafka is not None:
+        good = kafka.good(kafka.frame(source))
     files = None
     if isinstance(spec.source, FilesSourceSpec):
         # The stream is the files each batch takes; the rows are read from them in the batch.
@@ -757,12 +796,15 @@ def start_pipeline(
         values = spec.dead_letter.model_dump(exclude_defaults=True)
         values.update(pipeline_id=spec.pipeline_id, checkpoint_location=location)
         dead_letter = SinkOptions.build(values)
-        _prepare_table(spark.createDataFrame([], PIPELINE_SCHEMA), dead_letter)
+        if kafka is not None and kafka.layout == "kafka":
+            _prepare_table(ingest_letters(kafka.frame(source)), dead_letter)
+        else:
+            _prepare_table(spark.createDataFrame([], PIPELINE_SCHEMA), dead_letter)
         dead_letter = _claim(dead_letter)
     # Every table this pipeline writes: an earlier process running it can no longer commit.
     sinks = [dataclasses.replace(s, options=_claim(s.options)) for s in sinks]
     mirrors = [m.with_options(_claim(m.options)) for m in mirrors]
-    writer = PipelineWriter(spec, sinks, dead_letter, mirrors, files)
+    writer = PipelineWriter(spec, sinks, dead_letter, mirrors, files, kafka)
     if on_engine is not None:
         on_engine("spark")
     stream = (
