@@ -504,14 +504,19 @@ class _Tally:
         self.messages = 0
         self.batches = 0
         self._counted: dict[str, int] = {}  # runId -> last batchId counted
-        self._last_seen: tuple[Any, Any] | None = None
+        self._last_seen: tuple[Any, Any, Any] | None = None
 
     def update(self, query: StreamingQuery) -> None:
         last = query.lastProgress
-        if last is None or (last["runId"], last["batchId"]) == self._last_seen:
+        # An idle query repeats its batch id in every report: the timestamp tells them apart (each
+        # is a completed trigger for /healthz, and one that read nothing for --stall-triggers).
+        if last is None:
+            return
+        seen = (last["runId"], last["batchId"], last["timestamp"])
+        if seen == self._last_seen:
             return  # nothing new: skip fetching (and parsing) the whole recent history
         metrics.progress_reported(self.name, last, unit=self.units.read, behind=self.units.behind)
-        self._last_seen = (last["runId"], last["batchId"])
+        self._last_seen = seen
         new_batches = new_messages = 0
         for progress in query.recentProgress:
             stamp = str(progress.get("timestamp", ""))

@@ -430,3 +430,49 @@ def test_a_second_signal_or_the_stop_timeout_stops_at_once(second_after, stop_s,
     output, _ = process.communicate(timeout=60)
     assert process.returncode == code and said in output, output
     assert time.monotonic() - started < stop_s + 5
+
+
+class _IdleQuery:
+    """A query's progress as Spark reports an idle one: after batch 0, a report every interval
+    with the next batch id and no rows (here while messages wait: a source that reads nothing)."""
+
+    def __init__(self) -> None:
+        self.recentProgress: list[dict] = []
+
+    @property
+    def lastProgress(self) -> dict | None:  # noqa: N802 - pyspark's name
+        return self.recentProgress[-1] if self.recentProgress else None
+
+    def report(self, second: int, batch: int, rows: int, waiting: int) -> None:
+        end, latest = {"t": {"0": 100}}, {"t": {"0": 100 + waiting}}
+        self.recentProgress.append(
+            {
+                "runId": "r1",
+                "batchId": batch,
+                "timestamp": f"2026-01-01T00:00:{second:02d}.000Z",
+                "numInputRows": rows,
+                "sources": [{"description": "kafka", "endOffset": end, "latestOffset": latest}],
+            }
+        )
+
+
+def test_every_idle_progress_report_reaches_the_status_board(monkeypatch):
+    """Spark repeats the batch id in every idle report: each one still is a completed trigger
+    (/healthz's --stall-timeout) and a trigger that read nothing (--stall-triggers)."""
+    from deltaflow.service import daemon
+    from deltaflow.service.status import StatusBoard
+
+    board = StatusBoard()
+    board.stall_triggers = 3
+    monkeypatch.setattr(daemon, "board", board)
+    board.register("idle", source="kafka t")
+    board.set_state("idle", "running")
+    query, tally = _IdleQuery(), daemon._Tally("idle")
+    query.report(0, 0, rows=10, waiting=0)
+    tally.update(query)
+    for second in (10, 20, 30):  # three idle triggers in a row while 5 messages wait
+        query.report(second, 1, rows=0, waiting=5)
+        tally.update(query)
+    ok, body = board.health()
+    assert not ok, body
+    assert body["pipelines"][0]["reason"] == "3 trigger(s) in a row read nothing while 5 message(s) waited"

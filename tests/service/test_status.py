@@ -280,6 +280,12 @@ def test_healthz_turns_503_when_the_broker_accepts_connections_but_never_answers
         (line,) = [line for line in service.lines if "status page on http://" in line]
         port = int(re.search(r":(\d+)/", line)[1])
         assert _probe(port, "/healthz")[0] == 200 and _probe(port, "/readyz")[0] == 200
+        # Idle (every message read) past the stall timeout with the broker answering: healthy.
+        # Spark repeats the batch id in idle reports; each is still a completed trigger.
+        idle_until = time.monotonic() + 45  # > the stall timeout + an idle report interval (10 s)
+        while time.monotonic() < idle_until:
+            assert _probe(port, "/healthz")[0] == 200, _probe(port, "/healthz")
+            time.sleep(2)  # condition poll on the probe
         proxy.hang()  # every call of the source now waits for an answer that never comes
         deadline = time.monotonic() + 120
         while (answer := _probe(port, "/healthz"))[0] == 200:
