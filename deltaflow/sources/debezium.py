@@ -161,7 +161,14 @@ def _unscaled(value: Any, scale: int) -> Decimal:
     JSON), or a ``Decimal`` already (Avro)."""
     if isinstance(value, Decimal):
         return value
-    return Decimal(int.from_bytes(_bytes(value), "big", signed=True)).scaleb(-scale)
+    # From text, which is exact: Decimal arithmetic (scaleb included) rounds to the context's
+    # 28 digits, and a NUMERIC(38) value would lose its last ten.
+    return Decimal(f"{int.from_bytes(_bytes(value), 'big', signed=True)}E{-scale}")
+
+
+def _decimal_text(number: Decimal) -> str:
+    """The digits as a database prints them (``0.0000001``, not ``1E-7``)."""
+    return format(number, "f")
 
 
 def _time_text(value: Any, per_second: int) -> str:
@@ -169,9 +176,11 @@ def _time_text(value: Any, per_second: int) -> str:
         return value
     if not isinstance(value, int) or isinstance(value, bool):
         raise _BadValueError(f"{value!r} is not a time of day")
-    micros = value * 1_000_000 // per_second
+    # Signed: MySQL's TIME is a duration (-838:59:59 to 838:59:59), sent as signed units.
+    sign = "-" if value < 0 else ""
+    micros = abs(value) * 1_000_000 // per_second
     seconds, micro = divmod(micros, 1_000_000)
-    text = f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+    text = f"{sign}{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
     return f"{text}.{micro:06d}" if micro else text
 
 
@@ -217,7 +226,7 @@ def converter(schema: Mapping[str, Any]) -> Callable[[Any], Any]:
         def convert(v: Any) -> Any:
             number = _unscaled(v, scale)
             if text:
-                return str(number)
+                return _decimal_text(number)
             if len(number.as_tuple().digits) > precision or -int(number.as_tuple().exponent) > scale:
                 raise _BadValueError(f"{number} does not fit DECIMAL({precision},{scale})")
             return number
@@ -227,7 +236,7 @@ def converter(schema: Mapping[str, Any]) -> Callable[[Any], Any]:
         def convert(v: Any) -> Any:
             if not isinstance(v, Mapping) or "value" not in v:
                 raise _BadValueError(f"{v!r} is not a VariableScaleDecimal (scale, value)")
-            return str(_unscaled(v["value"], int(v.get("scale") or 0)))
+            return _decimal_text(_unscaled(v["value"], int(v.get("scale") or 0)))
 
     elif kind == "struct":
         fields = [(f["field"], converter(f)) for f in schema.get("fields") or []]
@@ -346,7 +355,7 @@ def _row(value: Any, schema: Mapping[str, Any] | None, what: str) -> dict[str, A
         return value
     try:
         row = converter(schema)(value)
-    except ValueError as exc:
+    except (ValueError, OverflowError) as exc:  # OverflowError: a date or time past year 9999
         raise _BadValueError(f"{what}: {exc}") from None
     assert isinstance(row, dict)
     return row

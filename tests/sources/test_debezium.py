@@ -196,3 +196,58 @@ def test_wide_decimals_and_nested_types():
     nested = {"type": "struct", "fields": [{"field": "m", "type": "map", "keys": {"type": "string"},
                                             "values": {"type": "int64"}}]}  # fmt: skip
     assert arrow_type(nested) == pa.struct([("m", pa.map_(pa.string(), pa.int64()))])
+
+
+def test_a_timestamp_beyond_python_s_range_is_a_dead_letter_not_a_crash():
+    # PostgreSQL's 'infinity' as Debezium sends it (its PostgreSQL connector's docs: "TIMESTAMP
+    # type"), and a date past year 9999: a dead letter, like every value its type cannot hold.
+    for field, value in [("seen", 9223372036825200000), ("seen", -9223372036832400000), ("born", 2**31 - 1)]:
+        change = decode(_key(7), _envelope("c", None, {**ROW, field: value}))
+        assert change.op is None and change.error is not None and "'after'" in change.error, change
+
+
+@pytest.mark.parametrize(
+    ("micros", "text"),
+    [
+        (-1_000_000, "-00:00:01"),
+        (-1_500_000, "-00:00:01.500000"),
+        (-(838 * 3600 + 59 * 60 + 59) * 1_000_000, "-838:59:59"),
+        (25 * 3600 * 1_000_000, "25:00:00"),
+    ],
+    ids=["minus-one-second", "minus-a-second-and-a-half", "mysql-minimum", "past-a-day"],
+)
+def test_a_mysql_time_is_a_signed_duration(micros, text):
+    # MySQL's TIME holds -838:59:59 to 838:59:59; Debezium sends it as signed microseconds
+    # (BinlogValueConverters.convertDurationToMicroseconds).
+    change = decode(_key(7), _envelope("c", None, {**ROW, "opens": micros}))
+    assert change.error is None and change.image is not None
+    assert change.image["opens"] == text
+
+
+@pytest.mark.parametrize(
+    ("scale", "unscaled", "text"),
+    [(7, 1, "0.0000001"), (10, -25, "-0.0000000025"), (0, 10**30, "1" + "0" * 30), (2, 0, "0.00")],
+    ids=["small", "small-negative", "large", "zero"],
+)
+def test_a_decimal_kept_as_text_is_plain_digits(scale, unscaled, text):
+    # A PostgreSQL NUMERIC without a declared scale (VariableScaleDecimal): its digits as
+    # PostgreSQL prints them, not Python's exponent notation ('1E-7').
+    ratio = {"scale": scale, "value": _b64(unscaled, 16)}
+    change = decode(_key(7), _envelope("c", None, {**ROW, "ratio": ratio}))
+    assert change.error is None and change.image is not None
+    assert change.image["ratio"] == text
+
+
+def test_a_decimal_of_38_digits_keeps_every_digit():
+    # Python's Decimal arithmetic rounds to 28 digits: the unscaled number must not go through it.
+    big = 12345678901234567890123456789012345678
+    column = {"field": "big", "type": "bytes", "name": "org.apache.kafka.connect.data.Decimal",
+              "parameters": {"scale": "4", "connect.decimal.precision": "38"}}  # fmt: skip
+    schema = {"type": "struct", "fields": [{"field": "after", "type": "struct", "fields": [column]},
+                                           {"field": "op", "type": "string"}]}  # fmt: skip
+    payload = {"op": "c", "after": {"big": _b64(big, 16)}}
+    change = decode(None, json.dumps({"schema": schema, "payload": payload}).encode())
+    assert change.error is None and change.image is not None
+    assert change.image["big"] == Decimal("1234567890123456789012345678901234.5678")
+    stored = pa.Table.from_pylist([change.image], change.schema).to_pylist()[0]["big"]
+    assert stored == Decimal("1234567890123456789012345678901234.5678")
