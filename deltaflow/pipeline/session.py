@@ -166,6 +166,8 @@ def spark_session(master: str | None = None, *, jvm: JvmProfile = "full", **conf
         spark = builder.getOrCreate()
     if cache is not None and cache.writes:
         atexit.register(cache.finish, getattr(spark.sparkContext._gateway, "proc", None))
+    if started_here and json_logs:
+        atexit.register(_end_jvm, getattr(spark.sparkContext._gateway, "proc", None))
     spark.sparkContext.setLogLevel(os.environ.get("DELTAFLOW_SPARK_LOG_LEVEL", "WARN"))
     if started_here and json_logs:
         _structured_logging_as_configured(spark)
@@ -185,6 +187,27 @@ def spark_session(master: str | None = None, *, jvm: JvmProfile = "full", **conf
     register(spark)
     logger.info("Spark %s session on %s", spark.version, spark.sparkContext.master)
     return spark
+
+
+#: At exit with JSON logs, the longest the interpreter waits for its JVM to end once its input is
+#: closed (a JVM that has stopped its SparkContext ends in well under a second).
+JVM_EXIT_WAIT_S = 10.0
+
+
+def _end_jvm(jvm: subprocess.Popen[bytes] | None) -> None:
+    """At exit, with JSON logs: close the JVM's input (pyspark's gateway exits at its end) and
+    wait for it, bounded. The JVM and Spark's Python workers hold the CLI's standard error
+    relay open until they end; registered after the relay's drain, this runs first, so that
+    their last lines reach the relay and the drain does not wait out its bound for a JVM that
+    would only end once this process has (``deltaflow.io.logs._drain_relay``)."""
+    if jvm is None:
+        return
+    try:
+        if jvm.stdin is not None:
+            jvm.stdin.close()
+        jvm.wait(timeout=JVM_EXIT_WAIT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        logger.debug("the JVM did not end at exit: %s", exc)
 
 
 #: The files log4j2 finds on the class path by itself (Spark's conf folder is on it).

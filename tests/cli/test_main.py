@@ -193,3 +193,46 @@ def test_json_logs_of_commands_without_spark(tmp_path):
     assert dry.stdout == plain.stdout
     notes = [r for r in _records(dry.stderr) if r["logger"] == "deltaflow.cli.output"]
     assert [(r["level"], r["msg"]) for r in notes] == [("INFO", plain.stderr.splitlines()[-1])]
+
+
+#: Runs the CLI with the relay's drain bound raised, so that a drain that waits it out shows.
+_DRAIN_BOUND = """
+import sys
+from deltaflow.io import logs
+logs.RELAY_DRAIN_S = 60.0
+from deltaflow.cli.main import main
+main(sys.argv[1:])
+"""
+
+
+def test_json_logs_of_a_spark_command_end_with_the_process(tmp_path):
+    """Spark's JVM holds the relay's pipe until it ends, and pyspark's gateway ends when the
+    process does: the exit must end the JVM first, not wait out the relay's drain bound."""
+    import time
+    from datetime import datetime
+
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    (landing / "a.json").write_text("".join(json.dumps({"id": i}) + "\n" for i in range(5)))
+    spec = tmp_path / "files.yml"
+    source = {"type": "files", "path": str(landing), "schema": "id LONG", "min_file_age": 0}
+    spec.write_text(
+        json.dumps(
+            {"pipelines": [{"id": "ends", "source": source, "sinks": [{"table_uri": str(tmp_path / "t")}]}]}
+        )
+    )
+    base = {k: v for k, v in os.environ.items() if not k.startswith("DELTAFLOW_LOG_")}
+    args = ["--log-format", "json", "run", str(spec), "--available-now"]
+    done = subprocess.run(
+        [sys.executable, "-c", _DRAIN_BOUND, *args],
+        cwd=ROOT,
+        env=base,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    ended = time.time()
+    assert done.returncode == 0, done.stderr[-5000:]
+    last = _records(done.stderr)[-1]
+    logged = datetime.fromisoformat(str(last["ts"]).replace("Z", "+00:00")).timestamp()
+    assert ended - logged < 30, (ended - logged, last)  # not the 60 s bound
