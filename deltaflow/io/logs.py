@@ -51,6 +51,7 @@ __all__ = [
     "export_level",
     "exported_format",
     "json_line",
+    "record_line",
     "relay",
     "relay_stderr",
 ]
@@ -199,12 +200,13 @@ def json_line(line: bytes) -> bytes:
             return text + b"\n"
     except ValueError:  # not JSON (UnicodeDecodeError included)
         pass
-    entry = {
-        "ts": _timestamp(time.time()),
-        "level": "WARN",
-        "logger": STDERR_LOGGER,
-        "msg": text.decode("utf-8", "replace"),
-    }
+    return record_line("WARN", STDERR_LOGGER, text.decode("utf-8", "replace"))
+
+
+def record_line(level: str, logger: str, msg: str) -> bytes:
+    """One JSON record, built without :mod:`logging` (its locks): for a signal handler, or a
+    process about to end at once, that writes straight to the file descriptor."""
+    entry = {"ts": _timestamp(time.time()), "level": level, "logger": logger, "msg": msg}
     return json.dumps(entry, separators=(",", ":")).encode() + b"\n"
 
 

@@ -461,11 +461,13 @@ def _stop_signals(stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S) -> Iterator[li
 def _stop_at_once(why: str) -> None:
     """End the process now (from a signal handler or the watchdog: no logging locks, no py4j).
     The JVM and its Python workers end with it (their input closes)."""
-    os.write(
-        2,
-        f"deltaflow: stopping at once ({why}): the running batch is cut; its commit landed whole "
-        f"or the batch runs again at the next start (exit code {EXIT_STOPPED_AT_ONCE})\n".encode(),
+    text = (
+        f"stopping at once ({why}): the running batch is cut; its commit landed whole or the "
+        f"batch runs again at the next start (exit code {EXIT_STOPPED_AT_ONCE})"
     )
+    # With JSON logs a record of its own (the relay would wrap a bare line as a stray WARN).
+    json_logs = logs.exported_format() == "json"
+    os.write(2, logs.record_line("ERROR", __name__, text) if json_logs else f"deltaflow: {text}\n".encode())
     os._exit(EXIT_STOPPED_AT_ONCE)
 
 

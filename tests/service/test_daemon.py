@@ -476,3 +476,23 @@ def test_every_idle_progress_report_reaches_the_status_board(monkeypatch):
     ok, body = board.health()
     assert not ok, body
     assert body["pipelines"][0]["reason"] == "3 trigger(s) in a row read nothing while 5 message(s) waited"
+
+
+def test_a_stop_cut_short_is_an_error_record_with_json_logs():
+    import subprocess
+    import sys
+
+    # Standard error relayed as the CLI relays it: a bare line would come out as a stray WARN.
+    relayed = "from deltaflow.io import logs\nlogs.relay_stderr()\n"
+    script = relayed + _SLOW_STOP.format(stop_s=30, timeout_s=1)
+    env = {**os.environ, "DELTAFLOW_LOG_FORMAT": "json"}
+    process = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    assert process.stdout is not None and process.stdout.readline().strip() == "running"
+    process.send_signal(signal.SIGTERM)
+    _, errors = process.communicate(timeout=60)
+    assert process.returncode == 3, errors
+    last = json.loads(errors.splitlines()[-1])
+    assert (last["level"], last["logger"]) == ("ERROR", "deltaflow.service.daemon"), last
+    assert last["msg"].startswith("stopping at once (the stop still running after 1 s)"), last
