@@ -68,7 +68,7 @@ ENV_PREFIX = "DELTAFLOW"
 )
 @click.option(
     "--log-format",
-    type=click.Choice(logs.FORMATS),
+    type=click.Choice(logs.FORMATS, case_sensitive=False),
     default="text",
     envvar=logs.FORMAT_ENV,
     show_envvar=True,

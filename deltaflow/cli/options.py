@@ -77,6 +77,22 @@ def _seconds(_ctx: click.Context, param: click.Parameter, value: str) -> float:
         raise click.BadParameter(f"{value!r} {exc}", param=param) from None
 
 
+#: The shortest --stall-timeout: Spark reports an idle query's progress every 10 s, so a bound
+#: near that would flap on a pipeline that is merely idle.
+MIN_STALL_TIMEOUT_S = 15.0
+
+
+def _stall_timeout(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    seconds = _seconds(ctx, param, value)
+    if 0 < seconds < MIN_STALL_TIMEOUT_S:
+        raise click.BadParameter(
+            f"{value!r} is shorter than {MIN_STALL_TIMEOUT_S:g} s: Spark reports an idle pipeline's "
+            "progress every 10 s, so /healthz would flap on idle pipelines (0: no bound)",
+            param=param,
+        )
+    return seconds
+
+
 STALL_TIMEOUT = click.option(
     "--stall-timeout",
     "--stall_timeout",
@@ -85,10 +101,11 @@ STALL_TIMEOUT = click.option(
     show_default=True,
     envvar="DELTAFLOW_STALL_TIMEOUT",
     show_envvar=True,
-    callback=_seconds,
+    callback=_stall_timeout,
     help="The status port's /healthz also answers 503 for a pipeline that completed no trigger "
     "for this long while it runs or restarts (a broker that accepts connections but never "
-    "answers, a query that hangs, restarts without end). Longer than the slowest batch.",
+    "answers, a query that hangs, restarts without end). Longer than the slowest batch; at "
+    "least 15 s; 0: no bound.",
 )
 
 

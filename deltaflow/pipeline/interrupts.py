@@ -31,7 +31,7 @@ from deltaflow.io import logs
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["INTERRUPTED", "quiet_stop_logs", "stoppable", "stopping"]
+__all__ = ["INTERRUPTED", "quiet_stop_logs", "restore_stop_logs", "stoppable", "stopping"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,9 +55,13 @@ STOP_LOG_LEVELS = {
 }
 
 
+#: The levels :func:`quiet_stop_logs` replaced, for :func:`restore_stop_logs` (logger -> level).
+_replaced: dict[str, object] = {}
+
+
 def quiet_stop_logs() -> None:
     """Before the daemon stops its queries: :data:`STOP_LOG_LEVELS` in this process's JVM (none
-    over Spark Connect, whose server logs on its own)."""
+    over Spark Connect, whose server logs on its own), until :func:`restore_stop_logs`."""
     from pyspark import SparkContext
 
     jvm = SparkContext._jvm
@@ -65,7 +69,23 @@ def quiet_stop_logs() -> None:
         return
     log4j = jvm.org.apache.logging.log4j
     for name, level in STOP_LOG_LEVELS.items():
+        if name not in _replaced:
+            _replaced[name] = log4j.LogManager.getLogger(name).getLevel()
         log4j.core.config.Configurator.setLevel(name, getattr(log4j.Level, level))
+
+
+def restore_stop_logs() -> None:
+    """Once the daemon's queries have stopped: the levels :func:`quiet_stop_logs` replaced (a
+    process that runs on, a test or an embedding program, logs a later failure again)."""
+    from pyspark import SparkContext
+
+    jvm = SparkContext._jvm
+    if jvm is None or not _replaced:
+        return
+    configurator = jvm.org.apache.logging.log4j.core.config.Configurator
+    for name, level in list(_replaced.items()):
+        configurator.setLevel(name, level)
+        del _replaced[name]
 
 
 def stoppable(

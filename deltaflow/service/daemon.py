@@ -54,7 +54,7 @@ from deltaflow.errors import (
 )
 from deltaflow.io import logs
 from deltaflow.metrics import metrics, progress_messages, progress_rates, source_lags
-from deltaflow.pipeline.interrupts import quiet_stop_logs, stopping
+from deltaflow.pipeline.interrupts import quiet_stop_logs, restore_stop_logs, stopping
 from deltaflow.service.status import board
 
 if TYPE_CHECKING:
@@ -424,7 +424,10 @@ def _stop_signals(stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S) -> Iterator[li
     """
     received: list[int] = []
     if threading.current_thread() is not threading.main_thread():
-        yield received
+        try:
+            yield received
+        finally:
+            restore_stop_logs()
         return
     first: list[float] = []  # when the first stop signal came
 
@@ -454,6 +457,7 @@ def _stop_signals(stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S) -> Iterator[li
     finally:
         done.set()
         stopping.clear()
+        restore_stop_logs()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

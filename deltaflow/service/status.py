@@ -224,7 +224,7 @@ class StatusBoard:
             waiting = sum(p.lags.values())
             return f"{p.idle_behind} trigger(s) in a row read nothing while {waiting} message(s) waited"
         quiet = now - (p.reported_at if p.reported_at is not None else p.started_at)
-        if quiet > self.stall_timeout_s:
+        if self.stall_timeout_s and quiet > self.stall_timeout_s:
             return f"no trigger completed for {quiet:.0f} s ({p.restarts} restart(s))"
         return None
 

@@ -93,11 +93,14 @@ class DeltaflowDataSource(DataSource):
         return FORMAT_NAME
 
     def writer(self, schema: StructType, overwrite: bool) -> DeltaBatchWriter:
-        sink = _DeltaSink(_table_partitioning(self.options, _arrow_options(self.options)), schema, overwrite)
+        options = _table_partitioning(self.options, _arrow_options(self.options), schema.fieldNames())
+        sink = _DeltaSink(options, schema, overwrite)
         return DeltaBatchWriter(sink)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DeltaStreamWriter:  # noqa: N802
-        options = _table_partitioning(self.options, for_stream(_arrow_options(self.options)))
+        options = _table_partitioning(
+            self.options, for_stream(_arrow_options(self.options)), schema.fieldNames()
+        )
         return DeltaStreamWriter(_DeltaSink(options, schema, overwrite))
 
 
@@ -633,7 +636,7 @@ def sink_fence(options: SinkOptions) -> Any:
     return commit.Fence(commit.fence_app_id(options.pipeline_id), options.writer_epoch)
 
 
-def _table_partitioning(spark_options: Any, options: SinkOptions) -> SinkOptions:
+def _table_partitioning(spark_options: Any, options: SinkOptions, columns: Sequence[str]) -> SinkOptions:
     """Without ``partition_columns`` among the write's options, an existing table's partitioning
     (as delta-spark's append, ``deltaflow.write``, YAML sinks and ``ingest`` take it). Read once,
     when Spark plans the write, before any task writes a file; given ones are checked against
@@ -647,6 +650,13 @@ def _table_partitioning(spark_options: Any, options: SinkOptions) -> SinkOptions
     have = tuple(table.metadata().partition_columns) if table is not None else ()
     if not have:
         return options
+    missing = [c for c in have if c not in columns]
+    if missing:
+        raise ConfigError(
+            f"table {uri!r} is partitioned by {list(have)}, and an append takes the table's partitioning, "
+            f"but the data has no column(s) {missing}; nothing was written",
+            table_uri=uri,
+        )
     logger.info("table %s is partitioned by %s: writing with its partitioning", uri, list(have))
     return options.model_copy(update={"partition_columns": have})
 

@@ -75,3 +75,15 @@ def test_the_records_of_a_batch_function_carry_its_pipeline_and_batch():
 
     stoppable(batch, pipeline="p")(None, 4)
     assert (seen[0]["pipeline"], seen[0]["batch"]) == ("p", 4)
+
+
+def test_the_log_levels_a_stop_quiets_are_restored_after_it(spark):
+    from deltaflow.pipeline.interrupts import STOP_LOG_LEVELS, quiet_stop_logs, restore_stop_logs
+
+    manager = spark.sparkContext._jvm.org.apache.logging.log4j.LogManager
+    levels = {name: str(manager.getLogger(name).getLevel()) for name in STOP_LOG_LEVELS}
+    quiet_stop_logs()
+    quiet_stop_logs()  # a second query's stop keeps the levels from before the first
+    assert {name: str(manager.getLogger(name).getLevel()) for name in STOP_LOG_LEVELS} == STOP_LOG_LEVELS
+    restore_stop_logs()
+    assert {name: str(manager.getLogger(name).getLevel()) for name in STOP_LOG_LEVELS} == levels

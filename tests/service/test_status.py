@@ -308,3 +308,22 @@ def test_healthz_turns_503_when_the_broker_accepts_connections_but_never_answers
             service.process.kill()
         proxy.close()
         broker.stop()
+
+
+@pytest.mark.parametrize("value", ["5 s", "14s"])
+def test_a_stall_timeout_an_idle_pipeline_would_exceed_is_refused(tmp_path, value):
+    spec = tmp_path / "p.yml"
+    spec.write_text("pipelines: []\n")
+    result = CliRunner().invoke(cli, ["run", str(spec), "--status_port", "0", "--stall-timeout", value])
+    assert result.exit_code == 2
+    assert "shorter than 15 s: Spark reports an idle pipeline's progress every 10 s" in result.output
+
+
+def test_a_stall_timeout_of_0_never_fails_the_probe(monkeypatch):
+    board = StatusBoard()
+    board.stall_timeout_s = 0
+    board.register("idle", source="kafka i")
+    board.set_state("idle", "running")
+    later = time.time() + 24 * 3600
+    monkeypatch.setattr(time, "time", lambda: later)
+    assert board.health()[0]

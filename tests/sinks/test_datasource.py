@@ -166,6 +166,9 @@ def test_the_deltaflow_format_takes_an_existing_tables_partitioning_when_none_is
     # Every file of the table under its name=... folder, with its partition value in the log.
     adds = _adds(uri)
     assert len(adds) >= 3 and all(a["path"].startswith(f"name={a['partition.name']}/") for a in adds)
+    with pytest.raises(PySparkException, match=r"the data has no column\(s\) \['name'\]"):
+        nameless = _df(spark, 20, 2).drop("name")
+        nameless.write.format("deltaflow").option("table_uri", uri).mode("append").save()
     with pytest.raises(PySparkException, match=r"partitioned by \['name'\], but partition_columns=\[\]"):
         _df(spark, 20, 2).write.format("deltaflow").option("table_uri", uri).option(
             "partition_columns", ""
