@@ -51,20 +51,7 @@ def test_a_signal_to_the_process_group_stops_ingest_cleanly_and_loses_nothing(ka
     landed = _ids(table)
     assert landed == sorted(set(landed)) and 0 < len(landed) < MESSAGES
     if number == signal.SIGTERM:  # the next start takes the rest, nothing twice
-        rest = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "deltaflow.cli",
-                *_ingest(kafka, topic, table, "--ends_at_latest_offsets"),
-            ],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert rest.returncode == 0, rest.stderr[-3000:]
+        _finish_run(_ingest(kafka, topic, table, "--ends_at_latest_offsets"))
         assert _ids(table) == list(range(MESSAGES))
 
 
@@ -154,8 +141,9 @@ def _or_none(ids: Callable[[], list[int]]) -> list[int]:
 
 
 def _finish_run(args: list[str]) -> None:
+    """``deltaflow ARGS`` to its end (a job: ``--available-now`` or ``-e`` among them): exit 0."""
     done = subprocess.run(
-        [sys.executable, "-m", "deltaflow.cli", *args, "--available-now"],
+        [sys.executable, "-m", "deltaflow.cli", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -177,7 +165,7 @@ def test_sql_stops_cleanly_on_a_signal_to_its_group(kafka, tmp_path):
         "INSERT INTO dst SELECT id, name FROM src;\n"
     )
     _stop_mid_run(Service(["sql", str(spec)]), lambda: _ids(table), messages)
-    _finish_run(["sql", str(spec)])  # the next start takes the rest, nothing twice
+    _finish_run(["sql", str(spec), "--available-now"])  # the next start takes the rest, nothing twice
     assert _ids(table) == list(range(messages))
 
 
@@ -209,7 +197,7 @@ def test_a_landed_files_watch_stops_cleanly_on_a_signal_to_its_group(tmp_path):
         )
     )
     _stop_mid_run(Service(["run", str(spec)]), lambda: _ids(table), files * per_file)
-    _finish_run(["run", str(spec)])
+    _finish_run(["run", str(spec), "--available-now"])
     assert _ids(table) == list(range(files * per_file))
 
 
@@ -243,7 +231,7 @@ def test_postgres_cdc_stops_cleanly_on_a_signal_to_its_group(postgres, tmp_path)
         return sorted(json.loads(row)["id"] for row in data)
 
     _stop_mid_run(service, inserted, changes)
-    _finish_run(["run", str(spec)])
+    _finish_run(["run", str(spec), "--available-now"])
     assert inserted() == list(range(changes))
     mirrored = DeltaTable(str(mirror)).to_pyarrow_table(columns=["id"])["id"].to_pylist()
     assert sorted(mirrored) == list(range(changes))

@@ -22,6 +22,21 @@ def _adds(uri):
     return pa.table(DeltaTable(uri).get_add_actions(flatten=True)).to_pylist()
 
 
+def _stream_all(source, uri, pipeline_id, checkpoint):
+    """``source`` through the deltaflow format into ``uri`` until it has nothing more."""
+    query = (
+        source.writeStream.format("deltaflow")
+        .option("table_uri", uri)
+        .option("pipeline_id", pipeline_id)
+        .option("checkpointLocation", str(checkpoint))
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+
+
 def _parquet_files(path):
     return sorted(p for p in path.rglob("*.parquet") if "_deltaflow" not in p.parts)
 
@@ -151,17 +166,7 @@ def test_the_deltaflow_format_takes_an_existing_tables_partitioning_when_none_is
     landing.mkdir()
     (landing / "f.json").write_text("".join(f'{{"id": {i}, "name": "n{i}"}}\n' for i in range(8, 14)))
     source = spark.readStream.schema("id LONG, name STRING").json(str(landing))
-    query = (
-        source.writeStream.format("deltaflow")
-        .option("table_uri", uri)
-        .option("pipeline_id", "adopt")
-        .option("checkpointLocation", str(tmp_path / "cp"))
-        .start()
-    )
-    try:
-        query.processAllAvailable()
-    finally:
-        query.stop()
+    _stream_all(source, uri, "adopt", tmp_path / "cp")
     assert _ids(uri) == list(range(14))
     # Every file of the table under its name=... folder, with its partition value in the log.
     adds = _adds(uri)
@@ -199,17 +204,7 @@ def test_stream_through_the_format_entry_point(spark, tmp_path):
     source = (
         spark.readStream.schema("id LONG, name STRING").option("maxFilesPerTrigger", 1).json(str(landing))
     )
-    query = (
-        source.writeStream.format("deltaflow")
-        .option("table_uri", uri)
-        .option("pipeline_id", "fmt")
-        .option("checkpointLocation", str(tmp_path / "cp"))
-        .start()
-    )
-    try:
-        query.processAllAvailable()
-    finally:
-        query.stop()
+    _stream_all(source, uri, "fmt", tmp_path / "cp")
     table = DeltaTable(uri)
     assert _ids(uri) == list(range(150))
     assert table.transaction_version("fmt") == 2
