@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -52,7 +53,13 @@ STOP_LOG_LEVELS = {
     "org.apache.spark.sql.execution.datasources.FileFormatWriter": "OFF",
     "org.apache.spark.scheduler.TaskSetManager": "ERROR",
     "org.apache.spark.scheduler.DAGScheduler": "ERROR",
+    "org.apache.spark.storage.BlockManager": "ERROR",
 }
+#: How long :func:`restore_stop_logs` waits for the tasks the stop killed to end: a Spark stopped
+#: while one still runs logs ``ERROR TaskSchedulerImpl: Exception in statusUpdate`` (its result
+#: arrives after the scheduler's threads were shut down).
+TASKS_END_S = 10.0
+_TASKS_POLL_S = 0.05
 
 
 #: The levels :func:`quiet_stop_logs` replaced, for :func:`restore_stop_logs` (logger -> level).
@@ -82,10 +89,28 @@ def restore_stop_logs() -> None:
     jvm = SparkContext._jvm
     if jvm is None or not _replaced:
         return
+    _wait_for_tasks_to_end()
     configurator = jvm.org.apache.logging.log4j.core.config.Configurator
     for name, level in list(_replaced.items()):
         configurator.setLevel(name, level)
         del _replaced[name]
+
+
+def _wait_for_tasks_to_end() -> None:
+    """Until no task runs on any executor (the ones a stop killed end within moments), at most
+    :data:`TASKS_END_S`."""
+    from pyspark import SparkContext
+
+    context = SparkContext._active_spark_context
+    if context is None:
+        return
+    tracker = context._jsc.sc().statusTracker()
+    deadline = time.monotonic() + TASKS_END_S
+    while time.monotonic() < deadline:
+        if not sum(e.numRunningTasks() for e in tracker.getExecutorInfos()):
+            return
+        time.sleep(_TASKS_POLL_S)  # condition poll on the scheduler's view
+    logger.debug("tasks still running %.0f s after the stop", TASKS_END_S)
 
 
 def stoppable(
