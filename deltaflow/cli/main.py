@@ -93,6 +93,7 @@ def cli(ctx: click.Context, verbose: bool, log_format: logs.LogFormat) -> None:
     for noisy in ("py4j", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     logging.getLogger("py4j.clientserver").addFilter(logs.StopInterruptFilter())
+    logging.getLogger().addFilter(logs.Py4JRetryFilter())
 
 
 for _command in (

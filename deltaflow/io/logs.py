@@ -43,6 +43,7 @@ __all__ = [
     "STDERR_LOGGER",
     "JsonFormatter",
     "LogFormat",
+    "Py4JRetryFilter",
     "StopInterruptFilter",
     "configure_json",
     "configure_worker",
@@ -282,6 +283,21 @@ _relays: list[subprocess.Popen[bytes]] = []
 def _ignore_stop_signals() -> None:
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, signal.SIG_IGN)
+
+
+class Py4JRetryFilter(logging.Filter):
+    """Drops py4j's INFO record of a call it sends again: py4j logs "Exception while sending
+    command." with the first attempt's traceback on the root logger when a connection the JVM
+    closed (a stop closes its callback connections) fails, then retries on a new one. The
+    retry's outcome is what counts: a retry that fails too is logged at ERROR, and kept.
+    Installed on the root logger by the CLI."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (
+            record.name == "root"
+            and record.levelno == logging.INFO
+            and record.msg == "Exception while sending command."
+        )
 
 
 class StopInterruptFilter(logging.Filter):

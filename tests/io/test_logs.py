@@ -197,3 +197,23 @@ def test_a_worker_logs_in_the_exported_format(log_format):
             ("INFO", "deltaflow.sources.kafka", "planned"),
             ("WARN", "other", "theirs"),  # another library's warning: JSON too
         ]
+
+
+def test_py4j_retried_sends_are_dropped_and_failed_ones_kept(caplog):
+    from deltaflow.io.logs import Py4JRetryFilter
+
+    root = logging.getLogger()
+    retry = Py4JRetryFilter()
+    root.addFilter(retry)
+    try:
+        with caplog.at_level(logging.INFO):
+            try:
+                raise ConnectionResetError("the JVM closed it")
+            except ConnectionResetError:
+                logging.info("Exception while sending command.", exc_info=True)  # retried: dropped
+                logging.exception("Exception while sending command.")  # the retry failed: kept
+            logging.info("something else")
+    finally:
+        root.removeFilter(retry)
+    kept = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "root"]
+    assert kept == [("ERROR", "Exception while sending command."), ("INFO", "something else")]
