@@ -47,10 +47,12 @@ stopping = threading.Event()
 #: Spark's JVM loggers whose lines during a stop are the stop's own, and their level from then
 #: on. A stop that interrupts a batch writing Parquet through Spark (a Spark-engine sink) makes
 #: the file writer log "Aborting job" at ERROR with the interrupt's Java trace (the batch is
-#: abandoned uncommitted, as any interrupted batch), and the scheduler log each task the stop
+#: abandoned uncommitted, as any interrupted batch), the task's write callback (Spark's
+#: ``Utils``) log "Aborting task" with the same trace, and the scheduler log each task the stop
 #: killed at WARN. Their real failures reach deltaflow as the batch's error anyway.
 STOP_LOG_LEVELS = {
     "org.apache.spark.sql.execution.datasources.FileFormatWriter": "OFF",
+    "org.apache.spark.util.Utils": "OFF",
     "org.apache.spark.scheduler.TaskSetManager": "ERROR",
     "org.apache.spark.scheduler.DAGScheduler": "ERROR",
     "org.apache.spark.storage.BlockManager": "ERROR",
