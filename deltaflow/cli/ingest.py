@@ -434,6 +434,23 @@ STOP_POLL_S = 1
     show_envvar=True,
     help="Spark master URL [default: local[*]].",
 )
+@click.option(
+    "--cdc",
+    type=click.Choice(["none", "debezium"]),
+    default="none",
+    envvar="DELTAFLOW_CDC",
+    show_envvar=True,
+    help="debezium: each topic is a Debezium change stream (Kafka Connect's JSON converter, with "
+    "or without schemas) kept as a mirror table: one row per key, updates applied, deletes "
+    "removed, one MERGE per table and batch; the columns come from the change events.",
+)
+@click.option(
+    "--key-columns",
+    "--key_columns",
+    "key_columns",
+    default=None,
+    help="With --cdc: the mirrors' key columns, comma-separated [default: the message key's fields].",
+)
 def ingest(
     topic: str | None,
     table_uri: str | None,
@@ -486,6 +503,8 @@ def ingest(
     partition_by: tuple[str, ...],
     checkpoint_location: str | None,
     spark_master: str | None,
+    cdc: str,
+    key_columns: str | None,
 ) -> None:
     """Ingest a Kafka TOPIC into the Delta table at TABLE_URI, exactly once.
 
@@ -584,6 +603,8 @@ def ingest(
         min_bytes_per_file=min_bytes_per_file,
         commit_to_group=commit_to_group,
         schema_evolution=schema_evolution,
+        cdc=cdc,
+        key_columns=tuple(c.strip() for c in (key_columns or "").split(",") if c.strip()),
         write_path=write_path,
         engine=engine,
         auto_compact=auto_compact,

@@ -127,6 +127,11 @@ class IngestConfig(BaseModel):
     vacuum_interval_hours: float = Field(default=0.0, ge=0)
     table_options: dict[str, Any] = Field(default_factory=dict)
     dlq_table_options: dict[str, Any] = Field(default_factory=dict)
+    #: ``debezium``: each topic is a Debezium change stream kept as a mirror table (one row
+    #: per key, updates applied, deletes removed) instead of appended.
+    cdc: Literal["none", "debezium"] = "none"
+    #: A mirror's key columns (default: the message key's fields).
+    key_columns: tuple[str, ...] = ()
 
     @classmethod
     def build(cls, **values: Any) -> Self:
@@ -166,7 +171,27 @@ class IngestConfig(BaseModel):
                 parse_transform(text).check()
             except ConfigError as exc:
                 raise ValueError(str(exc)) from None
+        self._check_cdc()
         return self
+
+    def _check_cdc(self) -> None:
+        if self.cdc == "none":
+            if self.key_columns:
+                raise ValueError("--key_columns names a mirror's key: it needs --cdc debezium")
+            return
+        refused = {
+            "--transform (a mirror's columns are the database table's)": self.transforms,
+            "--schema-evolution (a mirror's columns follow the change events)": self.schema_evolution,
+            "--engine spark": self.engine == "spark",
+            "--seek_offsets": self.seek_offsets,
+            "--avro, --soe-avro or --json-registry (the JSON converter's messages are read; Avro "
+            "is not yet)": self.value_format == "avro" or self.soe_avro or self.json_registry,
+            "--raw": self.value_format == "raw",
+            "--schema (the columns come from the change events)": self.value_schema,
+        }
+        for what, given in refused.items():
+            if given:
+                raise ValueError(f"{what} is not available with --cdc {self.cdc}")
 
     def _check_topics(self) -> None:
         """TOPIC or --topic_pattern, and table templates that fit them."""
@@ -210,6 +235,12 @@ class IngestConfig(BaseModel):
     def topics(self) -> tuple[str, ...]:
         """The topics named (none with ``topic_pattern``)."""
         return tuple(t.strip() for t in self.topic.split(",") if t.strip())
+
+    @property
+    def topic_tables(self) -> bool:
+        """Whether the run takes the many-topics path (a table per topic, one query): several
+        topics, or change topics kept as mirrors (one or more)."""
+        return self.several_topics or self.cdc != "none"
 
     @property
     def several_topics(self) -> bool:

@@ -34,6 +34,10 @@ if TYPE_CHECKING:
 
     from deltaflow.io.parquet import WrittenFile
     from deltaflow.sinks.datasource import DeltaCommitMessage, _DeltaSink
+    from deltaflow.sinks.kafka_mirror import KafkaMirrorSink
+
+    #: A main table's sink: rows appended, or changes merged into a mirror.
+    MainSink = _DeltaSink | KafkaMirrorSink
     from deltaflow.sources.kafka_ingest import IngestPlan, TableResult, TaskResult
     from deltaflow.sources.topic_routes import TableFiles
 
@@ -162,13 +166,13 @@ class IngestTables:
 
     def __init__(
         self,
-        main: Mapping[str, _DeltaSink],
+        main: Mapping[str, MainSink],
         dead_letters: Mapping[str, _DeltaSink],
         *,
         table_of: Callable[[str], str | None],
         dead_letters_of: Callable[[str], str | None],
         make: Callable[[Sequence[str]], None] | None = None,
-        open_sink: Callable[[str], _DeltaSink] | None = None,
+        open_sink: Callable[[str], MainSink] | None = None,
         open_dead_letters: Callable[[str], _DeltaSink] | None = None,
         checkpoint: SinkOptions | None = None,
     ) -> None:
@@ -196,17 +200,17 @@ class IngestTables:
         if self._make is not None and topics:
             self._make(topics)
 
-    def sink(self, uri: str) -> _DeltaSink:
+    def sink(self, uri: str) -> MainSink:
         """The main table's sink at ``uri`` (opened on first use when new to this process)."""
-        return self._opened(self.main, self._open, uri)
+        sink: MainSink = self._opened(self.main, self._open, uri)
+        return sink
 
     def dead_letter_sink(self, uri: str) -> _DeltaSink:
         """The dead-letter table's sink at ``uri`` (opened on first use when new to this process)."""
-        return self._opened(self.dead_letters, self._open_dead_letters, uri)
+        sink: _DeltaSink = self._opened(self.dead_letters, self._open_dead_letters, uri)
+        return sink
 
-    def _opened(
-        self, sinks: dict[str, _DeltaSink], open_sink: Callable[[str], _DeltaSink] | None, uri: str
-    ) -> _DeltaSink:
+    def _opened(self, sinks: dict[str, Any], open_sink: Callable[[str], Any] | None, uri: str) -> Any:
         with self._lock:
             if uri not in sinks:
                 if open_sink is None:
@@ -296,6 +300,9 @@ class ArrowIngestWriter:
             sink = self._tables.sink(uri)
             parts = by_table.get(uri, [])
             messages = _messages([(i, r.files, w) for (i, w), r in parts])
+            if getattr(sink, "applies_changes", False) and any(r.failed for _, r in parts):
+                jobs[uri] = _stop_mirror(sink, [r for _, r in parts], messages, batch_id)
+                continue
             jobs[uri] = _commit_job(sink, messages, batch_id, sources.get(uri, ({}, {})))
         wanted = crash_target("between_tables", batch_id)  # tests: one table first, then a crash
         if wanted is not None:
@@ -344,7 +351,7 @@ class ArrowIngestWriter:
         self,
         batch: DataFrame,
         by_table: Mapping[str, list[tuple[tuple[int, str], TableResult]]],
-        sinks: Mapping[str, _DeltaSink],
+        sinks: Mapping[str, MainSink],
         batch_id: int,
     ) -> None:
         """Columns another writer added to a table restart the query (it decodes them then);
@@ -415,12 +422,38 @@ def _run_all(jobs: Mapping[str, Callable[[], None]]) -> None:
 
 
 def _commit_job(
-    sink: _DeltaSink,
+    sink: MainSink,
     messages: list[DeltaCommitMessage],
     batch_id: int,
     source: tuple[dict[str, dict[str, int]], dict[str, dict[str, Any]]],
 ) -> Callable[[], None]:
     return lambda: sink.commit_batch(messages, batch_id, source=source)
+
+
+def _stop_mirror(
+    sink: MainSink, results: Sequence[TableResult], messages: list[DeltaCommitMessage], batch_id: int
+) -> Callable[[], None]:
+    """A mirror some of whose changes could not be read: nothing of the batch is applied to it
+    (a mirror that skipped a change would be wrong from then on), and the query stops."""
+    from deltaflow.errors import MergeError
+
+    def job() -> None:
+        sink.delete_uncommitted([f for m in messages for f in m.files])
+        failed = sum(r.failed for r in results)
+        first = next((r.first_error for r in results if r.first_error), "")
+        dead = next((r.dead_letter_table for r in results if r.dead_letter_table), None)
+        where = f"they are in the dead-letter table {dead}" if dead else "no dead-letter table is set"
+        raise MergeError(
+            f"batch {batch_id}: {failed} change(s) for the mirror {sink.table_uri} cannot be applied "
+            f"(the first: {first}); {where}. Nothing of this batch was applied to this mirror, and "
+            "the pipeline stops: a mirror that skipped a change would differ from its source from "
+            "then on. Fix what produced them, then restart (the batch is read again; mirrors that "
+            "hold it skip it)",
+            table_uri=sink.table_uri,
+            batch_id=batch_id,
+        )
+
+    return job
 
 
 def _by_uri(

@@ -337,8 +337,8 @@ def kafka_reader_options(config: IngestConfig) -> dict[str, str]:
         options["keep_value"] = "true"
     # Kafka metadata no transform reads is built for failed messages only (the dead letters').
     used = set().union(*(t.kafka_fields() for t in [*transforms, *config.parsed_dlq_transforms()]))
-    if failing:
-        used |= {"key", "timestamp"}  # a transform's dead letters carry them
+    if failing or config.cdc != "none":
+        used |= {"key", "timestamp"}  # a transform's dead letters carry them; a change is keyed
     options["metadata"] = ",".join(c for c in METADATA_COLUMNS if c in used)
     return options
 

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
+    from deltaflow.pipeline.arrow_ingest import MainSink
     from deltaflow.sinks.datasource import _DeltaSink
     from deltaflow.sources.kafka import Decoding
     from deltaflow.sources.topic_routes import TopicRouter
@@ -46,7 +47,7 @@ def start(
 ) -> StreamingQuery:
     """Start ``deltaflow ingest``: one topic (:func:`deltaflow.pipeline.ingest.ingest`), or
     several into a table each (:func:`ingest_topics`)."""
-    if config.several_topics:
+    if config.topic_tables:
         return ingest_topics(spark, config, on_engine=on_engine)
     from deltaflow.pipeline.ingest import ingest
 
@@ -102,6 +103,8 @@ def ingest_topics(
         sample_unknown=SCHEMA_SAMPLE_PER_PARTITION if config.schema_evolution else 0,
         task_parallelism=default_parallelism(spark),
         min_task_messages=config.min_task_messages,
+        cdc=config.cdc,
+        key_columns=config.key_columns,
     )
     check_plan(plan)  # what the Arrow engine cannot run fails here, before the query starts
     tables = IngestTables(
@@ -127,7 +130,7 @@ def ingest_topics(
         group_config=group,
         schema_evolution=config.schema_evolution,
         gzipped=config.decompress_gzip,
-        follow_table=config.value_format == "json",
+        follow_table=config.value_format == "json" and config.cdc == "none",
     )
     stream = arrow_stream(spark, options, plan, writer)
     stream = stream.option("checkpointLocation", location).queryName(config.pipeline_id)
@@ -136,10 +139,11 @@ def ingest_topics(
     if on_engine is not None:
         on_engine("arrow")
     logger.info(
-        "ingesting %d topic(s) from %s into %d table(s) of %s%s (checkpoint %s; arrow engine)",
+        "ingesting %d topic(s) from %s into %d %s of %s%s (checkpoint %s; arrow engine)",
         len(routes),
         config.brokers,
         len(preparer.sinks),
+        "mirror table(s)" if config.cdc != "none" else "table(s)",
         config.table_uri,
         f", dead letters into {config.dlq_table_location}" if config.dlq_table_location else "",
         location,
@@ -191,7 +195,7 @@ class TablePreparer:
         self._location = checkpoint_location
         self._template = config.table_template()
         self._dlq_template = config.dlq_template()
-        self.sinks: dict[str, _DeltaSink] = {}
+        self.sinks: dict[str, MainSink] = {}
         self.dead_letter_sinks: dict[str, _DeltaSink] = {}
         raw = empty_source(spark, {"bootstrap_servers": config.brokers, "topic": "x"})
         self.kafka_schema: pa.Schema = spark_to_arrow(raw.schema)
@@ -245,7 +249,8 @@ class TablePreparer:
                 except OSError as exc:
                     raise ConfigError(f"cannot read the Avro schema file {config.avro!r}: {exc}") from None
         return Decoding(
-            value_format=formats[config.value_format],
+            # Change events are read whole by the tasks (sources/change_topics.py).
+            value_format="binary" if config.cdc != "none" else formats[config.value_format],
             arrow_schema=self.kafka_schema,
             compression="gzip" if config.decompress_gzip else "none",
             keep_value=options.get("keep_value") == "true",
@@ -326,7 +331,7 @@ class TablePreparer:
         """Tables for topics that started to match while the query runs."""
         self.prepare(topics, at_start=False)
 
-    def open_sink(self, uri: str) -> _DeltaSink:
+    def open_sink(self, uri: str) -> MainSink:
         """The sink of a table the planner routed a topic to (one that exists)."""
         from deltaflow.delta import log as delta_log
 
@@ -345,13 +350,18 @@ class TablePreparer:
         from deltaflow.delta import commit
         from deltaflow.delta import log as delta_log
         from deltaflow.delta.schema import check_partition_columns
+        from deltaflow.sinks.kafka_mirror import mirror_table_schema
         from deltaflow.sources.kafka_ingest import table_schema
 
-        values = self._value_fields(missing, at_start=at_start)
+        cdc = self._config.cdc != "none"
+        values = self._change_fields(missing) if cdc else self._value_fields(missing, at_start=at_start)
         schemas: dict[str, pa.Schema] = {}
         for uri, fields in values.items():
-            source = self.router.decoding_for(fields, missing[uri][0]).arrow_schema
-            schema = table_schema(source, self._config.transforms)
+            if cdc:
+                schema = mirror_table_schema(fields)
+            else:
+                source = self.router.decoding_for(fields, missing[uri][0]).arrow_schema
+                schema = table_schema(source, self._config.transforms)
             try:
                 check_partition_columns(schema, list(self._config.partition_by), uri)
             except DeltaflowError as exc:
@@ -422,6 +432,45 @@ class TablePreparer:
             out[uri] = spark_to_arrow(StructType(list(fields.values())))
         return out
 
+    def _change_fields(self, missing: Mapping[str, list[str]]) -> dict[str, pa.Schema]:
+        """Each missing mirror's columns: the row schema of its topics' first change event with
+        one (the JSON converter's ``schemas.enable``), else inferred from the events' rows."""
+        import json
+
+        from pyspark.sql.types import StructType
+
+        from deltaflow.delta.schema import spark_to_arrow
+        from deltaflow.pipeline.evolution import infer_json
+        from deltaflow.pipeline.ingest import sample_topics
+        from deltaflow.sources.debezium import row_schema
+
+        topics = sorted({t for ts in missing.values() for t in ts})
+        samples = sample_topics(self._config, topics)
+        out: dict[str, pa.Schema] = {}
+        rows: dict[str, list[str]] = {}
+        for uri, ts in missing.items():
+            for text in (x for t in ts for x in samples.get(t, [])):
+                schema, row = row_schema(text)
+                if schema is not None:
+                    out[uri] = schema
+                    break
+                if row is not None:
+                    rows.setdefault(uri, []).append(json.dumps(row))
+        for uri, texts in rows.items():
+            if uri in out:
+                continue
+            inferred = infer_json(self._spark, texts)
+            if isinstance(inferred, StructType) and inferred.fields:
+                out[uri] = spark_to_arrow(inferred)
+        for uri, ts in missing.items():
+            if uri not in out:
+                logger.warning(
+                    "topic(s) %s have no change event to take the mirror's columns from: no table yet "
+                    "(it is made once there is one)",
+                    ts,
+                )
+        return out
+
     def _avro_fields(self, topic: str) -> pa.Schema:
         """The columns of ``topic``'s Avro reader schema."""
         from pyspark.sql.types import StructType
@@ -482,6 +531,11 @@ class TablePreparer:
         ]
         for opts in claim_all(options):
             uri = normalize_uri(opts.table_uri)
+            if self._config.cdc != "none":
+                from deltaflow.sinks.kafka_mirror import KafkaMirrorSink
+
+                self.sinks[uri] = KafkaMirrorSink(opts)
+                continue
             schema = plain_schema(pa.schema(tables[uri].schema().to_arrow()))
             self.sinks[uri] = _DeltaSink(opts, schema, overwrite=False)
 

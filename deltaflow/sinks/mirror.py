@@ -44,18 +44,18 @@ from deltaflow.config.locations import normalize_uri
 from deltaflow.config.postgres import PgColumn, PgTable
 from deltaflow.config.sink import SinkOptions
 from deltaflow.errors import ConfigError, DeltaflowError, MergeError
+from deltaflow.io.changes import PRESENT_PREFIX, SEQUENCE_TYPE
 from deltaflow.io.faults import maybe_crash
 from deltaflow.metrics import metrics
 from deltaflow.sinks.merge import OP, SEQUENCE_COLUMN
 
-__all__ = ["Folded", "MirrorWriter", "arrow_type", "fold", "mirror_schema"]
+__all__ = ["Folded", "MirrorWriter", "arrow_type", "fold", "merge_attempt", "mirror_schema"]
 
 logger = logging.getLogger(__name__)
 
-#: A column of the merge's source saying whether an upsert carries the column's value.
-_PRESENT = "_deltaflow_has_"
+_PRESENT = PRESENT_PREFIX
 _SHIFT = 1 << 32
-_SEQUENCE_TYPE = pa.decimal128(38, 0)
+_SEQUENCE_TYPE = SEQUENCE_TYPE
 
 _INTEGERS = {"int2": pa.int16(), "int4": pa.int32(), "int8": pa.int64()}
 _FLOATS = {"float4": pa.float32(), "float8": pa.float64()}
@@ -612,7 +612,9 @@ class MirrorWriter:
                 outcome = commit.commit(
                     self._uri,
                     opts.storage_options,
-                    self._merge_attempt(data, key, folded.truncated_below),
+                    merge_attempt(
+                        self._uri, data, [c.name for c in self.shape().columns], key, folded.truncated_below
+                    ),
                     what=f"merge of batch {batch_id} of {app!r} ({self._stream})",
                     metadata=metadata,
                     txns=txns,
@@ -658,37 +660,42 @@ class MirrorWriter:
             folded.replaced(),
         )
 
-    def _merge_attempt(
-        self, data: pa.Table, key: Sequence[str], truncated_below: int | None
-    ) -> Callable[[Any, Any], Any]:
-        names = [c.name for c in self.shape().columns]
-        partial = {n for n in names if _PRESENT + n in data.column_names}
-        on = " AND ".join(f"t.{_quote(k)} = s.{_quote(k)}" for k in key)
-        seq = _quote(SEQUENCE_COLUMN)
-        newer = f"(t.{seq} IS NULL OR s.{seq} >= t.{seq})"
-        updates = {
-            _quote(n): (
-                f"CASE WHEN s.{_quote(_PRESENT + n)} THEN s.{_quote(n)} ELSE t.{_quote(n)} END"
-                if n in partial
-                else f"s.{_quote(n)}"
-            )
-            for n in names
-        }
-        updates[seq] = f"s.{seq}"
-        inserts = {_quote(n): f"s.{_quote(n)}" for n in [*names, SEQUENCE_COLUMN]}
 
-        def attempt(table: Any, props: Any) -> Any:
-            if table is None:
-                raise ConfigError(f"the mirror table {self._uri!r} does not exist", table_uri=self._uri)
-            merger = (
-                table.merge(data, predicate=on, source_alias="s", target_alias="t", commit_properties=props)
-                .when_matched_delete(predicate=f"s.{OP} = 'delete' AND {newer}")
-                .when_matched_update(updates, predicate=f"s.{OP} = 'upsert' AND {newer}")
-                .when_not_matched_insert(inserts, predicate=f"s.{OP} = 'upsert'")
-            )
-            if truncated_below is not None:
-                below = f"CAST('{truncated_below}' AS DECIMAL(38, 0))"
-                merger = merger.when_not_matched_by_source_delete(predicate=f"t.{seq} < {below}")
-            return merger.execute()
+def merge_attempt(
+    uri: str, data: pa.Table, names: Sequence[str], key: Sequence[str], truncated_below: int | None
+) -> Callable[[Any, Any], Any]:
+    """The delta-rs MERGE of folded changes ``data`` (columns ``names`` of the table, their
+    presence flags, op and sequence) into the mirror at ``uri``, guarded by the sequence: a
+    row older than the table's is passed over; with ``truncated_below`` every table row the
+    batch does not touch whose sequence is lower is deleted. For :func:`deltaflow.delta.commit.commit`."""
+    names = [n for n in names if n in data.column_names]
+    partial = {n for n in names if _PRESENT + n in data.column_names}
+    on = " AND ".join(f"t.{_quote(k)} = s.{_quote(k)}" for k in key)
+    seq = _quote(SEQUENCE_COLUMN)
+    newer = f"(t.{seq} IS NULL OR s.{seq} >= t.{seq})"
+    updates = {
+        _quote(n): (
+            f"CASE WHEN s.{_quote(_PRESENT + n)} THEN s.{_quote(n)} ELSE t.{_quote(n)} END"
+            if n in partial
+            else f"s.{_quote(n)}"
+        )
+        for n in names
+    }
+    updates[seq] = f"s.{seq}"
+    inserts = {_quote(n): f"s.{_quote(n)}" for n in [*names, SEQUENCE_COLUMN]}
 
-        return attempt
+    def attempt(table: Any, props: Any) -> Any:
+        if table is None:
+            raise ConfigError(f"the mirror table {uri!r} does not exist", table_uri=uri)
+        merger = (
+            table.merge(data, predicate=on, source_alias="s", target_alias="t", commit_properties=props)
+            .when_matched_delete(predicate=f"s.{OP} = 'delete' AND {newer}")
+            .when_matched_update(updates, predicate=f"s.{OP} = 'upsert' AND {newer}")
+            .when_not_matched_insert(inserts, predicate=f"s.{OP} = 'upsert'")
+        )
+        if truncated_below is not None:
+            below = f"CAST('{truncated_below}' AS DECIMAL(38, 0))"
+            merger = merger.when_not_matched_by_source_delete(predicate=f"t.{seq} < {below}")
+        return merger.execute()
+
+    return attempt

@@ -31,7 +31,16 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
-__all__ = ["Change", "arrow_type", "converter", "decode", "struct_schema"]
+__all__ = [
+    "UNAVAILABLE",
+    "Change",
+    "arrow_type",
+    "converter",
+    "decode",
+    "row_schema",
+    "source_sequence",
+    "struct_schema",
+]
 
 #: Delta's DECIMAL holds at most 38 digits; a wider one is kept as its exact digits in text.
 MAX_DECIMAL_PRECISION = 38
@@ -298,6 +307,44 @@ def _int(v: Any) -> int:
     return v
 
 
+#: What Debezium sends for a value it did not get (``unavailable.value.placeholder``'s default),
+#: as text, and base64 for a bytes column.
+UNAVAILABLE = "__debezium_unavailable_value"
+_UNAVAILABLE_BASE64 = base64.b64encode(UNAVAILABLE.encode()).decode()
+_SHIFT = 64
+
+
+def _unavailable(value: Any) -> bool:
+    return value in (UNAVAILABLE, _UNAVAILABLE_BASE64) or (isinstance(value, list) and value == [UNAVAILABLE])
+
+
+def source_sequence(source: Any) -> int | None:
+    """The change's place in the database's change stream, comparable across all changes of one
+    database (all topics, all partitions): PostgreSQL's ``sequence`` (``["<last commit LSN>",
+    "<LSN>"]``) as ``commit * 2**64 + lsn``; MySQL's binlog ``file``, ``pos`` and ``row`` as
+    ``(file number * 2**40 + pos) * 2**16 + row``. ``None`` for another source (the caller
+    orders by the Kafka offset instead: comparable within a partition, where a key's changes
+    are)."""
+    if not isinstance(source, Mapping):
+        return None
+    sequence = source.get("sequence")
+    if isinstance(sequence, str):
+        try:
+            parts = json.loads(sequence)
+            if isinstance(parts, list) and len(parts) == 2:
+                commit, lsn = (int(p) if p is not None else 0 for p in parts)
+                return (commit << _SHIFT) + lsn
+        except (ValueError, TypeError):
+            return None
+    binlog, pos = source.get("file"), source.get("pos")
+    if isinstance(binlog, str) and isinstance(pos, int):
+        digits = binlog.rsplit(".", 1)[-1]
+        if digits.isdigit():
+            row = source.get("row")
+            return (((int(digits) << 40) + pos) << 16) + (row if isinstance(row, int) else 0)
+    return None
+
+
 @dataclass(frozen=True)
 class Change:
     """One message of a Debezium topic, read.
@@ -312,6 +359,8 @@ class Change:
         schema: The image's columns from the envelope's schema (``None`` without schemas).
         key_schema: The key's columns from the key's schema (``None`` without schemas).
         error: Why the message cannot be applied (a dead letter); the rest is then ``None``.
+        sequence: The change's place in the database's change stream, from the envelope's
+            ``source`` (:func:`source_sequence`); ``None`` when it names none.
     """
 
     op: Literal["upsert", "delete", "truncate"] | None
@@ -321,6 +370,7 @@ class Change:
     schema: pa.Schema | None = None
     key_schema: pa.Schema | None = None
     error: str | None = None
+    sequence: int | None = None
 
 
 def _envelope(raw: bytes, what: str) -> tuple[Any, Mapping[str, Any] | None]:
@@ -347,18 +397,47 @@ def _field(schema: Mapping[str, Any] | None, name: str) -> Mapping[str, Any] | N
 
 
 def _row(value: Any, schema: Mapping[str, Any] | None, what: str) -> dict[str, Any] | None:
+    """A row image's columns, typed; a column whose value Debezium did not have (its
+    placeholder: an unchanged TOAST value PostgreSQL did not send) is left out."""
     if value is None:
         return None
     if not isinstance(value, dict):
         raise _BadValueError(f"{what} is not an object")
+    present: dict[str, Any] = {k: v for k, v in value.items() if not _unavailable(v)}
     if schema is None:
-        return value
-    try:
-        row = converter(schema)(value)
-    except (ValueError, OverflowError) as exc:  # OverflowError: a date or time past year 9999
-        raise _BadValueError(f"{what}: {exc}") from None
-    assert isinstance(row, dict)
+        return present
+    value = present
+    row: dict[str, Any] = {}
+    for f in schema.get("fields") or []:
+        name = f["field"]
+        if name not in value:
+            continue  # left out above, or not sent: the mirror keeps the column's value
+        try:
+            row[name] = None if value[name] is None else converter(f)(value[name])
+        except (ValueError, OverflowError) as exc:  # OverflowError: a date or time past year 9999
+            raise _BadValueError(f"{what}: column {name!r}: {exc}") from None
     return row
+
+
+def row_schema(text: str) -> tuple[pa.Schema | None, dict[str, Any] | None]:
+    """From one change event's text: the row's columns (the envelope's ``after`` schema, with
+    ``schemas.enable``), else its row as sent (``after``, or ``before``); ``(None, None)`` when
+    it is no change event."""
+    try:
+        payload, schema = _envelope(text.encode(), "value")
+    except _BadValueError:
+        return None, None
+    after = _field(schema, "after") or _field(schema, "before")
+    if after is not None:
+        try:
+            return struct_schema(after), None
+        except _BadValueError:
+            return None, None
+    if isinstance(payload, dict):
+        row = payload.get("after") or payload.get("before")
+        if isinstance(row, dict):
+            return None, row
+    return None, None
 
 
 def decode(key: bytes | None, value: bytes | None) -> Change:
@@ -376,8 +455,9 @@ def decode(key: bytes | None, value: bytes | None) -> Change:
         op = _OPS.get(str(payload["op"]))
         if op is None:
             raise _BadValueError(f"unknown Debezium op {payload['op']!r} (expected c, r, u, d or t)")
+        sequence = source_sequence(payload.get("source"))
         if op == "truncate":
-            return Change("truncate", key=key_row)
+            return Change("truncate", key=key_row, sequence=sequence)
         after_schema, before_schema = _field(schema, "after"), _field(schema, "before")
         image_schema = after_schema if op == "upsert" else before_schema
         if schema is not None and image_schema is None:
@@ -395,6 +475,7 @@ def decode(key: bytes | None, value: bytes | None) -> Change:
             before=before if op == "upsert" else None,
             schema=struct_schema(image_schema) if image_schema is not None else None,
             key_schema=struct_schema(key_schema) if key_schema is not None else None,
+            sequence=sequence,
         )
     except _BadValueError as exc:
         return Change(None, error=str(exc))

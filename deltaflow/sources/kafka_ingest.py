@@ -133,6 +133,11 @@ class IngestPlan:
     min_task_messages: int = MIN_TASK_MESSAGES
     #: The pipeline whose txns hold each topic's progress (default: the source's ``pipeline_id``).
     pipeline_id: str | None = None
+    #: ``debezium``: the topics are change streams kept as mirror tables (tasks stage folded
+    #: changes, :mod:`deltaflow.sources.change_topics`); ``none``: rows are appended.
+    cdc: str = "none"
+    #: A mirror's key columns (default: the message key's).
+    key_columns: tuple[str, ...] = ()
 
     def to_option(self) -> str:
         return base64.b64encode(pickle.dumps(self)).decode()
@@ -468,6 +473,8 @@ def write_task(task: IngestTask) -> pa.RecordBatch:
     attempt = ctx.attemptNumber() if ctx else 0
     prefix = f"part-b{batch_id if batch_id is not None else 0:06d}-k{task.index:05d}-a{attempt}"
     plan = task.plan
+    if plan.cdc == "debezium":
+        return _write_change_task(task, prefix, batch_id)
     transforms = [parse_transform(t) for t in plan.transforms]
     dlq_transforms = [parse_transform(t) for t in plan.dlq_transforms]
     produced = {t.target[0].lower() for t in transforms}
@@ -562,6 +569,76 @@ def write_task(task: IngestTask) -> pa.RecordBatch:
         raise
     maybe_crash("write", batch_id)
     # Step 0.4. Describe.
+    return result.to_batch()
+
+
+def _write_change_task(task: IngestTask, prefix: str, batch_id: int | None) -> pa.RecordBatch:
+    """Steps 0.1-0.4 of a task of Debezium topics (:mod:`deltaflow.sources.change_topics`):
+    read, fold per table and key, write each table's fold as one staging file and the dead
+    letters as data files of the dead-letter tables."""
+    from deltaflow.sources.change_topics import ChangeReader, stage
+
+    plan = task.plan
+    result = TaskResult(writer=writer_process())
+    reader = ChangeReader(plan.key_columns)
+    letters: dict[str, PartitionedFileWriter] = {}
+    current = ""
+    try:
+        for index, batch in read_ranges([i.range for i in task.ranges]):
+            item = task.ranges[index]
+            route = task.routes[item.range.topic]
+            current = route.main.table_uri
+            outcome = result.tables.setdefault(
+                current,
+                TableResult(dead_letter_table=route.dead_letters.table_uri if route.dead_letters else None),
+            )
+            table = pa.Table.from_batches([batch])
+            outcome.rows += table.num_rows
+            errors = reader.fold(
+                route.main,
+                table.column("key").to_pylist(),
+                table.column("value").to_pylist(),
+                table.column("offset").to_pylist(),
+            )
+            if not any(errors):
+                continue
+            error = pa.chunked_array([pa.array(errors, pa.string())])
+            bad = pc.is_valid(error)
+            outcome.failed += int(pc.sum(bad).as_py() or 0)
+            if outcome.first_error is None:
+                outcome.first_error = next(e for e in errors if e is not None)
+            if route.dead_letters is None:
+                continue
+            new = pc.and_(bad, pc.greater(table.column("offset"), item.dead_lettered_through))
+            rows, _, _ = _decoded(table)
+            kafka = rows.column(arrow_transforms.KAFKA_COLUMN)
+            dead = _dead_letters(table.filter(new), error.filter(new), kafka.filter(new), plan.dlq_format)
+            dead, _ = arrow_transforms.apply(
+                dead,
+                [parse_transform(t) for t in plan.dlq_transforms],
+                target_schema=route.dead_letters.schema,
+            )
+            dead = _finish_dead_letters(dead)
+            if dead.num_rows:
+                uri = route.dead_letters.table_uri
+                if uri not in letters:
+                    letters[uri] = _writer(route.dead_letters, prefix)
+                for part in _conform(dead, route.dead_letters.schema).to_batches():
+                    letters[uri].write(part)
+        for uri, fold in reader.folds.items():
+            current = uri
+            if fold:
+                result.tables[uri].files = [stage(reader.tables[uri], fold, prefix)]
+        for uri, out in letters.items():
+            current = uri
+            result.dead_letters[uri] = out.close()
+    except BaseException as exc:
+        for out in letters.values():
+            out.discard()
+        if isinstance(exc, OSError):
+            raise storage_error(exc, current, "staging changes of") from exc
+        raise
+    maybe_crash("write", batch_id)
     return result.to_batch()
 
 

@@ -37,6 +37,12 @@ def test_app_id_is_the_pipeline_id_and_the_model_is_frozen():
         ({"transforms": ("x: lower(y)",)}, "transform source 'lower(y)' is not understood"),
         ({"commit_to_group": True}, "needs --consumer-group-id"),
         ({"colour": "red"}, "colour: unknown option"),
+        ({"key_columns": ("id",)}, "--key_columns names a mirror's key: it needs --cdc debezium"),
+        ({"cdc": "debezium", "transforms": ("a: kafka.offset",)}, "--transform (a mirror's columns"),
+        ({"cdc": "debezium", "value_format": "raw"}, "--raw is not available with --cdc debezium"),
+        ({"cdc": "debezium", "engine": "spark"}, "--engine spark is not available with --cdc debezium"),
+        ({"cdc": "debezium", "value_schema": "id INT"}, "--schema (the columns come from the change events)"),
+        ({"cdc": "maxwell"}, "cdc: must be one of 'none' or 'debezium'"),
     ],
     ids=lambda v: str(v)[:40],
 )

@@ -173,7 +173,7 @@ def test_without_schemas_the_payload_is_taken_as_it_is():
         (None, json.dumps({"op": "c", "after": None}).encode(), "a 'c' event without 'after'"),
         (None, json.dumps({"op": "d", "before": None}).encode(), "a delete without 'before' and without a"),
         (b"[1]", json.dumps({"op": "c", "after": {"id": 1}}).encode(), "the key is not an object"),
-        (None, _envelope("c", None, {**ROW, "price": "!!"}), "'after': '!!' is not base64"),
+        (None, _envelope("c", None, {**ROW, "price": "!!"}), "'after': column 'price': '!!' is not base64"),
         (None, _envelope("c", None, {**ROW, "price": _b64(10**11, 8)}), "does not fit DECIMAL(10,2)"),
         (None, _envelope("c", None, {**ROW, "born": "2024-01-01"}), "'2024-01-01' is not an integer"),
         (None, _envelope("c", None, {**ROW, "at": "2024-01-01T00:00:00"}), "has no zone"),

@@ -1,0 +1,110 @@
+"""Debezium topics into mirror tables, one query for all (``deltaflow ingest --cdc debezium``),
+against the broker: every kind of change, rounds compared with what the database holds, read
+back by DuckDB."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from deltaflow.config.ingest import IngestConfig
+from deltaflow.pipeline.topic_ingest import start
+from tests.fixtures.debezium import FLOAT64, INT32, INT64, STRING, UNAVAILABLE, ChangeTopic, Sequencer
+from tests.fixtures.readers import duckdb_delta
+
+COLUMNS = [("id", INT32), ("name", STRING), ("score", FLOAT64)]
+
+
+def _config(kafka, prefix: str, root, **extra) -> IngestConfig:
+    return IngestConfig.build(
+        topic_pattern=rf"{prefix}\.inventory\.(.*)",
+        table_uri=str(root / "{1}"),
+        brokers=kafka.bootstrap,
+        pipeline_id="mirrors",
+        ends_at_latest_offsets=True,
+        cdc="debezium",
+        **extra,
+    )
+
+
+def _run(spark, config: IngestConfig) -> None:
+    query = start(spark, config)
+    assert query.awaitTermination(300)
+    assert query.exception() is None, query.exception()
+
+
+def _mirror(uri) -> dict:
+    """The mirror's rows by key, read by DuckDB (the bookkeeping column left out)."""
+    con = duckdb_delta()
+    cursor = con.execute(f"SELECT * FROM delta_scan('{uri}')")
+    names = [d[0] for d in cursor.description]
+    rows = [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
+    return {r["id"]: {k: v for k, v in r.items() if k != "_change_sequence"} for r in rows}
+
+
+def _expected(topic: ChangeTopic) -> dict:
+    return {k[0]: dict(v) for k, v in topic.rows.items()}
+
+
+def _check(root, topics: dict[str, ChangeTopic]) -> None:
+    for name, topic in topics.items():
+        assert _mirror(root / name) == _expected(topic), name
+
+
+@pytest.mark.parametrize("schemas", [True, False], ids=["with-schemas", "without-schemas"])
+def test_every_kind_of_change_lands_in_its_mirror(spark, kafka, tmp_path, schemas):
+    prefix = f"db{uuid.uuid4().hex[:6]}"
+    sequencer = Sequencer()
+    names = ["customers", "orders", "items"]
+    topics = {
+        n: ChangeTopic(kafka, f"{prefix}.inventory.{n}", COLUMNS, schemas=schemas, sequencer=sequencer)
+        for n in names
+    }
+    root = tmp_path / "lake"
+    # Round 1: a snapshot and inserts, an update and a delete of rows the batch inserted.
+    for i, topic in enumerate(topics.values()):
+        for k in range(20):
+            topic.insert({"id": k, "name": f"n{k}", "score": k * 1.5}, op="r" if k < 10 else "c")
+        sequencer.commit()
+        topic.update({"id": 3, "name": "three", "score": 3.0})
+        topic.update({"id": 3, "name": "three again", "score": 4.0})
+        topic.delete([4])
+        topic.insert({"id": 4, "name": "four back", "score": None})
+        topic.delete([5 + i], full=True)
+        sequencer.commit()
+        topic.send()
+    _run(spark, _config(kafka, prefix, root))
+    _check(root, topics)
+    # Round 2: updates with and without the old row, a value the database did not send (kept),
+    # deletes with tombstones, a truncate of one table followed by new rows.
+    for topic in topics.values():
+        topic.update({"id": 1, "name": "one", "score": 11.0}, before=topic.rows[(1,)])
+        topic.update({"id": 2, "name": UNAVAILABLE, "score": 22.0})
+        topic.delete([12])
+        sequencer.commit()
+    topics["orders"].truncate(partition=1)
+    sequencer.commit()
+    topics["orders"].insert({"id": 100, "name": "after the truncate", "score": 1.0})
+    topics["orders"].insert({"id": 3, "name": "three after the truncate", "score": 2.0})
+    for topic in topics.values():
+        topic.send()
+    _run(spark, _config(kafka, prefix, root))
+    _check(root, topics)
+    assert _mirror(root / "customers")[2]["name"] == "n2"  # kept: the database did not send it
+
+
+def test_a_column_added_in_the_source_is_added_to_the_mirror(spark, kafka, tmp_path):
+    prefix = f"db{uuid.uuid4().hex[:6]}"
+    topic = ChangeTopic(kafka, f"{prefix}.inventory.people", COLUMNS)
+    root = tmp_path / "lake"
+    for k in range(5):
+        topic.insert({"id": k, "name": f"p{k}", "score": 1.0})
+    topic.send()
+    _run(spark, _config(kafka, prefix, root))
+    topic.add_column("age", INT64)
+    topic.update({"id": 1, "name": "p1", "score": 2.0, "age": 41})
+    topic.insert({"id": 9, "name": "p9", "score": 9.0, "age": 9})
+    topic.send()
+    _run(spark, _config(kafka, prefix, root))
+    assert _mirror(root / "people") == _expected(topic)
