@@ -256,7 +256,14 @@ class KafkaSourceSpec(_Model):
     def _check(self) -> KafkaSourceSpec:
         if (self.topic is None) == (self.topic_pattern is None):
             raise ValueError("set exactly one of topic and topic_pattern")
-        if self.format == "json" and not self.schema_:
+        if (
+            self.format == "json"
+            and not self.schema_
+            and not self.topic_pattern
+            and "," not in (self.topic or "")
+        ):
+            # (Several topics may go to a table each, whose columns come from each topic's
+            # messages: PipelineSpec checks those.)
             raise ValueError("format json needs schema (Spark DDL of the value's fields)")
         if self.format == "avro" and not (self.avro_schema or self.schema_registry_url):
             raise ValueError("format avro needs avro_schema or schema_registry_url")
@@ -556,6 +563,34 @@ class PipelineSpec(_Model):
                     f"sinks[{i}]: a merge from a {self.source.type} source needs sequence_by (the rows of "
                     "one batch have no order of their own: which change of a key is the latest?)"
                 )
+        if (
+            any(
+                s.write_mode == "merge" and s.cdc_format == "debezium" and not s.key_columns
+                for s in self.sinks
+            )
+            and not self.debezium_mirrors()
+        ):
+            problems.append(
+                "a merge with cdc_format debezium on the Spark engine needs key_columns; a table_uri "
+                "template ({topic}, {1} ...) or engine: arrow keeps each topic's mirror with the key "
+                "of its messages"
+            )
+        src = self.source
+        if (
+            isinstance(src, KafkaSourceSpec)
+            and src.format == "json"
+            and not src.schema_
+            and not (self.table_per_topic() or self.debezium_mirrors())
+        ):
+            problems.append(
+                "source: format json needs schema (Spark DDL of the value's fields); a table_uri "
+                "template ({topic}, {1} ...) takes each topic's columns from its messages"
+            )
+        if self.debezium_mirrors() and self.sinks[0].sequence_by:
+            problems.append(
+                "sinks[0]: sequence_by does not apply to Debezium mirrors: each change's sequence comes "
+                "from its event (the database's position, else the Kafka offset)"
+            )
         problems += self._postgres_problems()
         problems += self._parquet_files_problems()
         problems += self._template_problems()
@@ -693,6 +728,19 @@ class PipelineSpec(_Model):
             problems.append("a table per topic runs on the Arrow engine: set engine: arrow or auto")
         return problems
 
+    def debezium_mirrors(self) -> bool:
+        """Whether this pipeline keeps Debezium topics as mirror tables on the Arrow engine
+        (``deltaflow ingest --cdc debezium``): a Kafka source into one merge sink with
+        ``cdc_format: debezium`` whose ``table_uri`` is a template, or with ``engine: arrow``."""
+        sink = self.sinks[0]
+        return (
+            isinstance(self.source, KafkaSourceSpec)
+            and len(self.sinks) == 1
+            and sink.write_mode == "merge"
+            and sink.cdc_format == "debezium"
+            and (self.table_per_topic() or self.engine == "arrow")
+        )
+
     def arrow_blockers(self) -> list[str]:
         """Why the Arrow engine cannot run this pipeline (empty: it can)."""
         src = self.source
@@ -714,7 +762,7 @@ class PipelineSpec(_Model):
             reasons.append(f"{', '.join(used)} (Spark SQL)")
         if len(self.sinks) > 1 or self.sinks[0].when:
             reasons.append("routing to several sinks or a sink's when (Spark SQL)")
-        if self.sinks[0].write_mode != "append":
+        if self.sinks[0].write_mode != "append" and not self.debezium_mirrors():
             reasons.append(f"write_mode {self.sinks[0].write_mode} (the Arrow engine appends)")
         if self.sinks[0].time_partition_pattern or self.sinks[0].shuffle_by_partition:
             reasons.append("time_partition_pattern or shuffle_by_partition (Spark SQL)")
@@ -742,7 +790,15 @@ class PipelineSpec(_Model):
         topics = src.topics
         # Ingest owns the progress and the writer; append is the only mode here (op_column is
         # for merges). The schema mode is the sink's, default included.
-        owned = {"table_uri", "write_path", "write_mode", "op_column", "writer_epoch"}
+        owned = {
+            "table_uri",
+            "write_path",
+            "write_mode",
+            "op_column",
+            "writer_epoch",
+            "key_columns",
+            "cdc_format",
+        }
         table = sink.model_dump(exclude={*_ROUTING_KEYS, *owned}, exclude_defaults=True)
         table["schema_mode"] = sink.schema_mode
         values: dict[str, Any] = {
@@ -770,6 +826,9 @@ class PipelineSpec(_Model):
             "engine": self.engine if self.engine != "spark" else "arrow",
             "table_options": table,
         }
+        if self.debezium_mirrors():
+            values["cdc"] = "debezium"
+            values["key_columns"] = sink.key_columns
         if isinstance(src.starting_offsets, dict):
             values["seek_offsets"] = src.starting_offsets.get(topics[0], {})
         else:

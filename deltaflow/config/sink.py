@@ -172,7 +172,13 @@ class SinkOptions(BaseModel):
 
     @model_validator(mode="after")
     def _check_merge(self) -> SinkOptions:
-        if self.write_mode == "merge" and not self.key_columns and self.cdc_format != "postgres":
+        # (debezium: each topic's key from its messages on the Arrow engine; PipelineSpec
+        # asks for key_columns where the Spark engine runs it.)
+        if (
+            self.write_mode == "merge"
+            and not self.key_columns
+            and self.cdc_format not in ("postgres", "debezium")
+        ):
             raise ValueError(
                 "write_mode merge needs key_columns (the columns identifying a row; a mirror of a "
                 "PostgreSQL table in a postgres-cdc pipeline: stream: schema.table)"

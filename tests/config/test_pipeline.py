@@ -402,3 +402,30 @@ def test_mirror_sinks_read_their_progress_together_and_validate_names_them(tmp_p
     result = CliRunner().invoke(cli, ["validate", str(path)])
     assert result.exit_code == 0, result.output
     assert "sink1 -> /lake/orders (mirror of public.orders)" in result.output
+
+
+def test_debezium_mirrors_in_yaml_take_the_key_of_their_messages_only_on_the_arrow_engine(tmp_path):
+    mirrors = """
+    pipelines:
+      - id: inventory
+        engine: auto
+        source: {type: kafka, bootstrap_servers: "h:1", topic_pattern: 'db\\.inventory\\.(.*)'}
+        sinks: [{table_uri: "/lake/{1}", write_mode: merge, cdc_format: debezium}]
+    """
+    (spec,) = load_pipelines(_write(tmp_path, mirrors), env={}).pipelines
+    assert spec.debezium_mirrors() and not spec.arrow_blockers()
+    config = spec.ingest_config()
+    assert (config.cdc, config.key_columns, config.table_uri) == ("debezium", (), "/lake/{1}")
+    one_topic = """
+    pipelines:
+      - id: orders
+        source: {type: kafka, bootstrap_servers: "h:1", topic: db.inventory.orders, schema: "id INT"}
+        sinks: [{table_uri: /lake/orders, write_mode: merge, cdc_format: debezium}]
+    """
+    with pytest.raises(
+        PipelineConfigError, match="cdc_format debezium on the Spark engine needs key_columns"
+    ):
+        load_pipelines(_write(tmp_path, one_topic), env={})
+    sequenced = mirrors.replace("cdc_format: debezium}", "cdc_format: debezium, sequence_by: lsn}")
+    with pytest.raises(PipelineConfigError, match="sequence_by does not apply to Debezium mirrors"):
+        load_pipelines(_write(tmp_path, sequenced), env={})

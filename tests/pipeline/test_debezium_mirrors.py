@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from deltalake import DeltaTable
 
 from deltaflow.config.ingest import IngestConfig
 from deltaflow.pipeline.topic_ingest import start
@@ -108,3 +109,45 @@ def test_a_column_added_in_the_source_is_added_to_the_mirror(spark, kafka, tmp_p
     topic.send()
     _run(spark, _config(kafka, prefix, root))
     assert _mirror(root / "people") == _expected(topic)
+
+
+MIRRORS_PIPELINE = """
+pipelines:
+  - pipeline_id: inventory
+    engine: auto
+    source:
+      type: kafka
+      bootstrap_servers: ${BROKER}
+      topic_pattern: '${PREFIX}\\.inventory\\.(.*)'
+    sinks: [{table_uri: "${DIR}/lake/{1}", write_mode: merge, cdc_format: debezium}]
+    dead_letter: {table_uri: "${DIR}/dead-letters"}
+"""
+
+
+def test_a_yaml_pipeline_keeps_mirrors_and_a_change_it_cannot_read_stops_its_mirror(spark, kafka, tmp_path):
+    from deltaflow.errors import MergeError
+    from deltaflow.service.daemon import run_pipelines
+    from tests.fixtures.pipelines import pipelines
+
+    prefix = f"y{uuid.uuid4().hex[:6]}"
+    good, bad = (ChangeTopic(kafka, f"{prefix}.inventory.{n}", COLUMNS) for n in ("good", "bad"))
+    for topic in (good, bad):
+        for k in range(6):
+            topic.insert({"id": k, "name": f"n{k}", "score": 0.5})
+        topic.send()
+    specs = pipelines(tmp_path, MIRRORS_PIPELINE, BROKER=kafka.bootstrap, PREFIX=prefix)
+    run_pipelines(spark, specs, available_now=True)
+    root = tmp_path / "lake"
+    _check(root, {"good": good, "bad": bad})
+    # A message that is no change event: a dead letter, and its mirror stops (the other commits).
+    bad.update({"id": 1, "name": "kept back", "score": 1.0})
+    bad._pending.insert(0, (b'{"id": 3}', b"not json", 0))
+    bad.send()
+    good.delete([2])
+    good.send()
+    with pytest.raises(MergeError, match=r"1 change\(s\) for the mirror .*/bad cannot be applied"):
+        run_pipelines(spark, specs, available_now=True)
+    assert _mirror(root / "good") == _expected(good)
+    assert _mirror(root / "bad")[1]["name"] == "n1"  # nothing of the batch applied to it
+    letters = DeltaTable(str(tmp_path / "dead-letters")).to_pyarrow_table().to_pylist()
+    assert [(r["topic"], r["value_base64"]) for r in letters] == [(bad.name, "bm90IGpzb24=")]
