@@ -445,6 +445,15 @@ STOP_POLL_S = 1
     "removed, one MERGE per table and batch; the columns come from the change events.",
 )
 @click.option(
+    "--cdc-mode",
+    "--cdc_mode",
+    "cdc_mode",
+    type=click.Choice(["mirror", "append"]),
+    default="mirror",
+    help="With --cdc: mirror keeps a table per topic equal to the database's; append writes every "
+    "change event as a row (data, event_type, timestamp, stream: Rivven's shape) [default: mirror].",
+)
+@click.option(
     "--key-columns",
     "--key_columns",
     "key_columns",
@@ -504,6 +513,7 @@ def ingest(
     checkpoint_location: str | None,
     spark_master: str | None,
     cdc: str,
+    cdc_mode: str,
     key_columns: str | None,
 ) -> None:
     """Ingest a Kafka TOPIC into the Delta table at TABLE_URI, exactly once.
@@ -604,6 +614,7 @@ def ingest(
         commit_to_group=commit_to_group,
         schema_evolution=schema_evolution,
         cdc=cdc,
+        cdc_mode=cdc_mode,
         key_columns=tuple(c.strip() for c in (key_columns or "").split(",") if c.strip()),
         write_path=write_path,
         engine=engine,

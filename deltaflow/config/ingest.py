@@ -130,6 +130,9 @@ class IngestConfig(BaseModel):
     #: ``debezium``: each topic is a Debezium change stream kept as a mirror table (one row
     #: per key, updates applied, deletes removed) instead of appended.
     cdc: Literal["none", "debezium"] = "none"
+    #: ``mirror``: a table per topic kept equal to the database's; ``append``: every change
+    #: event a row (``data``, ``event_type``, ``timestamp``, ``stream``: Rivven's shape).
+    cdc_mode: Literal["mirror", "append"] = "mirror"
     #: A mirror's key columns (default: the message key's fields).
     key_columns: tuple[str, ...] = ()
 
@@ -178,7 +181,11 @@ class IngestConfig(BaseModel):
         if self.cdc == "none":
             if self.key_columns:
                 raise ValueError("--key_columns names a mirror's key: it needs --cdc debezium")
+            if self.cdc_mode != "mirror":
+                raise ValueError("--cdc_mode applies to --cdc debezium")
             return
+        if self.cdc_mode == "append" and self.key_columns:
+            raise ValueError("--key_columns names a mirror's key: --cdc_mode append keeps every event")
         refused = {
             "--transform (a mirror's columns are the database table's)": self.transforms,
             "--schema-evolution (a mirror's columns follow the change events)": self.schema_evolution,

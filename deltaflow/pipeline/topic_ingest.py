@@ -104,6 +104,7 @@ def ingest_topics(
         task_parallelism=default_parallelism(spark),
         min_task_messages=config.min_task_messages,
         cdc=config.cdc,
+        cdc_mode=config.cdc_mode,
         key_columns=config.key_columns,
     )
     check_plan(plan)  # what the Arrow engine cannot run fails here, before the query starts
@@ -143,7 +144,7 @@ def ingest_topics(
         len(routes),
         config.brokers,
         len(preparer.sinks),
-        "mirror table(s)" if config.cdc != "none" else "table(s)",
+        "mirror table(s)" if config.cdc != "none" and config.cdc_mode == "mirror" else "table(s)",
         config.table_uri,
         f", dead letters into {config.dlq_table_location}" if config.dlq_table_location else "",
         location,
@@ -351,13 +352,22 @@ class TablePreparer:
         from deltaflow.delta import log as delta_log
         from deltaflow.delta.schema import check_partition_columns
         from deltaflow.sinks.kafka_mirror import mirror_table_schema
+        from deltaflow.sources.change_topics import EVENT_SCHEMA
         from deltaflow.sources.kafka_ingest import table_schema
 
         cdc = self._config.cdc != "none"
-        values = self._change_fields(missing) if cdc else self._value_fields(missing, at_start=at_start)
+        events = cdc and self._config.cdc_mode == "append"
+        if events:
+            values = {uri: EVENT_SCHEMA for uri in missing}
+        elif cdc:
+            values = self._change_fields(missing)
+        else:
+            values = self._value_fields(missing, at_start=at_start)
         schemas: dict[str, pa.Schema] = {}
         for uri, fields in values.items():
-            if cdc:
+            if events:
+                schema = fields
+            elif cdc:
                 schema = mirror_table_schema(fields)
             else:
                 source = self.router.decoding_for(fields, missing[uri][0]).arrow_schema
@@ -531,7 +541,7 @@ class TablePreparer:
         ]
         for opts in claim_all(options):
             uri = normalize_uri(opts.table_uri)
-            if self._config.cdc != "none":
+            if self._config.cdc != "none" and self._config.cdc_mode == "mirror":
                 from deltaflow.sinks.kafka_mirror import KafkaMirrorSink
 
                 self.sinks[uri] = KafkaMirrorSink(opts)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -29,12 +29,22 @@ import pyarrow.parquet as pq
 from deltaflow.io.changes import STAGING_DIR, ChangeFold
 from deltaflow.io.parquet import WrittenFile
 from deltaflow.io.storage import filesystem
-from deltaflow.sources.debezium import decode
+from deltaflow.sources.debezium import decode, event_data
 
 if TYPE_CHECKING:
     from deltaflow.sources.topic_routes import TableFiles
 
-__all__ = ["ChangeReader", "stage", "staging_path"]
+__all__ = ["EVENT_SCHEMA", "ChangeReader", "events", "stage", "staging_path"]
+
+#: The rows of ``--cdc_mode append``: each change event as Rivven's Delta connector writes it.
+EVENT_SCHEMA = pa.schema(
+    [
+        pa.field("data", pa.string(), nullable=False),
+        pa.field("event_type", pa.string(), nullable=False),
+        pa.field("timestamp", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("stream", pa.string()),
+    ]
+)
 
 
 def staging_path(prefix: str) -> str:
@@ -68,6 +78,36 @@ class ChangeReader:
             fold = self.folds[table.table_uri] = ChangeFold(self._key or None, _data_columns(table.schema))
             self.tables[table.table_uri] = table
         return [_fold_one(fold, k, v, o, self._key) for k, v, o in zip(keys, values, offsets, strict=True)]
+
+
+def events(
+    topic: str, keys: Sequence[bytes | None], values: Sequence[bytes | None], timestamps: Sequence[Any]
+) -> tuple[pa.Table, list[str | None]]:
+    """``--cdc_mode append``: the messages' change events as rows of :data:`EVENT_SCHEMA`
+    (tombstones passed over), and per message why it is no change event (``None``: it is one,
+    or a tombstone). ``timestamps``: the messages' Kafka timestamps (for events without a time)."""
+    columns: dict[str, list[Any]] = {f.name: [] for f in EVENT_SCHEMA}
+    errors: list[str | None] = []
+    for key, value, stamp in zip(keys, values, timestamps, strict=True):
+        change = decode(key, value)
+        errors.append(change.error)
+        if change.error is not None or change.event is None:
+            continue
+        columns["data"].append(event_data(change))
+        columns["event_type"].append(change.event)
+        columns["timestamp"].append(
+            change.timestamp_ms * 1000 if change.timestamp_ms is not None else _micros(stamp)
+        )
+        columns["stream"].append(change.stream or topic)
+    return pa.table(columns, schema=EVENT_SCHEMA), errors
+
+
+def _micros(stamp: Any) -> int:
+    import datetime as dt
+
+    if isinstance(stamp, dt.datetime):
+        return int(stamp.timestamp() * 1_000_000)
+    return int(stamp or 0) * 1000
 
 
 def _data_columns(schema: pa.Schema) -> pa.Schema:

@@ -37,6 +37,7 @@ __all__ = [
     "arrow_type",
     "converter",
     "decode",
+    "event_data",
     "row_schema",
     "source_sequence",
     "struct_schema",
@@ -371,6 +372,12 @@ class Change:
     key_schema: pa.Schema | None = None
     error: str | None = None
     sequence: int | None = None
+    #: ``insert``, ``snapshot``, ``update``, ``delete`` or ``truncate`` (the event table's names).
+    event: str | None = None
+    #: The change's time in the database (``ts_ms`` of ``source``, else of the envelope).
+    timestamp_ms: int | None = None
+    #: ``<schema or database>.<table>`` from ``source`` (``None`` when it names no table).
+    stream: str | None = None
 
 
 def _envelope(raw: bytes, what: str) -> tuple[Any, Mapping[str, Any] | None]:
@@ -419,6 +426,49 @@ def _row(value: Any, schema: Mapping[str, Any] | None, what: str) -> dict[str, A
     return row
 
 
+_EVENTS = {"c": "insert", "r": "snapshot", "u": "update", "d": "delete", "t": "truncate"}
+
+
+def _where(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """The change's time and table, from the envelope."""
+    found = payload.get("source")
+    source: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    stamp = source.get("ts_ms", payload.get("ts_ms"))
+    table = source.get("table")
+    schema = source.get("schema") or source.get("db")
+    return {
+        "timestamp_ms": stamp if isinstance(stamp, int) and not isinstance(stamp, bool) else None,
+        "stream": f"{schema}.{table}" if isinstance(table, str) and isinstance(schema, str) else None,
+    }
+
+
+def event_data(change: Change) -> str:
+    """The change's row as JSON text, as an event table holds it: the row of an insert,
+    snapshot read or delete, ``{"before": ..., "after": ...}`` of an update, ``{}`` of a truncate.
+    Decimals keep their digits, times are ISO 8601, bytes base64."""
+    if change.event == "update":
+        return _json({"before": change.before, "after": change.image})
+    if change.event == "truncate":
+        return "{}"
+    return _json(change.image if change.image is not None else change.key or {})
+
+
+def _json(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{json.dumps(str(k))}:{_json(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_json(v) for v in value) + "]"
+    if isinstance(value, Decimal):
+        return format(value, "f")
+    if isinstance(value, dt.datetime | dt.date):
+        return json.dumps(value.isoformat())
+    if isinstance(value, bytes):
+        return json.dumps(base64.b64encode(value).decode())
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return json.dumps(str(value))  # NaN, Infinity: no JSON numbers
+    return json.dumps(value, ensure_ascii=False)
+
+
 def row_schema(text: str) -> tuple[pa.Schema | None, dict[str, Any] | None]:
     """From one change event's text: the row's columns (the envelope's ``after`` schema, with
     ``schemas.enable``), else its row as sent (``after``, or ``before``); ``(None, None)`` when
@@ -456,8 +506,9 @@ def decode(key: bytes | None, value: bytes | None) -> Change:
         if op is None:
             raise _BadValueError(f"unknown Debezium op {payload['op']!r} (expected c, r, u, d or t)")
         sequence = source_sequence(payload.get("source"))
+        where = _where(payload)
         if op == "truncate":
-            return Change("truncate", key=key_row, sequence=sequence)
+            return Change("truncate", key=key_row, sequence=sequence, event="truncate", **where)
         after_schema, before_schema = _field(schema, "after"), _field(schema, "before")
         image_schema = after_schema if op == "upsert" else before_schema
         if schema is not None and image_schema is None:
@@ -476,6 +527,8 @@ def decode(key: bytes | None, value: bytes | None) -> Change:
             schema=struct_schema(image_schema) if image_schema is not None else None,
             key_schema=struct_schema(key_schema) if key_schema is not None else None,
             sequence=sequence,
+            event=_EVENTS[str(payload["op"])],
+            **where,
         )
     except _BadValueError as exc:
         return Change(None, error=str(exc))

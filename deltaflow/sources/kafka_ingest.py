@@ -136,6 +136,8 @@ class IngestPlan:
     #: ``debezium``: the topics are change streams kept as mirror tables (tasks stage folded
     #: changes, :mod:`deltaflow.sources.change_topics`); ``none``: rows are appended.
     cdc: str = "none"
+    #: ``mirror`` (the changes merged) or ``append`` (each change event a row).
+    cdc_mode: str = "mirror"
     #: A mirror's key columns (default: the message key's).
     key_columns: tuple[str, ...] = ()
 
@@ -576,9 +578,10 @@ def _write_change_task(task: IngestTask, prefix: str, batch_id: int | None) -> p
     """Steps 0.1-0.4 of a task of Debezium topics (:mod:`deltaflow.sources.change_topics`):
     read, fold per table and key, write each table's fold as one staging file and the dead
     letters as data files of the dead-letter tables."""
-    from deltaflow.sources.change_topics import ChangeReader, stage
+    from deltaflow.sources.change_topics import ChangeReader, events, stage
 
     plan = task.plan
+    appended: dict[str, PartitionedFileWriter] = {}
     result = TaskResult(writer=writer_process())
     reader = ChangeReader(plan.key_columns)
     letters: dict[str, PartitionedFileWriter] = {}
@@ -594,12 +597,25 @@ def _write_change_task(task: IngestTask, prefix: str, batch_id: int | None) -> p
             )
             table = pa.Table.from_batches([batch])
             outcome.rows += table.num_rows
-            errors = reader.fold(
-                route.main,
-                table.column("key").to_pylist(),
-                table.column("value").to_pylist(),
-                table.column("offset").to_pylist(),
-            )
+            if plan.cdc_mode == "append":
+                event_rows, errors = events(
+                    item.range.topic,
+                    table.column("key").to_pylist(),
+                    table.column("value").to_pylist(),
+                    table.column("timestamp").to_pylist(),
+                )
+                if event_rows.num_rows:
+                    if current not in appended:
+                        appended[current] = _writer(route.main, prefix)
+                    for part in _conform(event_rows, route.main.schema).to_batches():
+                        appended[current].write(part)
+            else:
+                errors = reader.fold(
+                    route.main,
+                    table.column("key").to_pylist(),
+                    table.column("value").to_pylist(),
+                    table.column("offset").to_pylist(),
+                )
             if not any(errors):
                 continue
             error = pa.chunked_array([pa.array(errors, pa.string())])
@@ -612,9 +628,9 @@ def _write_change_task(task: IngestTask, prefix: str, batch_id: int | None) -> p
             new = pc.and_(bad, pc.greater(table.column("offset"), item.dead_lettered_through))
             rows, _, _ = _decoded(table)
             kafka = rows.column(arrow_transforms.KAFKA_COLUMN)
-            dead = _dead_letters(table.filter(new), error.filter(new), kafka.filter(new), plan.dlq_format)
+            failed = _dead_letters(table.filter(new), error.filter(new), kafka.filter(new), plan.dlq_format)
             dead, _ = arrow_transforms.apply(
-                dead,
+                failed,
                 [parse_transform(t) for t in plan.dlq_transforms],
                 target_schema=route.dead_letters.schema,
             )
@@ -629,11 +645,14 @@ def _write_change_task(task: IngestTask, prefix: str, batch_id: int | None) -> p
             current = uri
             if fold:
                 result.tables[uri].files = [stage(reader.tables[uri], fold, prefix)]
+        for uri, out in appended.items():
+            current = uri
+            result.tables[uri].files = out.close()
         for uri, out in letters.items():
             current = uri
             result.dead_letters[uri] = out.close()
     except BaseException as exc:
-        for out in letters.values():
+        for out in [*letters.values(), *appended.values()]:
             out.discard()
         if isinstance(exc, OSError):
             raise storage_error(exc, current, "staging changes of") from exc

@@ -151,3 +151,30 @@ def test_a_yaml_pipeline_keeps_mirrors_and_a_change_it_cannot_read_stops_its_mir
     assert _mirror(root / "bad")[1]["name"] == "n1"  # nothing of the batch applied to it
     letters = DeltaTable(str(tmp_path / "dead-letters")).to_pyarrow_table().to_pylist()
     assert [(r["topic"], r["value_base64"]) for r in letters] == [(bad.name, "bm90IGpzb24=")]
+
+
+def test_append_mode_keeps_every_change_event_as_a_row(spark, kafka, tmp_path):
+    import json
+
+    prefix = f"db{uuid.uuid4().hex[:6]}"
+    topic = ChangeTopic(kafka, f"{prefix}.inventory.events", COLUMNS)
+    topic.insert({"id": 1, "name": "a", "score": 1.0}, op="r")
+    topic.insert({"id": 2, "name": "b", "score": 2.0})
+    topic.update({"id": 2, "name": "b2", "score": 2.5}, before={"id": 2, "name": "b", "score": 2.0})
+    topic.delete([1])  # and its tombstone: no row
+    topic.truncate()
+    topic.send()
+    root = tmp_path / "lake"
+    _run(spark, _config(kafka, prefix, root, cdc_mode="append"))
+    con = duckdb_delta()
+    rows = con.execute(
+        f"SELECT event_type, data, stream, timestamp FROM delta_scan('{root / 'events'}') ORDER BY timestamp"
+    ).fetchall()
+    assert [r[0] for r in rows] == ["snapshot", "insert", "update", "delete", "truncate"]
+    assert {r[2] for r in rows} == {"inventory.events"}
+    assert json.loads(rows[2][1]) == {
+        "before": {"id": 2, "name": "b", "score": 2.0},
+        "after": {"id": 2, "name": "b2", "score": 2.5},
+    }
+    assert json.loads(rows[3][1]) == {"id": 1, "name": None, "score": None}
+    assert len({r[3] for r in rows}) == 5  # each event's own time, from its source
