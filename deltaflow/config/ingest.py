@@ -191,8 +191,10 @@ class IngestConfig(BaseModel):
             "--schema-evolution (a mirror's columns follow the change events)": self.schema_evolution,
             "--engine spark": self.engine == "spark",
             "--seek_offsets": self.seek_offsets,
-            "--avro, --soe-avro or --json-registry (the JSON converter's messages are read; Avro "
-            "is not yet)": self.value_format == "avro" or self.soe_avro or self.json_registry,
+            "--soe-avro, --json-registry, or --avro other than a schema registry URL (the Avro "
+            "converter's messages name their schemas in a registry)": self.soe_avro
+            or self.json_registry
+            or (self.value_format == "avro" and not (self.avro or "").startswith(("http://", "https://"))),
             "--raw": self.value_format == "raw",
             "--schema (the columns come from the change events)": self.value_schema,
         }

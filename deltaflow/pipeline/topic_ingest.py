@@ -106,6 +106,8 @@ def ingest_topics(
         cdc=config.cdc,
         cdc_mode=config.cdc_mode,
         key_columns=config.key_columns,
+        registry_url=config.avro if config.cdc != "none" and config.value_format == "avro" else None,
+        registry_auth=config.registry_auth,
     )
     check_plan(plan)  # what the Arrow engine cannot run fails here, before the query starts
     tables = IngestTables(
@@ -454,9 +456,15 @@ class TablePreparer:
         from deltaflow.pipeline.ingest import sample_topics
         from deltaflow.sources.debezium import row_schema
 
+        out: dict[str, pa.Schema] = {}
+        if self._config.value_format == "avro":
+            for uri, ts in missing.items():
+                found = self._avro_row(ts[0])
+                if found is not None:
+                    out[uri] = found
+            return out
         topics = sorted({t for ts in missing.values() for t in ts})
         samples = sample_topics(self._config, topics)
-        out: dict[str, pa.Schema] = {}
         rows: dict[str, list[str]] = {}
         for uri, ts in missing.items():
             for text in (x for t in ts for x in samples.get(t, [])):
@@ -480,6 +488,31 @@ class TablePreparer:
                     ts,
                 )
         return out
+
+    def _avro_row(self, topic: str) -> pa.Schema | None:
+        """A Debezium topic's row columns from its registry subject ``<topic>-value`` (the
+        envelope's ``after``), ``None`` (logged) while the subject has no schema."""
+        import json
+
+        from deltaflow.sources.debezium import connect_schema, struct_schema
+        from deltaflow.sources.decode import SchemaRegistry
+
+        registry = SchemaRegistry(self._config.avro or "", basic_auth=self._config.registry_auth)
+        try:
+            _, text = registry.latest(f"{topic}-value")
+        except ConfigError:
+            logger.warning(
+                "topic %r: the registry has no subject %r yet: no table yet", topic, f"{topic}-value"
+            )
+            return None
+        envelope = connect_schema(json.loads(text))
+        after = next((f for f in envelope.get("fields") or [] if f.get("field") == "after"), None)
+        if after is None:
+            raise ConfigError(
+                f"topic {topic!r}: the latest schema of {topic}-value is no Debezium envelope (no 'after')",
+                topic=topic,
+            )
+        return struct_schema(after)
 
     def _avro_fields(self, topic: str) -> pa.Schema:
         """The columns of ``topic``'s Avro reader schema."""

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from deltaflow.io.changes import STAGING_DIR, ChangeFold
 from deltaflow.io.parquet import WrittenFile
 from deltaflow.io.storage import filesystem
-from deltaflow.sources.debezium import decode, event_data
+from deltaflow.sources.debezium import AvroEnvelopes, Change, decode, event_data
 
 if TYPE_CHECKING:
     from deltaflow.sources.topic_routes import TableFiles
@@ -59,8 +59,9 @@ class ChangeReader:
         key_columns: The mirrors' key columns (``()``: each message key's fields).
     """
 
-    def __init__(self, key_columns: Sequence[str] = ()) -> None:
+    def __init__(self, key_columns: Sequence[str] = (), avro: AvroEnvelopes | None = None) -> None:
         self._key = tuple(key_columns)
+        self._avro = avro
         self.folds: dict[str, ChangeFold] = {}
         self.tables: dict[str, TableFiles] = {}
 
@@ -77,11 +78,18 @@ class ChangeReader:
         if fold is None:
             fold = self.folds[table.table_uri] = ChangeFold(self._key or None, _data_columns(table.schema))
             self.tables[table.table_uri] = table
-        return [_fold_one(fold, k, v, o, self._key) for k, v, o in zip(keys, values, offsets, strict=True)]
+        return [
+            _fold_one(fold, decode(k, v, self._avro), o, self._key)
+            for k, v, o in zip(keys, values, offsets, strict=True)
+        ]
 
 
 def events(
-    topic: str, keys: Sequence[bytes | None], values: Sequence[bytes | None], timestamps: Sequence[Any]
+    topic: str,
+    keys: Sequence[bytes | None],
+    values: Sequence[bytes | None],
+    timestamps: Sequence[Any],
+    avro: AvroEnvelopes | None = None,
 ) -> tuple[pa.Table, list[str | None]]:
     """``--cdc_mode append``: the messages' change events as rows of :data:`EVENT_SCHEMA`
     (tombstones passed over), and per message why it is no change event (``None``: it is one,
@@ -89,7 +97,7 @@ def events(
     columns: dict[str, list[Any]] = {f.name: [] for f in EVENT_SCHEMA}
     errors: list[str | None] = []
     for key, value, stamp in zip(keys, values, timestamps, strict=True):
-        change = decode(key, value)
+        change = decode(key, value, avro)
         errors.append(change.error)
         if change.error is not None or change.event is None:
             continue
@@ -116,11 +124,8 @@ def _data_columns(schema: pa.Schema) -> pa.Schema:
     return pa.schema([f for f in schema if f.name != SEQUENCE_COLUMN])
 
 
-def _fold_one(
-    fold: ChangeFold, key: bytes | None, value: bytes | None, offset: int, key_columns: tuple[str, ...]
-) -> str | None:
+def _fold_one(fold: ChangeFold, change: Change, offset: int, key_columns: tuple[str, ...]) -> str | None:
     """Fold one message in; why it cannot be applied (``None``: folded, or a tombstone)."""
-    change = decode(key, value)
     if change.error is not None:
         return change.error
     if change.op is None:

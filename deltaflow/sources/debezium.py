@@ -34,7 +34,9 @@ import pyarrow as pa
 __all__ = [
     "UNAVAILABLE",
     "Change",
+    "AvroEnvelopes",
     "arrow_type",
+    "connect_schema",
     "converter",
     "decode",
     "event_data",
@@ -203,12 +205,16 @@ def converter(schema: Mapping[str, Any]) -> Callable[[Any], Any]:
     if name in _DATES:
 
         def convert(v: Any) -> Any:
+            if isinstance(v, dt.date) and not isinstance(v, dt.datetime):
+                return v  # Avro's date logical type, read
             return _EPOCH_DAY + dt.timedelta(days=_int(v))
 
     elif name in _LOCAL_TIMESTAMPS:
         per_second = _LOCAL_TIMESTAMPS[name]
 
         def convert(v: Any) -> Any:
+            if isinstance(v, dt.datetime):  # Avro's timestamp logical types, read (UTC)
+                return v.astimezone(dt.UTC).replace(tzinfo=None) if v.tzinfo else v
             return _EPOCH + dt.timedelta(microseconds=_int(v) * 1_000_000 // per_second)
 
     elif name == _ZONED_TIMESTAMP:
@@ -226,6 +232,8 @@ def converter(schema: Mapping[str, Any]) -> Callable[[Any], Any]:
         per_second = _TIMES[name]
 
         def convert(v: Any) -> Any:
+            if isinstance(v, dt.time):  # Avro's time logical types, read
+                return v.isoformat()
             return _time_text(v, per_second)
 
     elif name == _DECIMAL:
@@ -490,45 +498,173 @@ def row_schema(text: str) -> tuple[pa.Schema | None, dict[str, Any] | None]:
     return None, None
 
 
-def decode(key: bytes | None, value: bytes | None) -> Change:
-    """One Debezium message (JSON converter, with or without schemas) as a :class:`Change`."""
+def decode(key: bytes | None, value: bytes | None, avro: AvroEnvelopes | None = None) -> Change:
+    """One Debezium message as a :class:`Change`: Kafka Connect's JSON converter (with or without
+    schemas), or with ``avro`` its Avro converter (the Confluent wire format and a registry)."""
     try:
-        key_payload, key_schema = _envelope(key, "key") if key is not None else (None, None)
+        read = avro.read if avro is not None else _envelope
+        key_payload, key_schema = read(key, "key") if key is not None else (None, None)
         if key_payload is not None and not isinstance(key_payload, dict):
             raise _BadValueError("the key is not an object of the key's columns")
         key_row = _row(key_payload, key_schema, "the key")
         if value is None:
             return Change(None, key=key_row)
-        payload, schema = _envelope(value, "value")
-        if not isinstance(payload, dict) or "op" not in payload:
-            raise _BadValueError("the value is not a Debezium change event (no 'op')")
-        op = _OPS.get(str(payload["op"]))
-        if op is None:
-            raise _BadValueError(f"unknown Debezium op {payload['op']!r} (expected c, r, u, d or t)")
-        sequence = source_sequence(payload.get("source"))
-        where = _where(payload)
-        if op == "truncate":
-            return Change("truncate", key=key_row, sequence=sequence, event="truncate", **where)
-        after_schema, before_schema = _field(schema, "after"), _field(schema, "before")
-        image_schema = after_schema if op == "upsert" else before_schema
-        if schema is not None and image_schema is None:
-            raise _BadValueError("the envelope's schema has no 'after'/'before' struct")
-        before = _row(payload.get("before"), before_schema, "'before'")
-        image = _row(payload.get("after"), after_schema, "'after'") if op == "upsert" else before
-        if op == "upsert" and image is None:
-            raise _BadValueError(f"a {payload['op']!r} event without 'after'")
-        if op == "delete" and image is None and key_row is None:
-            raise _BadValueError("a delete without 'before' and without a key: no row to delete")
-        return Change(
-            op,
-            key=key_row,
-            image=image,
-            before=before if op == "upsert" else None,
-            schema=struct_schema(image_schema) if image_schema is not None else None,
-            key_schema=struct_schema(key_schema) if key_schema is not None else None,
-            sequence=sequence,
-            event=_EVENTS[str(payload["op"])],
-            **where,
-        )
+        payload, schema = read(value, "value")
+        return _change(key_row, key_schema, payload, schema)
     except _BadValueError as exc:
         return Change(None, error=str(exc))
+
+
+def _change(
+    key_row: dict[str, Any] | None,
+    key_schema: Mapping[str, Any] | None,
+    payload: Any,
+    schema: Mapping[str, Any] | None,
+) -> Change:
+    if not isinstance(payload, dict) or "op" not in payload:
+        raise _BadValueError("the value is not a Debezium change event (no 'op')")
+    op = _OPS.get(str(payload["op"]))
+    if op is None:
+        raise _BadValueError(f"unknown Debezium op {payload['op']!r} (expected c, r, u, d or t)")
+    sequence = source_sequence(payload.get("source"))
+    where = _where(payload)
+    if op == "truncate":
+        return Change("truncate", key=key_row, sequence=sequence, event="truncate", **where)
+    after_schema, before_schema = _field(schema, "after"), _field(schema, "before")
+    image_schema = after_schema if op == "upsert" else before_schema
+    if schema is not None and image_schema is None:
+        raise _BadValueError("the envelope's schema has no 'after'/'before' struct")
+    before = _row(payload.get("before"), before_schema, "'before'")
+    image = _row(payload.get("after"), after_schema, "'after'") if op == "upsert" else before
+    if op == "upsert" and image is None:
+        raise _BadValueError(f"a {payload['op']!r} event without 'after'")
+    if op == "delete" and image is None and key_row is None:
+        raise _BadValueError("a delete without 'before' and without a key: no row to delete")
+    return Change(
+        op,
+        key=key_row,
+        image=image,
+        before=before if op == "upsert" else None,
+        schema=struct_schema(image_schema) if image_schema is not None else None,
+        key_schema=struct_schema(key_schema) if key_schema is not None else None,
+        sequence=sequence,
+        event=_EVENTS[str(payload["op"])],
+        **where,
+    )
+
+
+# -- Avro (Kafka Connect's Avro converter) ------------------------------------------------------
+
+_AVRO_PRIMITIVES = {
+    "int": "int32",
+    "long": "int64",
+    "float": "float32",
+    "double": "float64",
+    "boolean": "boolean",
+    "string": "string",
+    "bytes": "bytes",
+    "enum": "string",
+    "fixed": "bytes",
+}
+
+
+def connect_schema(avro: Any, names: dict[str, Any] | None = None, namespace: str = "") -> dict[str, Any]:
+    """An Avro schema (as the Avro converter writes it: ``connect.name``, ``connect.type``,
+    ``connect.parameters``) as the Kafka Connect schema the JSON converter would have sent, so
+    that both are typed alike (:func:`arrow_type`, :func:`converter`)."""
+    names = {} if names is None else names
+    if isinstance(avro, list):
+        branches = [b for b in avro if b != "null"]
+        if len(branches) != 1:
+            raise _BadValueError(f"an Avro union of {avro!r} (a column is one type, or null)")
+        return {**connect_schema(branches[0], names, namespace), "optional": True}
+    if isinstance(avro, str):
+        if avro in names or f"{namespace}.{avro}" in names:
+            return dict(names.get(avro) or names[f"{namespace}.{avro}"])
+        if avro not in _AVRO_PRIMITIVES:
+            raise _BadValueError(f"unknown Avro type {avro!r}")
+        return {"type": _AVRO_PRIMITIVES[avro], "optional": False}
+    if not isinstance(avro, Mapping):
+        raise _BadValueError(f"unknown Avro schema {avro!r}")
+    kind = avro.get("type")
+    out: dict[str, Any]
+    if kind == "record":
+        space = avro.get("namespace", namespace)
+        name = avro.get("name", "")
+        full = name if "." in name or not space else f"{space}.{name}"
+        out = {"type": "struct", "name": avro.get("connect.name", full), "optional": False, "fields": []}
+        names[full] = out
+        names.setdefault(name, out)
+        out["fields"] = [
+            {"field": f["name"], **connect_schema(f["type"], names, space)} for f in avro["fields"]
+        ]
+        return out
+    if kind == "array":
+        out = {"type": "array", "items": connect_schema(avro["items"], names, namespace)}
+    elif kind == "map":
+        out = {
+            "type": "map",
+            "keys": {"type": "string"},
+            "values": connect_schema(avro["values"], names, namespace),
+        }
+    elif isinstance(kind, list | Mapping):
+        return connect_schema(kind, names, namespace)
+    elif kind in _AVRO_PRIMITIVES:
+        out = {"type": avro.get("connect.type", _AVRO_PRIMITIVES[kind])}
+        if kind in ("enum", "fixed") and "name" in avro:
+            names[avro["name"]] = {"type": _AVRO_PRIMITIVES[kind], "optional": False}
+    else:
+        raise _BadValueError(f"unknown Avro type {kind!r}")
+    if "connect.name" in avro:
+        out["name"] = avro["connect.name"]
+    parameters = dict(avro.get("connect.parameters") or {})
+    if avro.get("logicalType") == "decimal":
+        out["name"] = _DECIMAL
+        parameters.setdefault("scale", str(avro.get("scale", 0)))
+        if "precision" in avro:
+            parameters.setdefault("connect.decimal.precision", str(avro["precision"]))
+    if parameters:
+        out["parameters"] = parameters
+    out["optional"] = False
+    return out
+
+
+class AvroEnvelopes:
+    """Reads Avro converter messages: the Confluent wire format (magic byte 0, the schema id, the
+    Avro datum), each schema read once from the registry
+    (a :class:`~deltaflow.sources.decode.SchemaRegistry`)."""
+
+    def __init__(self, registry: Any) -> None:
+        import fastavro
+
+        self._fastavro = fastavro
+        self._registry = registry
+        self._schemas: dict[int, tuple[Any, dict[str, Any]]] = {}
+
+    def _schema(self, schema_id: int) -> tuple[Any, dict[str, Any]]:
+        if schema_id not in self._schemas:
+            from deltaflow.errors import ConfigError
+
+            try:
+                text = self._registry.schema_by_id(schema_id)
+            except ConfigError as exc:
+                raise _BadValueError(f"schema id {schema_id}: {exc}") from None
+            parsed = json.loads(text)
+            self._schemas[schema_id] = (self._fastavro.parse_schema(parsed), connect_schema(parsed))
+        return self._schemas[schema_id]
+
+    def read(self, raw: bytes, what: str) -> tuple[Any, Mapping[str, Any] | None]:
+        """(payload, Connect schema) of one framed Avro key or value."""
+        import io
+
+        if len(raw) < 5 or raw[0] != 0:
+            raise _BadValueError(f"the {what} is not in the Confluent wire format (magic byte 0, schema id)")
+        writer, schema = self._schema(int.from_bytes(raw[1:5], "big"))
+        buf = io.BytesIO(raw[5:])
+        try:
+            record = self._fastavro.schemaless_reader(buf, writer, None)
+        except Exception as exc:  # noqa: BLE001 - any decoding failure is this message's error
+            raise _BadValueError(
+                f"the {what} is no Avro datum of its schema: {type(exc).__name__}: {exc}"
+            ) from None
+        return record, schema

@@ -140,6 +140,9 @@ class IngestPlan:
     cdc_mode: str = "mirror"
     #: A mirror's key columns (default: the message key's).
     key_columns: tuple[str, ...] = ()
+    #: Change events in the Avro converter's format: the schema registry (and its basic auth).
+    registry_url: str | None = None
+    registry_auth: str | None = field(default=None, repr=False)
 
     def to_option(self) -> str:
         return base64.b64encode(pickle.dumps(self)).decode()
@@ -583,7 +586,13 @@ def _write_change_task(task: IngestTask, prefix: str, batch_id: int | None) -> p
     plan = task.plan
     appended: dict[str, PartitionedFileWriter] = {}
     result = TaskResult(writer=writer_process())
-    reader = ChangeReader(plan.key_columns)
+    avro = None
+    if plan.registry_url:
+        from deltaflow.sources.debezium import AvroEnvelopes
+        from deltaflow.sources.decode import SchemaRegistry
+
+        avro = AvroEnvelopes(SchemaRegistry(plan.registry_url, basic_auth=plan.registry_auth))
+    reader = ChangeReader(plan.key_columns, avro)
     letters: dict[str, PartitionedFileWriter] = {}
     current = ""
     try:
@@ -603,6 +612,7 @@ def _write_change_task(task: IngestTask, prefix: str, batch_id: int | None) -> p
                     table.column("key").to_pylist(),
                     table.column("value").to_pylist(),
                     table.column("timestamp").to_pylist(),
+                    avro,
                 )
                 if event_rows.num_rows:
                     if current not in appended:

@@ -44,6 +44,10 @@ def test_app_id_is_the_pipeline_id_and_the_model_is_frozen():
         ({"cdc": "debezium", "value_schema": "id INT"}, "--schema (the columns come from the change events)"),
         ({"cdc": "maxwell"}, "cdc: must be one of 'none' or 'debezium'"),
         ({"cdc_mode": "append"}, "--cdc_mode applies to --cdc debezium"),
+        (
+            {"cdc": "debezium", "value_format": "avro", "avro": "x.avsc"},
+            "--avro other than a schema registry URL",
+        ),
         ({"cdc": "debezium", "cdc_mode": "append", "key_columns": ("id",)}, "--cdc_mode append keeps every"),
     ],
     ids=lambda v: str(v)[:40],

@@ -53,16 +53,25 @@ def _check(root, topics: dict[str, ChangeTopic]) -> None:
         assert _mirror(root / name) == _expected(topic), name
 
 
-@pytest.mark.parametrize("schemas", [True, False], ids=["with-schemas", "without-schemas"])
-def test_every_kind_of_change_lands_in_its_mirror(spark, kafka, tmp_path, schemas):
+@pytest.mark.parametrize("converter", ["json-with-schemas", "json", "avro"])
+def test_every_kind_of_change_lands_in_its_mirror(spark, kafka, tmp_path, request, converter):
     prefix = f"db{uuid.uuid4().hex[:6]}"
     sequencer = Sequencer()
     names = ["customers", "orders", "items"]
+    registry = request.getfixturevalue("schema_registry") if converter == "avro" else None
     topics = {
-        n: ChangeTopic(kafka, f"{prefix}.inventory.{n}", COLUMNS, schemas=schemas, sequencer=sequencer)
+        n: ChangeTopic(
+            kafka,
+            f"{prefix}.inventory.{n}",
+            COLUMNS,
+            schemas=converter == "json-with-schemas",
+            sequencer=sequencer,
+            registry=registry,
+        )
         for n in names
     }
     root = tmp_path / "lake"
+    avro = {"value_format": "avro", "avro": registry.url} if registry is not None else {}
     # Round 1: a snapshot and inserts, an update and a delete of rows the batch inserted.
     for i, topic in enumerate(topics.values()):
         for k in range(20):
@@ -75,7 +84,7 @@ def test_every_kind_of_change_lands_in_its_mirror(spark, kafka, tmp_path, schema
         topic.delete([5 + i], full=True)
         sequencer.commit()
         topic.send()
-    _run(spark, _config(kafka, prefix, root))
+    _run(spark, _config(kafka, prefix, root, **avro))
     _check(root, topics)
     # Round 2: updates with and without the old row, a value the database did not send (kept),
     # deletes with tombstones, a truncate of one table followed by new rows.
@@ -90,7 +99,7 @@ def test_every_kind_of_change_lands_in_its_mirror(spark, kafka, tmp_path, schema
     topics["orders"].insert({"id": 3, "name": "three after the truncate", "score": 2.0})
     for topic in topics.values():
         topic.send()
-    _run(spark, _config(kafka, prefix, root))
+    _run(spark, _config(kafka, prefix, root, **avro))
     _check(root, topics)
     assert _mirror(root / "customers")[2]["name"] == "n2"  # kept: the database did not send it
 

@@ -251,3 +251,106 @@ def test_a_decimal_of_38_digits_keeps_every_digit():
     assert change.image["big"] == Decimal("1234567890123456789012345678901234.5678")
     stored = pa.Table.from_pylist([change.image], change.schema).to_pylist()[0]["big"]
     assert stored == Decimal("1234567890123456789012345678901234.5678")
+
+
+def test_avro_converter_messages_are_typed_as_the_json_converters(schema_registry):
+    """Kafka Connect's Avro converter: Connect's types in the Avro schema's connect.* attributes,
+    Decimal as Avro's decimal logical type, the 'after' row a reference to 'before's record."""
+    from deltaflow.sources.debezium import AvroEnvelopes, connect_schema
+    from deltaflow.sources.decode import SchemaRegistry
+
+    row = {
+        "type": "record",
+        "name": "Value",
+        "namespace": "db.public.t",
+        "fields": [
+            {"name": "id", "type": "int"},
+            {"name": "small", "type": ["null", {"type": "int", "connect.type": "int16"}], "default": None},
+            {
+                "name": "price",
+                "type": [
+                    "null",
+                    {
+                        "type": "bytes",
+                        "scale": 2,
+                        "precision": 10,
+                        "connect.version": 1,
+                        "connect.parameters": {"scale": "2", "connect.decimal.precision": "10"},
+                        "connect.name": "org.apache.kafka.connect.data.Decimal",
+                        "logicalType": "decimal",
+                    },
+                ],
+                "default": None,
+            },
+            {"name": "born", "type": ["null", {"type": "int", "connect.name": "io.debezium.time.Date"}]},
+            {
+                "name": "seen",
+                "type": ["null", {"type": "long", "connect.name": "io.debezium.time.MicroTimestamp"}],
+            },
+            {
+                "name": "at",
+                "type": ["null", {"type": "string", "connect.name": "io.debezium.time.ZonedTimestamp"}],
+            },
+            {"name": "tags", "type": ["null", {"type": "array", "items": "string"}]},
+        ],
+    }
+    envelope = {
+        "type": "record",
+        "name": "Envelope",
+        "namespace": "db.public.t",
+        "fields": [
+            {"name": "before", "type": ["null", row], "default": None},
+            {"name": "after", "type": ["null", "db.public.t.Value"], "default": None},
+            {"name": "source", "type": {"type": "record", "name": "Source", "fields": [
+                {"name": "sequence", "type": ["null", "string"]}]}},
+            {"name": "op", "type": "string"},
+        ],
+    }  # fmt: skip
+    key = {
+        "type": "record",
+        "name": "Key",
+        "namespace": "db.public.t",
+        "fields": [{"name": "id", "type": "int"}],
+    }
+    after = {
+        "id": 7,
+        "small": 3,
+        "price": Decimal("123.45"),
+        "born": 19_000,
+        "seen": 1_700_000_000_123_456,
+        "at": "2024-03-01T10:00:00.5+02:00",
+        "tags": ["a"],
+    }
+    value = schema_registry.encode(
+        schema_registry.register("t-value", envelope),
+        {"before": None, "after": after, "source": {"sequence": '["10","12"]'}, "op": "c"},
+    )
+    change = decode(
+        schema_registry.encode(schema_registry.register("t-key", key), {"id": 7}),
+        value,
+        AvroEnvelopes(SchemaRegistry(schema_registry.url)),
+    )
+    assert change.error is None, change.error
+    assert change.op == "upsert" and change.key == {"id": 7} and change.sequence == (10 << 64) + 12
+    assert change.image == {
+        "id": 7,
+        "small": 3,
+        "price": Decimal("123.45"),
+        "born": dt.date(2022, 1, 8),
+        "seen": dt.datetime(2023, 11, 14, 22, 13, 20, 123456),
+        "at": dt.datetime(2024, 3, 1, 8, 0, 0, 500000, tzinfo=dt.UTC),
+        "tags": ["a"],
+    }
+    assert change.schema is not None
+    assert [str(f.type) for f in change.schema] == [
+        "int32",
+        "int16",
+        "decimal128(10, 2)",
+        "date32[day]",
+        "timestamp[us]",
+        "timestamp[us, tz=UTC]",
+        "list<item: string>",
+    ]
+    assert connect_schema(envelope)["fields"][1]["optional"] is True
+    garbage = decode(None, b"\x00\x00\x00\x00\x63abc", AvroEnvelopes(SchemaRegistry(schema_registry.url)))
+    assert garbage.error is not None and "schema id 99" in garbage.error
