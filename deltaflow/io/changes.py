@@ -94,7 +94,8 @@ class ChangeFold:
     ) -> str | None:
         """Why a change with these key columns, image and image schema cannot join the fold
         (``None``: it can). A column's type is the first one known (the table's); a change of
-        another type joins only when its values fit that type."""
+        another type, or without a schema (its values as JSON gave them), joins only when its
+        values fit that type."""
         if self.key is not None and tuple(key) != self.key:
             return f"its key columns {list(key)} are not the mirror's {list(self.key)}"
         if image is None:
@@ -102,11 +103,12 @@ class ChangeFold:
         for name, value in image.items():
             known = self.fields.get(name)
             given = schema.field(name).type if schema is not None and name in schema.names else None
-            if known is None or given is None or given == known:
+            if known is None or given == known:
                 continue
             if not fits(value, known):
+                what = f"is {given} in this change" if given is not None else "has no schema in this change"
                 return (
-                    f"column {name!r} is {given} in this change, and the mirror's column is {known}: "
+                    f"column {name!r} {what}, and the mirror's column is {known}: "
                     f"the value {value!r} does not fit it"
                 )
         return None

@@ -478,6 +478,11 @@ class TablePreparer:
             if uri in out:
                 continue
             inferred = infer_json(self._spark, texts)
+            # A column NULL in every row sampled has no type yet (Spark's inference says STRING):
+            # it is added with the type of its first value (sinks/kafka_mirror.py).
+            valued = {k for t in texts for k, v in json.loads(t).items() if v is not None}
+            if isinstance(inferred, StructType):
+                inferred = StructType([f for f in inferred.fields if f.name in valued])
             if isinstance(inferred, StructType) and inferred.fields:
                 out[uri] = spark_to_arrow(inferred)
         for uri, ts in missing.items():

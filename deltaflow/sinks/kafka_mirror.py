@@ -40,11 +40,15 @@ from deltaflow.io.parquet import WrittenFile, delete_files
 from deltaflow.io.storage import filesystem
 from deltaflow.metrics import metrics
 
-__all__ = ["KafkaMirrorSink", "mirror_table_schema"]
+__all__ = ["TRUNCATED_PROPERTY", "KafkaMirrorSink", "mirror_table_schema"]
 
 logger = logging.getLogger(__name__)
 
 _BATCH = re.compile(r"part-b(\d+)-")
+#: A mirror's table property: the change sequence of the last truncate it applied. A row older
+#: than it is never inserted again (Kafka may deliver an older change of another partition in a
+#: later batch than the truncate).
+TRUNCATED_PROPERTY = "deltaflow.mirror.truncatedBelow"
 
 _NOTHING_COMMITTED = (
     "nothing of this batch was committed to this mirror (the pipeline's other mirrors may hold it; "
@@ -144,8 +148,13 @@ class KafkaMirrorSink:
                     batch_id=batch_id,
                 ) from None
         maybe_crash("before_commit", batch_id, self.table_uri)
-        # Step 4. Commit.
-        outcome = self._commit(data, fold, batch_id, txns)
+        # Step 4. Commit: the truncate's sequence first (a row older than it that a later batch
+        # brings, from a partition Kafka delivered late, must not come back), then the MERGE.
+        floor = _truncated_below(table)
+        if fold.truncated_below is not None and fold.truncated_below > (floor or -1):
+            self._record_truncate(fold.truncated_below, batch_id)
+            floor = fold.truncated_below
+        outcome = self._commit(data, fold, batch_id, txns, floor)
         maybe_crash("after_commit", batch_id, self.table_uri)
         # Step 5. The staged files are done with (a failed commit leaves them: the replay stages anew).
         self.delete_uncommitted(files)
@@ -203,7 +212,35 @@ class KafkaMirrorSink:
             )
         return pa.schema([*(f for f in have if f.name != SEQUENCE_COLUMN), *new])
 
-    def _commit(self, data: pa.Table | None, fold: ChangeFold, batch_id: int, txns: Any) -> Any:
+    def _record_truncate(self, below: int, batch_id: int) -> None:
+        """Record a truncate's sequence as the table's property :data:`TRUNCATED_PROPERTY` (a
+        commit of its own, before the batch's MERGE)."""
+        from deltaflow.delta import commit
+        from deltaflow.sinks.datasource import sink_fence
+
+        def attempt(table: Any, props: Any) -> Any:
+            if table is None:
+                raise MergeError(
+                    f"the mirror table {self.table_uri!r} does not exist", table_uri=self.table_uri
+                )
+            return table.alter.set_table_properties(
+                {TRUNCATED_PROPERTY: str(below)}, raise_if_not_exists=False, commit_properties=props
+            )
+
+        commit.commit(
+            self.table_uri,
+            self.options.storage_options,
+            attempt,
+            what=f"the truncate of batch {batch_id}",
+            metadata={"deltaflow.operation": "truncate recorded", "deltaflow.epoch": batch_id},
+            already_done=lambda table: (_truncated_below(table) or -1) >= below,
+            fence=sink_fence(self.options),
+            policy=commit.RetryPolicy(max_retries=self.options.max_commit_retries),
+        )
+
+    def _commit(
+        self, data: pa.Table | None, fold: ChangeFold, batch_id: int, txns: Any, floor: int | None
+    ) -> Any:
         from deltaflow.delta import commit
         from deltaflow.sinks.datasource import sink_fence
         from deltaflow.sinks.mirror import merge_attempt
@@ -224,7 +261,9 @@ class KafkaMirrorSink:
         try:
             if data is not None:
                 names = [n for n in data.column_names if n in fold.fields]
-                attempt = merge_attempt(self.table_uri, data, names, fold.key or (), fold.truncated_below)
+                attempt = merge_attempt(
+                    self.table_uri, data, names, fold.key or (), fold.truncated_below, insert_floor=floor
+                )
                 what = f"merge of batch {batch_id} of {app!r}"
             elif fold.truncated_below is not None:
                 attempt = _truncate_attempt(self.table_uri, fold.truncated_below)
@@ -309,6 +348,14 @@ class KafkaMirrorSink:
                 logger.info("deleted %d stale staged file(s) of %s", removed, self.table_uri)
         except OSError as exc:
             logger.warning("could not list the staged files of %s (%s)", self.table_uri, exc)
+
+
+def _truncated_below(table: Any) -> int | None:
+    """The sequence of the table's last truncate (:data:`TRUNCATED_PROPERTY`), if any."""
+    if table is None:
+        return None
+    value = table.metadata().configuration.get(TRUNCATED_PROPERTY)
+    return int(value) if value else None
 
 
 def _truncate_attempt(uri: str, below: int) -> Any:

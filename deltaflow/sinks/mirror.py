@@ -662,12 +662,18 @@ class MirrorWriter:
 
 
 def merge_attempt(
-    uri: str, data: pa.Table, names: Sequence[str], key: Sequence[str], truncated_below: int | None
+    uri: str,
+    data: pa.Table,
+    names: Sequence[str],
+    key: Sequence[str],
+    truncated_below: int | None,
+    insert_floor: int | None = None,
 ) -> Callable[[Any, Any], Any]:
     """The delta-rs MERGE of folded changes ``data`` (columns ``names`` of the table, their
     presence flags, op and sequence) into the mirror at ``uri``, guarded by the sequence: a
     row older than the table's is passed over; with ``truncated_below`` every table row the
-    batch does not touch whose sequence is lower is deleted. For :func:`deltaflow.delta.commit.commit`."""
+    batch does not touch whose sequence is lower is deleted; with ``insert_floor`` (the table's
+    last truncate) a row older than it is not inserted. For :func:`deltaflow.delta.commit.commit`."""
     names = [n for n in names if n in data.column_names]
     partial = {n for n in names if _PRESENT + n in data.column_names}
     on = " AND ".join(f"t.{_quote(k)} = s.{_quote(k)}" for k in key)
@@ -687,11 +693,14 @@ def merge_attempt(
     def attempt(table: Any, props: Any) -> Any:
         if table is None:
             raise ConfigError(f"the mirror table {uri!r} does not exist", table_uri=uri)
+        insert = f"s.{OP} = 'upsert'"
+        if insert_floor is not None:
+            insert += f" AND s.{seq} >= CAST('{insert_floor}' AS DECIMAL(38, 0))"
         merger = (
             table.merge(data, predicate=on, source_alias="s", target_alias="t", commit_properties=props)
             .when_matched_delete(predicate=f"s.{OP} = 'delete' AND {newer}")
             .when_matched_update(updates, predicate=f"s.{OP} = 'upsert' AND {newer}")
-            .when_not_matched_insert(inserts, predicate=f"s.{OP} = 'upsert'")
+            .when_not_matched_insert(inserts, predicate=insert)
         )
         if truncated_below is not None:
             below = f"CAST('{truncated_below}' AS DECIMAL(38, 0))"

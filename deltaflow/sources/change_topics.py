@@ -132,6 +132,12 @@ def _fold_one(fold: ChangeFold, change: Change, offset: int, key_columns: tuple[
         return None  # a tombstone
     sequence = change.sequence if change.sequence is not None else offset
     if change.op == "truncate":
+        if change.sequence is None:
+            return (
+                "a truncate without the database's position of the change (the event's source names "
+                "no sequence or binlog position) cannot be ordered against the changes in the topic's "
+                "other partitions: Kafka orders a topic only within a partition"
+            )
         fold.add("truncate", (), (), None, sequence)
         return None
     image = change.image

@@ -91,3 +91,13 @@ def test_what_cannot_join_the_fold_says_why():
     )
     assert fold.check(["id"], {"id": 1, "n": 7}, pa.schema([("id", pa.int32()), ("n", pa.int32())])) is None
     assert "key columns ['name']" in (fold.check(["name"], {"name": "x"}, None) or "")
+
+
+def test_a_change_without_a_schema_whose_value_does_not_fit_its_column_says_why():
+    """Without schemas (JSON's own types) a value must fit the column too: else the task that
+    stages it fails the query (``ArrowTypeError``) instead of making it a dead letter."""
+    fold = ChangeFold(["id"], SCHEMA)
+    assert "column 'n' has no schema in this change, and the mirror's column is int64" in (
+        fold.check(["id"], {"id": 1, "n": "seven"}, None) or ""
+    )
+    assert fold.check(["id"], {"id": 1, "n": 7, "name": None}, None) is None

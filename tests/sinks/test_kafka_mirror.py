@@ -108,3 +108,22 @@ def test_the_first_commit_sweeps_staged_files_earlier_attempts_left(mirror):
     )
     assert [n[:13] for n in _staging(uri)] == ["part-b000007-"]
     assert _rows(uri) == {1: "a"}
+
+
+def test_a_row_older_than_the_tables_last_truncate_is_never_inserted_again(mirror):
+    """Kafka orders a topic only within a partition: a change made before a truncate may come in
+    a later batch (its partition delivered late). The truncate's sequence stays in the table."""
+    from deltaflow.sinks.kafka_mirror import TRUNCATED_PROPERTY
+
+    uri, sink = mirror
+    sink.commit_batch(
+        [_staged(uri, 0, [("upsert", {"id": 1, "name": "a"}, 10)])], 0, source=({"t": {"0": 1}}, {})
+    )
+    sink.commit_batch([_staged(uri, 1, [("truncate", None, 20)])], 1, source=({"t": {"1": 1}}, {}))
+    assert DeltaTable(uri).metadata().configuration[TRUNCATED_PROPERTY] == "20"
+    late = [
+        ("upsert", {"id": 2, "name": "made before the truncate"}, 15),
+        ("upsert", {"id": 3, "name": "after"}, 25),
+    ]
+    sink.commit_batch([_staged(uri, 2, late)], 2, source=({"t": {"0": 3}}, {}))
+    assert _rows(uri) == {3: "after"}
