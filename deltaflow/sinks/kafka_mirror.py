@@ -326,8 +326,10 @@ class KafkaMirrorSink:
             return 0
 
     def _sweep(self, batch_id: int) -> None:
-        """Once per process, after its first commit: staged files of this batch and earlier
-        that a failed task attempt or a crash left behind."""
+        """Once per process, after its first commit (its own staged files deleted): every
+        staged file left, by a failed task attempt, a crash, or a run on a checkpoint since
+        deleted (whose batch numbers may be ahead of this one's). No task of this query runs
+        then; a zombie process's tasks may, but its commits are fenced."""
         if self._swept:
             return
         self._swept = True
@@ -338,11 +340,7 @@ class KafkaMirrorSink:
             listed = fs.get_file_info(
                 pafs.FileSelector(f"{root.rstrip('/')}/{STAGING_DIR}", allow_not_found=True)
             )
-            stale = [
-                f"{STAGING_DIR}/{i.base_name}"
-                for i in listed
-                if (m := _BATCH.match(i.base_name)) is not None and int(m.group(1)) <= batch_id
-            ]
+            stale = [f"{STAGING_DIR}/{i.base_name}" for i in listed if _BATCH.match(i.base_name) is not None]
             if stale:
                 removed = delete_files(fs, root, stale)
                 logger.info("deleted %d stale staged file(s) of %s", removed, self.table_uri)

@@ -102,12 +102,17 @@ def test_a_new_column_is_added_and_a_value_its_column_cannot_hold_stops_the_batc
 def test_the_first_commit_sweeps_staged_files_earlier_attempts_left(mirror):
     uri, sink = mirror
     _staged(uri, 0, [("upsert", {"id": 9, "name": "orphan"}, 1)])  # a failed attempt's file
-    _staged(uri, 7, [("upsert", {"id": 9, "name": "later"}, 1)])  # a later batch's: kept
+    _staged(uri, 7, [("upsert", {"id": 9, "name": "later"}, 1)])  # a deleted checkpoint's batch 7
     sink.commit_batch(
         [_staged(uri, 3, [("upsert", {"id": 1, "name": "a"}, 2)])], 3, source=({"t": {"0": 1}}, {})
     )
-    assert [n[:13] for n in _staging(uri)] == ["part-b000007-"]
+    assert _staging(uri) == []
     assert _rows(uri) == {1: "a"}
+    _staged(uri, 4, [("upsert", {"id": 9, "name": "orphan"}, 1)])  # the sweep runs once per process
+    sink.commit_batch(
+        [_staged(uri, 4, [("upsert", {"id": 2, "name": "b"}, 3)])], 4, source=({"t": {"0": 2}}, {})
+    )
+    assert len(_staging(uri)) == 1 and _rows(uri) == {1: "a", 2: "b"}
 
 
 def test_a_row_older_than_the_tables_last_truncate_is_never_inserted_again(mirror):
