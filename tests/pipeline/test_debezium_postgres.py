@@ -178,16 +178,20 @@ def test_a_postgres_databases_changes_through_debezium_topics_equal_its_tables(
                     f"UPDATE {t} SET big = -big, day = day + 1, ref = NULL, exact = exact * 3 WHERE id < 4"
                 )
         conn.execute(f"UPDATE {tables[TOASTED]} SET active = true, amount = 7 WHERE id = 11")
+        for t in (tables[TOASTED], tables[0]):  # inserted and updated in one batch (FULL: table 0)
+            conn.execute(f"INSERT INTO {t} (id, name) VALUES (40, %s)", (big[::-1],))
+            conn.execute(f"UPDATE {t} SET amount = 40 WHERE id = 40")
         for t in (tables[1], tables[10]):  # one FULL, one default identity
             conn.execute(f"UPDATE {t} SET id = id + 1000 WHERE id IN (3, 9)")
-        updates = 7 * TABLES + 4 * len(TYPED) + 1  # the keys changed aside
-        with_before = 7 * len(FULL) + 4 * len(set(TYPED) & set(FULL))
+        updates = 7 * TABLES + 4 * len(TYPED) + 3  # the keys changed aside
+        with_before = 7 * len(FULL) + 4 * len(set(TYPED) & set(FULL)) + 1
         sent = check(
-            Counter({"u": updates - with_before, "u+before": with_before, "d": 4, "tombstone": 4, "c": 4})
+            Counter({"u": updates - with_before, "u+before": with_before, "d": 4, "tombstone": 4, "c": 6})
         )
-        assert sum(UNAVAILABLE.encode() in (m.value or b"") for m in sent) == 1
+        assert sum(UNAVAILABLE.encode() in (m.value or b"") for m in sent) == 3
         toasted = _rows(duck.execute(f"SELECT * FROM delta_scan('{root / tables[TOASTED]}')"))
         assert toasted[11]["name"] == big and toasted[11]["amount"] == 7
+        assert toasted[40]["name"] == big[::-1] and toasted[40]["amount"] == 40
 
         # Round 3: deletes (the whole old row with REPLICA IDENTITY FULL, else its key), and a
         # key deleted and inserted again.
