@@ -454,6 +454,17 @@ STOP_POLL_S = 1
     "change event as a row (data, event_type, timestamp, stream: Rivven's shape) [default: mirror].",
 )
 @click.option(
+    "--cdc-errors",
+    "--cdc_errors",
+    "cdc_errors",
+    type=click.Choice(["stop", "dead_letter"]),
+    default="stop",
+    help="With --cdc: a change a mirror cannot apply (not a change event, a value its column "
+    "cannot hold) stops the pipeline, or with dead_letter goes to --dlq_table_location and the "
+    "mirror goes on (its rows may then differ from the database until their next change) "
+    "[default: stop].",
+)
+@click.option(
     "--key-columns",
     "--key_columns",
     "key_columns",
@@ -514,6 +525,7 @@ def ingest(
     spark_master: str | None,
     cdc: str,
     cdc_mode: str,
+    cdc_errors: str,
     key_columns: str | None,
 ) -> None:
     """Ingest a Kafka TOPIC into the Delta table at TABLE_URI, exactly once.
@@ -615,6 +627,7 @@ def ingest(
         schema_evolution=schema_evolution,
         cdc=cdc,
         cdc_mode=cdc_mode,
+        cdc_errors=cdc_errors,
         key_columns=tuple(c.strip() for c in (key_columns or "").split(",") if c.strip()),
         write_path=write_path,
         engine=engine,

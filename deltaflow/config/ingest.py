@@ -135,6 +135,9 @@ class IngestConfig(BaseModel):
     cdc_mode: Literal["mirror", "append"] = "mirror"
     #: A mirror's key columns (default: the message key's fields).
     key_columns: tuple[str, ...] = ()
+    #: A change a mirror cannot apply: ``stop`` the pipeline (the mirror never skips a change),
+    #: or ``dead_letter``: into the dead-letter table, and the mirror goes on.
+    cdc_errors: Literal["stop", "dead_letter"] = "stop"
 
     @classmethod
     def build(cls, **values: Any) -> Self:
@@ -181,9 +184,14 @@ class IngestConfig(BaseModel):
         if self.cdc == "none":
             if self.key_columns:
                 raise ValueError("--key_columns names a mirror's key: it needs --cdc debezium")
-            if self.cdc_mode != "mirror":
-                raise ValueError("--cdc_mode applies to --cdc debezium")
+            if self.cdc_mode != "mirror" or self.cdc_errors != "stop":
+                raise ValueError("--cdc_mode and --cdc_errors apply to --cdc debezium")
             return
+        if self.cdc_errors == "dead_letter" and not self.dlq_table_location:
+            raise ValueError(
+                "--cdc_errors dead_letter needs --dlq_table_location (the changes a mirror passes over "
+                "must be kept somewhere)"
+            )
         if self.cdc_mode == "append" and self.key_columns:
             raise ValueError("--key_columns names a mirror's key: --cdc_mode append keeps every event")
         refused = {

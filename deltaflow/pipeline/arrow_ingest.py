@@ -238,8 +238,12 @@ class ArrowIngestWriter:
         schema_evolution: bool = False,
         gzipped: bool = False,
         follow_table: bool = False,
+        stop_mirrors: bool = True,
     ) -> None:
+        """``stop_mirrors``: a mirror some of whose changes could not be read stops the query
+        (``--cdc_errors stop``); false: they are dead letters and the mirror goes on."""
         self._tables = tables
+        self._stop_mirrors = stop_mirrors
         self._evolve = schema_evolution
         self._follow_table = follow_table
         self._gzipped = gzipped
@@ -300,7 +304,11 @@ class ArrowIngestWriter:
             sink = self._tables.sink(uri)
             parts = by_table.get(uri, [])
             messages = _messages([(i, r.files, w) for (i, w), r in parts])
-            if getattr(sink, "applies_changes", False) and any(r.failed for _, r in parts):
+            if (
+                self._stop_mirrors
+                and getattr(sink, "applies_changes", False)
+                and any(r.failed for _, r in parts)
+            ):
                 jobs[uri] = _stop_mirror(sink, [r for _, r in parts], messages, batch_id)
                 continue
             jobs[uri] = _commit_job(sink, messages, batch_id, sources.get(uri, ({}, {})))
@@ -447,8 +455,10 @@ def _stop_mirror(
             f"batch {batch_id}: {failed} change(s) for the mirror {sink.table_uri} cannot be applied "
             f"(the first: {first}); {where}. Nothing of this batch was applied to this mirror, and "
             "the pipeline stops: a mirror that skipped a change would differ from its source from "
-            "then on. Fix what produced them, then restart (the batch is read again; mirrors that "
-            "hold it skip it)",
+            "then on. The change stays in its topic, so a restart meets it again. To go on past it, "
+            "restart with --cdc_errors dead_letter (it stays in the dead-letter table; the rows it "
+            "changed may differ from the database until their next change), or take the mirror "
+            "again from a topic the change is not in",
             table_uri=sink.table_uri,
             batch_id=batch_id,
         )

@@ -134,6 +134,7 @@ def ingest_topics(
         schema_evolution=config.schema_evolution,
         gzipped=config.decompress_gzip,
         follow_table=config.value_format == "json" and config.cdc == "none",
+        stop_mirrors=config.cdc_errors == "stop",
     )
     stream = arrow_stream(spark, options, plan, writer)
     stream = stream.option("checkpointLocation", location).queryName(config.pipeline_id)

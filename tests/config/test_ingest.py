@@ -43,7 +43,11 @@ def test_app_id_is_the_pipeline_id_and_the_model_is_frozen():
         ({"cdc": "debezium", "engine": "spark"}, "--engine spark is not available with --cdc debezium"),
         ({"cdc": "debezium", "value_schema": "id INT"}, "--schema (the columns come from the change events)"),
         ({"cdc": "maxwell"}, "cdc: must be one of 'none' or 'debezium'"),
-        ({"cdc_mode": "append"}, "--cdc_mode applies to --cdc debezium"),
+        ({"cdc_mode": "append"}, "--cdc_mode and --cdc_errors apply to --cdc debezium"),
+        (
+            {"cdc": "debezium", "cdc_errors": "dead_letter"},
+            "--cdc_errors dead_letter needs --dlq_table_location",
+        ),
         (
             {"cdc": "debezium", "value_format": "avro", "avro": "x.avsc"},
             "--avro other than a schema registry URL",

@@ -187,3 +187,23 @@ def test_append_mode_keeps_every_change_event_as_a_row(spark, kafka, tmp_path):
     }
     assert json.loads(rows[3][1]) == {"id": 1, "name": None, "score": None}
     assert len({r[3] for r in rows}) == 5  # each event's own time, from its source
+
+
+def test_cdc_errors_dead_letter_goes_on_past_a_change_that_stopped_the_mirror(spark, kafka, tmp_path):
+    from pyspark.errors import StreamingQueryException
+
+    prefix = f"db{uuid.uuid4().hex[:6]}"
+    topic = ChangeTopic(kafka, f"{prefix}.inventory.stuck", COLUMNS)
+    for k in range(4):
+        topic.insert({"id": k, "name": f"n{k}", "score": 1.0})
+    topic._pending.insert(2, (b'{"id": 9}', b"not a change event", 0))
+    topic.send()
+    root, dlq = tmp_path / "lake", str(tmp_path / "dead-letters")
+    query = start(spark, _config(kafka, prefix, root, dlq_table_location=dlq))
+    with pytest.raises(StreamingQueryException, match="restart with --cdc_errors dead_letter"):
+        query.awaitTermination(300)
+    assert _mirror(root / "stuck") == {}
+    _run(spark, _config(kafka, prefix, root, dlq_table_location=dlq, cdc_errors="dead_letter"))
+    assert _mirror(root / "stuck") == _expected(topic)
+    letters = DeltaTable(dlq).to_pyarrow_table().to_pylist()
+    assert [r["value_base64"] for r in letters] == ["bm90IGEgY2hhbmdlIGV2ZW50"]  # once, not per run
