@@ -402,3 +402,49 @@ def test_a_missing_bucket_stops_at_once_and_says_what_to_check(spark, s3):
         deltaflow.write(df, "s3://no-such-bucket/t", storage_options=s3.storage_options)
     assert isinstance(err.value, TerminalError)
     assert "404" in str(err.value) or "NoSuchBucket" in str(err.value)
+
+
+def test_lost_responses_of_debezium_mirrors_on_s3(kafka, s3, proxy, tmp_path):
+    """``deltaflow ingest --cdc debezium`` into mirrors on S3, every Delta log PUT answered with
+    500 after it landed (creates, claims, the recorded truncate, MERGEs, progress): each commit
+    is resolved by reading the log; every mirror equals what the database holds, and no staged
+    file is left."""
+    import uuid
+
+    from tests.fixtures.debezium import FLOAT64, INT32, STRING, ChangeTopic, Sequencer
+
+    prefix = f"lossy{uuid.uuid4().hex[:6]}"
+    sequencer = Sequencer()
+    columns = [("id", INT32), ("name", STRING), ("score", FLOAT64)]
+    topics = {n: ChangeTopic(kafka, f"{prefix}.public.{n}", columns, sequencer=sequencer) for n in ("a", "b")}
+    for topic in topics.values():
+        for k in range(30):
+            topic.insert({"id": k, "name": f"n{k}", "score": float(k)})
+        sequencer.commit()
+        for k in range(0, 30, 3):
+            topic.update({"id": k, "name": f"updated {k}", "score": -1.0})
+        for k in range(1, 30, 7):
+            topic.delete([k])
+        sequencer.commit()
+    topics["b"].truncate(partition=0)
+    sequencer.commit()
+    topics["b"].insert({"id": 100, "name": "after the truncate", "score": 0.5})
+    for topic in topics.values():
+        topic.send()
+    root = s3.uri("mirrors")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "DELTAFLOW_TEST_"))}
+    env.update({**s3.env(), "AWS_ENDPOINT_URL": proxy.endpoint})  # the tasks' staged files too
+    proxy.lose_response("PUT", LOG_ENTRY, 500, times=-1)
+    args = [sys.executable, "-m", "deltaflow.cli", "ingest", "--topic_pattern", rf"{prefix}\.public\.(.*)"]
+    args += [f"{root}/{{1}}", "--kafka", kafka.bootstrap, "--app_id", "lossy-mirrors", "--cdc", "debezium"]
+    args += ["--ends-at-latest-offsets", "--max-messages-per-batch", "40"]
+    args += ["--checkpoint-location", str(tmp_path / "cp")]
+    done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert proxy.counts["lose_response"] >= 8
+    for name, topic in topics.items():
+        uri = f"{root}/{name}"
+        table = _assert_sound(uri, s3.storage_options)
+        rows = table.to_pyarrow_table(columns=["id", "name", "score"]).to_pylist()
+        assert {r["id"]: r for r in rows} == {k[0]: v for k, v in topic.rows.items()}, name
+        assert not any(p.startswith("_deltaflow_staging/") for p in _objects(uri, s3.storage_options))
