@@ -207,3 +207,38 @@ def test_cdc_errors_dead_letter_goes_on_past_a_change_that_stopped_the_mirror(sp
     assert _mirror(root / "stuck") == _expected(topic)
     letters = DeltaTable(dlq).to_pyarrow_table().to_pylist()
     assert [r["value_base64"] for r in letters] == ["bm90IGEgY2hhbmdlIGV2ZW50"]  # once, not per run
+
+
+def test_a_table_created_in_the_database_while_running_gets_its_mirror(spark, kafka, tmp_path):
+    from tests.fixtures.ingest_messages import poll
+
+    prefix = f"db{uuid.uuid4().hex[:6]}"
+    sequencer = Sequencer()
+    first = ChangeTopic(kafka, f"{prefix}.inventory.first", COLUMNS, sequencer=sequencer)
+    first.insert({"id": 1, "name": "a", "score": 1.0})
+    first.send()
+    root = tmp_path / "lake"
+    config = _config(kafka, prefix, root).model_copy(
+        update={"ends_at_latest_offsets": False, "allowed_latency": 0.2}
+    )
+    query = start(spark, config)
+
+    def mirrored(name: str, topic: ChangeTopic) -> bool:
+        try:
+            return _mirror(root / name) == _expected(topic)
+        except Exception:  # noqa: BLE001 - no table yet
+            return False
+
+    try:
+        poll(lambda: mirrored("first", first), 120, "the first mirror")
+        later = ChangeTopic(kafka, f"{prefix}.inventory.later", COLUMNS, sequencer=sequencer)
+        for k in range(3):
+            later.insert({"id": k, "name": f"l{k}", "score": 2.0})
+        later.update({"id": 1, "name": "updated", "score": 3.0})
+        later.send()
+        first.delete([1])
+        first.send()
+        poll(lambda: mirrored("later", later) and mirrored("first", first), 120, "the new table's mirror")
+        assert query.exception() is None
+    finally:
+        query.stop()
