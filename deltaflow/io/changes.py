@@ -30,10 +30,12 @@ from typing import Any
 import pyarrow as pa
 
 __all__ = [
+    "KAFKA_OFFSET",
     "KEY_METADATA",
     "OP_COLUMN",
     "PRESENT_PREFIX",
     "SEQUENCE_COLUMN",
+    "SEQUENCE_METADATA",
     "SEQUENCE_TYPE",
     "STAGING_DIR",
     "TRUNCATED_METADATA",
@@ -51,6 +53,10 @@ KEY_METADATA = b"deltaflow.key"
 #: over folders whose name starts with ``_``; no log entry names a file in it).
 STAGING_DIR = "_deltaflow_staging"
 TRUNCATED_METADATA = b"deltaflow.truncated_below"
+#: Set (to ``kafka-offset``) when some staged change is ordered by its Kafka offset (its event
+#: named no database position): such sequences compare only within one partition of one topic.
+SEQUENCE_METADATA = b"deltaflow.sequence"
+KAFKA_OFFSET = "kafka-offset"
 
 
 @dataclass
@@ -86,6 +92,8 @@ class ChangeFold:
         self._state: dict[tuple[Any, ...], _State] = {}
         self.truncated_below: int | None = None
         self.changes = 0
+        #: Some change is ordered by its Kafka offset, not by the database's position.
+        self.offset_sequenced = False
 
     # -- adding ---------------------------------------------------------------------------------
 
@@ -121,10 +129,14 @@ class ChangeFold:
         image: Mapping[str, Any] | None,
         sequence: int,
         schema: pa.Schema | None = None,
+        *,
+        offset_sequence: bool = False,
     ) -> None:
         """One change: ``op`` ``upsert``/``delete`` of the row at ``values`` (of ``key``), or
-        ``truncate``. Call :meth:`check` first."""
+        ``truncate``; ``offset_sequence``: ``sequence`` is the message's Kafka offset. Call
+        :meth:`check` first."""
         self.changes += 1
+        self.offset_sequenced |= offset_sequence
         if op == "truncate":
             self.truncated_below = max(self.truncated_below or 0, sequence)
             return
@@ -152,6 +164,7 @@ class ChangeFold:
         rows: list[tuple[int, str, tuple[Any, ...], dict[str, Any]]] = []
         for table in tables:
             metadata = table.schema.metadata or {}
+            self.offset_sequenced |= metadata.get(SEQUENCE_METADATA) == KAFKA_OFFSET.encode()
             truncated = metadata.get(TRUNCATED_METADATA)
             if truncated:
                 self.truncated_below = max(self.truncated_below or 0, int(truncated))
@@ -217,6 +230,8 @@ class ChangeFold:
         metadata = {KEY_METADATA: json.dumps(list(self.key or ())).encode()}
         if self.truncated_below is not None:
             metadata[TRUNCATED_METADATA] = str(self.truncated_below).encode()
+        if self.offset_sequenced:
+            metadata[SEQUENCE_METADATA] = KAFKA_OFFSET.encode()
         return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=metadata))
 
 

@@ -34,13 +34,13 @@ from deltaflow._version import __version__
 from deltaflow.config.locations import normalize_uri
 from deltaflow.config.sink import SinkOptions
 from deltaflow.errors import DeltaflowError, MergeError
-from deltaflow.io.changes import SEQUENCE_COLUMN, SEQUENCE_TYPE, STAGING_DIR, ChangeFold
+from deltaflow.io.changes import KAFKA_OFFSET, SEQUENCE_COLUMN, SEQUENCE_TYPE, STAGING_DIR, ChangeFold
 from deltaflow.io.faults import maybe_crash
 from deltaflow.io.parquet import WrittenFile, delete_files
 from deltaflow.io.storage import filesystem
 from deltaflow.metrics import metrics
 
-__all__ = ["TRUNCATED_PROPERTY", "KafkaMirrorSink", "mirror_table_schema"]
+__all__ = ["SEQUENCE_PROPERTY", "TRUNCATED_PROPERTY", "KafkaMirrorSink", "mirror_table_schema"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +49,9 @@ _BATCH = re.compile(r"part-b(\d+)-")
 #: than it is never inserted again (Kafka may deliver an older change of another partition in a
 #: later batch than the truncate).
 TRUNCATED_PROPERTY = "deltaflow.mirror.truncatedBelow"
+#: A mirror's table property, ``kafka-offset`` once a change was ordered by its Kafka offset
+#: (its event named no database position): a re-created topic then stops the mirror.
+SEQUENCE_PROPERTY = "deltaflow.mirror.sequence"
 
 _NOTHING_COMMITTED = (
     "nothing of this batch was committed to this mirror (the pipeline's other mirrors may hold it; "
@@ -109,6 +112,7 @@ class KafkaMirrorSink:
         # Step 1. The fence, and the replay check.
         table = delta_log.load(self.table_uri, opts.storage_options)
         commit.check_fence(table, self.table_uri, sink_fence(opts))
+        self._check_restarts(table, lost, batch_id)
         if not txns(table):
             metrics.batch_skipped(pipeline=app, table=self.table_uri)
             removed = self.delete_uncommitted(files)
@@ -151,9 +155,14 @@ class KafkaMirrorSink:
         # Step 4. Commit: the truncate's sequence first (a row older than it that a later batch
         # brings, from a partition Kafka delivered late, must not come back), then the MERGE.
         floor = _truncated_below(table)
+        record: dict[str, str] = {}
         if fold.truncated_below is not None and fold.truncated_below > (floor or -1):
-            self._record_truncate(fold.truncated_below, batch_id)
+            record[TRUNCATED_PROPERTY] = str(fold.truncated_below)
             floor = fold.truncated_below
+        if fold.offset_sequenced and not _offset_sequenced(table):
+            record[SEQUENCE_PROPERTY] = KAFKA_OFFSET
+        if record:
+            self._record(record, batch_id)
         outcome = self._commit(data, fold, batch_id, txns, floor)
         maybe_crash("after_commit", batch_id, self.table_uri)
         # Step 5. The staged files are done with (a failed commit leaves them: the replay stages anew).
@@ -179,6 +188,34 @@ class KafkaMirrorSink:
             rows,
             " after a truncate" if fold.truncated_below is not None else "",
         )
+
+    def _check_restarts(self, table: Any, lost: Mapping[str, Mapping[str, Any]], batch_id: int) -> None:
+        """A partition read again from a lower offset (the topic re-created) cannot feed a mirror
+        whose changes are ordered by Kafka offsets: the new topic's offsets are below the rows'
+        sequences, and the guard would pass over every change of a key the mirror holds.
+
+        Raises:
+            MergeError: such a restart, for such a mirror (nothing committed).
+        """
+        from deltaflow.delta.progress import WENT_BACK
+
+        went_back = sorted(
+            f"{topic}[{p}] (from offset {r.get('stored')} to {r.get('restart')})"
+            for topic, parts in lost.items()
+            for p, r in parts.items()
+            if r.get("reason") == WENT_BACK
+        )
+        if went_back and _offset_sequenced(table):
+            raise MergeError(
+                f"batch {batch_id}: {', '.join(went_back)} went back: the topic was re-created. The "
+                f"mirror {self.table_uri} orders changes by their Kafka offsets (its events name no "
+                "database position), so the new topic's changes cannot be ordered against its rows "
+                "and would be passed over. Take the mirror again: stop the pipeline, delete the mirror "
+                "table, and start it (the topic is read from its beginning); "
+                f"{_NOTHING_COMMITTED}",
+                table_uri=self.table_uri,
+                batch_id=batch_id,
+            )
 
     def _read(self, files: Sequence[WrittenFile]) -> list[pa.Table]:
         fs, root = filesystem(self.table_uri, self.options.storage_options)
@@ -212,9 +249,9 @@ class KafkaMirrorSink:
             )
         return pa.schema([*(f for f in have if f.name != SEQUENCE_COLUMN), *new])
 
-    def _record_truncate(self, below: int, batch_id: int) -> None:
-        """Record a truncate's sequence as the table's property :data:`TRUNCATED_PROPERTY` (a
-        commit of its own, before the batch's MERGE)."""
+    def _record(self, properties: Mapping[str, str], batch_id: int) -> None:
+        """Record what later batches must know as table properties (a commit of its own, before
+        the batch's MERGE): :data:`TRUNCATED_PROPERTY`, :data:`SEQUENCE_PROPERTY`."""
         from deltaflow.delta import commit
         from deltaflow.sinks.datasource import sink_fence
 
@@ -224,16 +261,20 @@ class KafkaMirrorSink:
                     f"the mirror table {self.table_uri!r} does not exist", table_uri=self.table_uri
                 )
             return table.alter.set_table_properties(
-                {TRUNCATED_PROPERTY: str(below)}, raise_if_not_exists=False, commit_properties=props
+                dict(properties), raise_if_not_exists=False, commit_properties=props
             )
+
+        def done(table: Any) -> bool:
+            config = table.metadata().configuration if table is not None else {}
+            return all(config.get(k) == v for k, v in properties.items())
 
         commit.commit(
             self.table_uri,
             self.options.storage_options,
             attempt,
-            what=f"the truncate of batch {batch_id}",
-            metadata={"deltaflow.operation": "truncate recorded", "deltaflow.epoch": batch_id},
-            already_done=lambda table: (_truncated_below(table) or -1) >= below,
+            what=f"the mirror properties of batch {batch_id}",
+            metadata={"deltaflow.operation": "mirror properties", "deltaflow.epoch": batch_id},
+            already_done=done,
             fence=sink_fence(self.options),
             policy=commit.RetryPolicy(max_retries=self.options.max_commit_retries),
         )
@@ -346,6 +387,10 @@ class KafkaMirrorSink:
                 logger.info("deleted %d stale staged file(s) of %s", removed, self.table_uri)
         except OSError as exc:
             logger.warning("could not list the staged files of %s (%s)", self.table_uri, exc)
+
+
+def _offset_sequenced(table: Any) -> bool:
+    return table is not None and table.metadata().configuration.get(SEQUENCE_PROPERTY) == KAFKA_OFFSET
 
 
 def _truncated_below(table: Any) -> int | None:

@@ -157,7 +157,9 @@ def _fold_one(fold: ChangeFold, change: Change, offset: int, key_columns: tuple[
     problem = fold.check(names, image, change.schema)
     if problem is not None:
         return problem
-    fold.add(change.op, names, values, image, sequence, change.schema)
+    fold.add(
+        change.op, names, values, image, sequence, change.schema, offset_sequence=change.sequence is None
+    )
     return None
 
 

@@ -132,3 +132,41 @@ def test_a_row_older_than_the_tables_last_truncate_is_never_inserted_again(mirro
     ]
     sink.commit_batch([_staged(uri, 2, late)], 2, source=({"t": {"0": 3}}, {}))
     assert _rows(uri) == {3: "after"}
+
+
+def test_a_re_created_topic_stops_a_mirror_ordered_by_kafka_offsets(mirror):
+    """Offsets of a re-created topic start again below the rows' sequences: the guard would pass
+    over every change of a key the mirror holds. A mirror ordered by the database's position
+    goes on."""
+    from deltaflow.sinks.kafka_mirror import SEQUENCE_PROPERTY
+
+    uri, sink = mirror
+    fold = ChangeFold(["id"], SCHEMA)
+    fold.add("upsert", ["id"], (1,), {"id": 1, "name": "a"}, 500, offset_sequence=True)
+    staged = DeltaCommitMessage(
+        [stage(TableFiles.of(uri, mirror_table_schema(SCHEMA)), fold, "part-b000000-k0-a0")]
+    )
+    sink.commit_batch([staged], 0, source=({"t": {"0": 501}}, {}))
+    assert DeltaTable(uri).metadata().configuration[SEQUENCE_PROPERTY] == "kafka-offset"
+    went_back = {"t": {"0": {"reason": "went_back", "stored": 501, "restart": 0}}}
+    version = DeltaTable(uri).version()
+    with pytest.raises(
+        MergeError, match=r"t\[0\] \(from offset 501 to 0\) went back: the topic was re-created"
+    ):
+        sink.commit_batch(
+            [_staged(uri, 1, [("upsert", {"id": 1, "name": "b"}, 3)])], 1, source=({"t": {"0": 4}}, went_back)
+        )
+    assert DeltaTable(uri).version() == version
+
+
+def test_a_mirror_ordered_by_the_databases_position_goes_on_past_a_re_created_topic(tmp_path):
+    uri = str(tmp_path / "m")
+    commit.create_table(uri, mirror_table_schema(SCHEMA), partition_by=[], properties={}, storage_options={})
+    sink = KafkaMirrorSink(SinkOptions(table_uri=uri, pipeline_id="p", kafka_offsets=True))
+    sink.commit_batch(
+        [_staged(uri, 0, [("upsert", {"id": 1, "name": "a"}, 1 << 70)])], 0, source=({"t": {"0": 501}}, {})
+    )
+    went_back = {"t": {"0": {"reason": "went_back", "stored": 501, "restart": 0}}}
+    later = [("upsert", {"id": 1, "name": "b"}, (1 << 70) + 1)]
+    sink.commit_batch([_staged(uri, 1, later)], 1, source=({"t": {"0": 1}}, went_back))
+    assert _rows(uri) == {1: "b"}
