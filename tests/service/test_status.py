@@ -20,6 +20,7 @@ from click.testing import CliRunner
 from deltalake import DeltaTable
 
 from deltaflow.cli import cli
+from deltaflow.cli.options import MIN_STALL_TIMEOUT_S
 from deltaflow.service.status import StatusBoard
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -263,6 +264,11 @@ def test_a_pipeline_that_completes_no_trigger_for_long_is_unhealthy(monkeypatch)
     assert not ok and body["pipelines"][0]["reason"].startswith("no trigger completed for 125 s")
 
 
+#: The hang test's --stall-timeout (the shortest allowed) and Spark's interval between the
+#: progress reports of an idle query.
+STALL_TIMEOUT_S, IDLE_REPORT_S = MIN_STALL_TIMEOUT_S, 10.0
+
+
 def test_healthz_turns_503_when_the_broker_accepts_connections_but_never_answers(tmp_path):
     from deltaflow.testing import start_broker_behind_proxy
     from tests.fixtures.ingest_messages import EVENTS_SCHEMA, events
@@ -275,14 +281,15 @@ def test_healthz_turns_503_when_the_broker_accepts_connections_but_never_answers
         broker.produce(topic, events(0, 100), partitions=2)
         args = ["ingest", topic, str(tmp_path / "t"), "--kafka", proxy.address, "--app_id", "hang"]
         args += ["--schema", EVENTS_SCHEMA, "--allowed_latency", "1", "--status_port", "0"]
-        service = Service([*args, "--stall-timeout", "20 s"])
+        service = Service([*args, "--stall-timeout", f"{STALL_TIMEOUT_S:g} s"])
         service.wait_for("committed batch 0 of")
         (line,) = [line for line in service.lines if "status page on http://" in line]
         port = int(re.search(r":(\d+)/", line)[1])
         assert _probe(port, "/healthz")[0] == 200 and _probe(port, "/readyz")[0] == 200
         # Idle (every message read) past the stall timeout with the broker answering: healthy.
         # Spark repeats the batch id in idle reports; each is still a completed trigger.
-        idle_until = time.monotonic() + 45  # > the stall timeout + an idle report interval (10 s)
+        # Without idle reports counted, it would fail STALL_TIMEOUT_S after batch 0's report.
+        idle_until = time.monotonic() + STALL_TIMEOUT_S + IDLE_REPORT_S
         while time.monotonic() < idle_until:
             assert _probe(port, "/healthz")[0] == 200, _probe(port, "/healthz")
             time.sleep(2)  # condition poll on the probe
