@@ -407,9 +407,15 @@ def run(
                 next_fault = now + rng.uniform(*FAULT_GAP_S)
             time.sleep(0.2)
 
+        # A re-created topic under way waits for ingest to catch up and take up the new topic:
+        # the workers are still supervised meanwhile (the loop may have ended on a kill, and a
+        # worker left down would make it wait its whole bound for nothing).
+        join_until = time.monotonic() + 2 * RECREATE_WAIT_S
+        while any(t.is_alive() for t in recreating) and time.monotonic() < join_until:
+            for w in workers:
+                w.check()
+            time.sleep(0.2)
         # Drain: no more faults, no more input; each workload catches up and exits 0.
-        for thread in recreating:
-            thread.join(2 * RECREATE_WAIT_S)
         stop.set()
         producing.set()
         if lander is not None:
