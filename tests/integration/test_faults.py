@@ -408,7 +408,9 @@ def test_lost_responses_of_debezium_mirrors_on_s3(kafka, s3, proxy, tmp_path):
     """``deltaflow ingest --cdc debezium`` into mirrors on S3, every Delta log PUT answered with
     500 after it landed (creates, claims, the recorded truncate, MERGEs, progress): each commit
     is resolved by reading the log; every mirror equals what the database holds, and no staged
-    file is left."""
+    file is left. The CLI runs in a process of its own: delta-rs' ``set_table_properties`` holds
+    the GIL while it waits on the store, and in this process the proxy's threads answer it (tried
+    in-process: both deadlocked)."""
     import uuid
 
     from tests.fixtures.debezium import FLOAT64, INT32, STRING, ChangeTopic, Sequencer
