@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from deltaflow._version import __version__
 from deltaflow.config.locations import normalize_uri
 from deltaflow.config.sink import SinkOptions
-from deltaflow.errors import DeltaflowError, MergeError
+from deltaflow.errors import MergeError
 from deltaflow.io.changes import KAFKA_OFFSET, SEQUENCE_COLUMN, SEQUENCE_TYPE, STAGING_DIR, ChangeFold
 from deltaflow.io.faults import maybe_crash
 from deltaflow.io.parquet import WrittenFile, delete_files
@@ -98,6 +98,7 @@ class KafkaMirrorSink:
         from deltaflow.delta import log as delta_log
         from deltaflow.delta.progress import advancing_txns
         from deltaflow.sinks.datasource import _collect, sink_fence
+        from deltaflow.sinks.mirror import report_commit
         from deltaflow.sinks.spark_checkpoint import read_batch_source
 
         opts = self.options
@@ -168,19 +169,9 @@ class KafkaMirrorSink:
         # Step 5. The staged files are done with (a failed commit leaves them: the replay stages anew).
         self.delete_uncommitted(files)
         self._sweep(batch_id)
-        if not outcome.committed:
-            metrics.batch_skipped(pipeline=app, table=self.table_uri)
-            return
         rows = 0 if data is None else data.num_rows
-        metrics.batch_committed(
-            pipeline=app,
-            table=self.table_uri,
-            rows=rows,
-            files=0,
-            bytes_=0,
-            seconds=time.monotonic() - started,
-            retries=outcome.attempts - 1,
-        )
+        if not report_commit(outcome, app, self.table_uri, rows, started):
+            return
         logger.info(
             "mirror %s: batch %s, %d row change(s)%s",
             self.table_uri,
@@ -284,7 +275,7 @@ class KafkaMirrorSink:
     ) -> Any:
         from deltaflow.delta import commit
         from deltaflow.sinks.datasource import sink_fence
-        from deltaflow.sinks.mirror import merge_attempt
+        from deltaflow.sinks.mirror import merge_attempt, merge_failures
 
         opts = self.options
         app = opts.pipeline_id or ""
@@ -299,7 +290,7 @@ class KafkaMirrorSink:
         def already_done(table: Any) -> bool:
             return not txns(table)
 
-        try:
+        with merge_failures(app, self.table_uri, f"merge of batch {batch_id}", batch_id):
             if data is not None:
                 names = [n for n in data.column_names if n in fold.fields]
                 attempt = merge_attempt(
@@ -337,20 +328,6 @@ class KafkaMirrorSink:
                 fence=sink_fence(opts),
                 policy=policy,
             )
-        except DeltaflowError:
-            metrics.commit_failed(pipeline=app, table=self.table_uri)
-            raise
-        except Exception as exc:
-            from deltaflow.delta.log import is_delta_rs_error
-
-            if not is_delta_rs_error(exc):
-                raise
-            metrics.commit_failed(pipeline=app, table=self.table_uri)
-            raise MergeError(
-                f"merge of batch {batch_id} into {self.table_uri!r} failed: {exc}; {_NOTHING_COMMITTED}",
-                table_uri=self.table_uri,
-                batch_id=batch_id,
-            ) from exc
 
     # -- staged files -------------------------------------------------------------------------
 

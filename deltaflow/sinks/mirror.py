@@ -27,11 +27,12 @@ Per micro-batch, on the driver, for each mirror (:class:`MirrorWriter`):
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -49,7 +50,16 @@ from deltaflow.io.faults import maybe_crash
 from deltaflow.metrics import metrics
 from deltaflow.sinks.merge import OP, SEQUENCE_COLUMN
 
-__all__ = ["Folded", "MirrorWriter", "arrow_type", "fold", "merge_attempt", "mirror_schema"]
+__all__ = [
+    "Folded",
+    "MirrorWriter",
+    "arrow_type",
+    "fold",
+    "merge_attempt",
+    "merge_failures",
+    "mirror_schema",
+    "report_commit",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -590,9 +600,10 @@ class MirrorWriter:
             return data is None and not txns(table)
 
         policy = commit.RetryPolicy(max_retries=opts.max_commit_retries)
-        try:
+        outcome: Any
+        with merge_failures(app, self._uri, f"merge of batch {batch_id} of {self._stream}", batch_id):
             if data is None:
-                outcome: Any = commit.commit_files(
+                outcome = commit.commit_files(
                     self._uri,
                     [],
                     what=f"progress of batch {batch_id} of {app!r}",
@@ -622,34 +633,9 @@ class MirrorWriter:
                     fence=sink_fence(opts),
                     policy=policy,
                 )
-        except DeltaflowError:
-            metrics.commit_failed(pipeline=app, table=self._uri)
-            raise
-        except Exception as exc:
-            from deltaflow.delta.log import is_delta_rs_error
-
-            if not is_delta_rs_error(exc):
-                raise
-            metrics.commit_failed(pipeline=app, table=self._uri)
-            raise MergeError(
-                f"merge of batch {batch_id} of {self._stream} into {self._uri!r} failed: {exc}; "
-                f"{_NOTHING_COMMITTED}",
-                table_uri=self._uri,
-                batch_id=batch_id,
-            ) from exc
-        if not outcome.committed:
-            metrics.batch_skipped(pipeline=app, table=self._uri)
-            return
         rows = 0 if data is None else data.num_rows
-        metrics.batch_committed(
-            pipeline=app,
-            table=self._uri,
-            rows=rows,
-            files=0,
-            bytes_=0,
-            seconds=time.monotonic() - started,
-            retries=outcome.attempts - 1,
-        )
+        if not report_commit(outcome, app, self._uri, rows, started):
+            return
         logger.info(
             "mirror %s <- %s: batch %s, %d change(s) as %d row change(s)%s",
             self._uri,
@@ -708,3 +694,41 @@ def merge_attempt(
         return merger.execute()
 
     return attempt
+
+
+@contextlib.contextmanager
+def merge_failures(app: str, uri: str, what: str, batch_id: int) -> Iterator[None]:
+    """Count a failed mirror commit; a delta-rs error becomes :class:`MergeError` saying that
+    nothing of the batch is in this mirror (``what``: "merge of batch 7 of orders")."""
+    try:
+        yield
+    except DeltaflowError:
+        metrics.commit_failed(pipeline=app, table=uri)
+        raise
+    except Exception as exc:
+        from deltaflow.delta.log import is_delta_rs_error
+
+        if not is_delta_rs_error(exc):
+            raise
+        metrics.commit_failed(pipeline=app, table=uri)
+        raise MergeError(
+            f"{what} into {uri!r} failed: {exc}; {_NOTHING_COMMITTED}", table_uri=uri, batch_id=batch_id
+        ) from exc
+
+
+def report_commit(outcome: Any, app: str, uri: str, rows: int, started: float) -> bool:
+    """Meter a mirror commit's outcome; whether it committed (``False``: another commit held
+    the batch already)."""
+    if not outcome.committed:
+        metrics.batch_skipped(pipeline=app, table=uri)
+        return False
+    metrics.batch_committed(
+        pipeline=app,
+        table=uri,
+        rows=rows,
+        files=0,
+        bytes_=0,
+        seconds=time.monotonic() - started,
+        retries=outcome.attempts - 1,
+    )
+    return True
