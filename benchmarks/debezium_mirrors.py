@@ -84,6 +84,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 import numpy as np
+import psutil
 import pyarrow.parquet as pq
 from cpu import TreeCpu
 from machine import describe
@@ -635,8 +636,13 @@ def run(args: argparse.Namespace, work: Path) -> None:
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
         producer.start()
+        # The broker's CPU in windows of 10 s (it shares the 2 cores).
+        tansu = psutil.Process(broker.process.pid)
+        broker_cpu = [(time.monotonic(), sum(tansu.cpu_times()[:2]))]
         while producer.is_alive():
             producer.join(1.0)
+            if time.monotonic() - broker_cpu[-1][0] >= 10:
+                broker_cpu.append((time.monotonic(), sum(tansu.cpu_times()[:2])))
             if not cli.tree.alive():
                 raise RuntimeError(f"the CLI exited {cli.tree.process.returncode}:\n{cli.tree.tail()}")
         if producer.error is not None:
@@ -651,6 +657,10 @@ def run(args: argparse.Namespace, work: Path) -> None:
             f"a core ({split}); load average {os.getloadavg()[0]:.2f}",
             flush=True,
         )
+        windows = [
+            f"{100 * (c1 - c0) / (t1 - t0):.0f}%" for (t0, c0), (t1, c1) in itertools.pairwise(broker_cpu)
+        ]
+        print(f"  the broker's CPU in each 10 s of changes: {', '.join(windows)} of a core", flush=True)
         caught = wait_caught_up(cli.tree, broker, db, tables, args.timeout)
         print(f"  every mirror holds every offset {caught - producer.ended:.1f} s after the last change")
         if spy is not None:
@@ -759,9 +769,9 @@ def report(
     print()
     print(f"{describe()}; load average at the end {os.getloadavg()[0]:.2f}")
     print(
-        "batch: tables | row changes | tasks (first start -> last end, s) | commit phase: last task end -> "
-        "last commit file, -> last 'mirror' line | first -> last 'mirror' line | one table's "
-        "commit_batch s: p50 / max / sum (measured)"
+        "batch: tables | row changes | tasks (first start -> last end, s; run time summed) | commit phase: "
+        "last task end -> last commit file, -> last 'mirror' line | first -> last 'mirror' line |"
+        " one table's commit_batch s: p50 / max / sum (measured)"
     )
     phases: dict[str, dict[int, tuple[float, float, int]]] = {}
     per_table_s: dict[str, list[float]] = {}
@@ -791,7 +801,8 @@ def report(
             each = f"{pct(s, 50):.3f} / {s.max():.3f} / {s.sum():.1f} ({len(s)})" if len(s) else "-"
             print(
                 f"  {kind} {b}: {len(lines)} | {sum(r for _, _, r in lines):,} | {len(e.task_launches)} "
-                f"({last_task - first_task:.2f}) | {phase:.2f} s, {by_log:.2f} s | {span:.2f} s | {each}",
+                f"({last_task - first_task:.2f}, run {e.task_run_s:.2f}) | {phase:.2f} s, {by_log:.2f} s | "
+                f"{span:.2f} s | {each}",
                 flush=True,
             )
             phases.setdefault(kind, {})[b] = (phase, by_log, len(lines))
