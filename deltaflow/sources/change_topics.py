@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from deltaflow.io.changes import STAGING_DIR, ChangeFold
 from deltaflow.io.parquet import WrittenFile
 from deltaflow.io.storage import filesystem
-from deltaflow.sources.debezium import AvroEnvelopes, Change, decode, event_data
+from deltaflow.sources.debezium import AvroEnvelopes, Change, JsonEnvelopes, decode, event_data
 
 if TYPE_CHECKING:
     from deltaflow.sources.topic_routes import TableFiles
@@ -61,7 +61,7 @@ class ChangeReader:
 
     def __init__(self, key_columns: Sequence[str] = (), avro: AvroEnvelopes | None = None) -> None:
         self._key = tuple(key_columns)
-        self._avro = avro
+        self._reader = avro or JsonEnvelopes()
         self.folds: dict[str, ChangeFold] = {}
         self.tables: dict[str, TableFiles] = {}
 
@@ -79,7 +79,7 @@ class ChangeReader:
             fold = self.folds[table.table_uri] = ChangeFold(self._key or None, _data_columns(table.schema))
             self.tables[table.table_uri] = table
         return [
-            _fold_one(fold, decode(k, v, self._avro), o, self._key)
+            _fold_one(fold, decode(k, v, self._reader), o, self._key)
             for k, v, o in zip(keys, values, offsets, strict=True)
         ]
 
@@ -96,8 +96,9 @@ def events(
     or a tombstone). ``timestamps``: the messages' Kafka timestamps (for events without a time)."""
     columns: dict[str, list[Any]] = {f.name: [] for f in EVENT_SCHEMA}
     errors: list[str | None] = []
+    reader = avro or JsonEnvelopes()
     for key, value, stamp in zip(keys, values, timestamps, strict=True):
-        change = decode(key, value, avro)
+        change = decode(key, value, reader)
         errors.append(change.error)
         if change.error is not None or change.event is None:
             continue

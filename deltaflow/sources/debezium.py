@@ -35,6 +35,7 @@ __all__ = [
     "UNAVAILABLE",
     "Change",
     "AvroEnvelopes",
+    "JsonEnvelopes",
     "arrow_type",
     "connect_schema",
     "converter",
@@ -411,7 +412,7 @@ def _field(schema: Mapping[str, Any] | None, name: str) -> Mapping[str, Any] | N
     return None
 
 
-def _row(value: Any, schema: Mapping[str, Any] | None, what: str) -> dict[str, Any] | None:
+def _row(value: Any, struct: _Struct | None, what: str) -> dict[str, Any] | None:
     """A row image's columns, typed; a column whose value Debezium did not have (its
     placeholder: an unchanged TOAST value PostgreSQL did not send) is left out."""
     if value is None:
@@ -419,19 +420,108 @@ def _row(value: Any, schema: Mapping[str, Any] | None, what: str) -> dict[str, A
     if not isinstance(value, dict):
         raise _BadValueError(f"{what} is not an object")
     present: dict[str, Any] = {k: v for k, v in value.items() if not _unavailable(v)}
-    if schema is None:
+    if struct is None:
         return present
-    value = present
     row: dict[str, Any] = {}
-    for f in schema.get("fields") or []:
-        name = f["field"]
-        if name not in value:
+    for name, convert in struct.fields:
+        if name not in present:
             continue  # left out above, or not sent: the mirror keeps the column's value
         try:
-            row[name] = None if value[name] is None else converter(f)(value[name])
+            row[name] = None if present[name] is None else convert(present[name])
         except (ValueError, OverflowError) as exc:  # OverflowError: a date or time past year 9999
             raise _BadValueError(f"{what}: column {name!r}: {exc}") from None
     return row
+
+
+@dataclass(frozen=True)
+class _Struct:
+    """A Connect struct schema compiled: each field's converter, and the Arrow columns."""
+
+    fields: tuple[tuple[str, Callable[[Any], Any]], ...]
+    arrow: pa.Schema
+
+    @classmethod
+    def of(cls, schema: Mapping[str, Any] | None) -> _Struct | None:
+        if schema is None:
+            return None
+        return cls(
+            tuple((f["field"], converter(f)) for f in schema.get("fields") or []), struct_schema(schema)
+        )
+
+
+class _Compiled:
+    """A key's or an envelope's schema, compiled once per distinct schema (readers keep them):
+    typing a message then costs no schema work."""
+
+    def __init__(self, schema: Mapping[str, Any]) -> None:
+        self.schema = schema
+        self._struct: _Struct | None = None
+        self._images: tuple[_Struct | None, _Struct | None] | None = None
+
+    @property
+    def struct(self) -> _Struct | None:
+        """The schema as a row (a key)."""
+        if self._struct is None:
+            self._struct = _Struct.of(self.schema)
+        return self._struct
+
+    @property
+    def images(self) -> tuple[_Struct | None, _Struct | None]:
+        """The envelope's ``after`` and ``before`` rows."""
+        if self._images is None:
+            self._images = (
+                _Struct.of(_field(self.schema, "after")),
+                _Struct.of(_field(self.schema, "before")),
+            )
+        return self._images
+
+
+#: Distinct schemas a reader keeps compiled (a topic has a few; beyond, the oldest go).
+_COMPILED_KEPT = 256
+#: How the JSON converter (compact) and Python's json.dumps (spaced) begin an envelope, and
+#: what separates its schema from its payload.
+_SPLITS = ((b'{"schema": ', b', "payload": '), (b'{"schema":', b',"payload":'))
+
+
+class JsonEnvelopes:
+    """Reads JSON converter messages. With ``schemas.enable`` every message repeats its schema
+    (most of its bytes): a message ``{"schema":S,"payload":P}`` has S parsed and compiled once
+    per distinct S; any other text is parsed whole."""
+
+    def __init__(self) -> None:
+        self._compiled: dict[bytes, _Compiled] = {}
+
+    def read(self, raw: bytes, what: str) -> tuple[Any, _Compiled | None]:
+        for start, key in _SPLITS:
+            if raw.startswith(start) and raw.endswith(b"}"):
+                found = self._split(raw, start, key)
+                if found is not None:
+                    return found
+        payload, schema = _envelope(raw, what)
+        return payload, _Compiled(schema) if schema is not None else None
+
+    def _split(self, raw: bytes, start: bytes, key: bytes) -> tuple[Any, _Compiled] | None:
+        """(payload, compiled schema) of ``raw`` cut at its first ``key``; ``None`` when that is
+        no place to cut (the key's text inside the schema, a parameter's name: the schema
+        before it is then no JSON) or the payload is no JSON."""
+        cut = raw.find(key)
+        if cut <= 0:
+            return None
+        compiled = self._compiled.get(raw[:cut])
+        if compiled is None:
+            try:
+                schema = json.loads(raw[len(start) : cut])
+            except ValueError:
+                return None
+            if not isinstance(schema, dict):
+                return None
+            if len(self._compiled) >= _COMPILED_KEPT:
+                self._compiled.clear()
+            compiled = self._compiled[raw[:cut]] = _Compiled(schema)
+        try:
+            return json.loads(raw[cut + len(key) : -1]), compiled
+        except ValueError:
+            return None
 
 
 _EVENTS = {"c": "insert", "r": "snapshot", "u": "update", "d": "delete", "t": "truncate"}
@@ -498,28 +588,33 @@ def row_schema(text: str) -> tuple[pa.Schema | None, dict[str, Any] | None]:
     return None, None
 
 
-def decode(key: bytes | None, value: bytes | None, avro: AvroEnvelopes | None = None) -> Change:
+def decode(
+    key: bytes | None, value: bytes | None, reader: AvroEnvelopes | JsonEnvelopes | None = None
+) -> Change:
     """One Debezium message as a :class:`Change`: Kafka Connect's JSON converter (with or without
-    schemas), or with ``avro`` its Avro converter (the Confluent wire format and a registry)."""
+    schemas; ``reader`` a :class:`JsonEnvelopes` to keep the schemas compiled across messages),
+    or with an :class:`AvroEnvelopes` reader its Avro converter (the Confluent wire format and a
+    registry)."""
     try:
-        read = avro.read if avro is not None else _envelope
+        read = (reader or JsonEnvelopes()).read
         key_payload, key_schema = read(key, "key") if key is not None else (None, None)
         if key_payload is not None and not isinstance(key_payload, dict):
             raise _BadValueError("the key is not an object of the key's columns")
-        key_row = _row(key_payload, key_schema, "the key")
+        key_struct = key_schema.struct if key_schema is not None else None
+        key_row = _row(key_payload, key_struct, "the key")
         if value is None:
             return Change(None, key=key_row)
         payload, schema = read(value, "value")
-        return _change(key_row, key_schema, payload, schema)
+        return _change(key_row, key_struct, payload, schema)
     except _BadValueError as exc:
         return Change(None, error=str(exc))
 
 
 def _change(
     key_row: dict[str, Any] | None,
-    key_schema: Mapping[str, Any] | None,
+    key_struct: _Struct | None,
     payload: Any,
-    schema: Mapping[str, Any] | None,
+    schema: _Compiled | None,
 ) -> Change:
     if not isinstance(payload, dict) or "op" not in payload:
         raise _BadValueError("the value is not a Debezium change event (no 'op')")
@@ -530,12 +625,12 @@ def _change(
     where = _where(payload)
     if op == "truncate":
         return Change("truncate", key=key_row, sequence=sequence, event="truncate", **where)
-    after_schema, before_schema = _field(schema, "after"), _field(schema, "before")
-    image_schema = after_schema if op == "upsert" else before_schema
-    if schema is not None and image_schema is None:
+    after_struct, before_struct = schema.images if schema is not None else (None, None)
+    image_struct = after_struct if op == "upsert" else before_struct
+    if schema is not None and image_struct is None:
         raise _BadValueError("the envelope's schema has no 'after'/'before' struct")
-    before = _row(payload.get("before"), before_schema, "'before'")
-    image = _row(payload.get("after"), after_schema, "'after'") if op == "upsert" else before
+    before = _row(payload.get("before"), before_struct, "'before'")
+    image = _row(payload.get("after"), after_struct, "'after'") if op == "upsert" else before
     if op == "upsert" and image is None:
         raise _BadValueError(f"a {payload['op']!r} event without 'after'")
     if op == "delete" and image is None and key_row is None:
@@ -545,8 +640,8 @@ def _change(
         key=key_row,
         image=image,
         before=before if op == "upsert" else None,
-        schema=struct_schema(image_schema) if image_schema is not None else None,
-        key_schema=struct_schema(key_schema) if key_schema is not None else None,
+        schema=image_struct.arrow if image_struct is not None else None,
+        key_schema=key_struct.arrow if key_struct is not None else None,
         sequence=sequence,
         event=_EVENTS[str(payload["op"])],
         **where,
@@ -639,9 +734,9 @@ class AvroEnvelopes:
 
         self._fastavro = fastavro
         self._registry = registry
-        self._schemas: dict[int, tuple[Any, dict[str, Any]]] = {}
+        self._schemas: dict[int, tuple[Any, _Compiled]] = {}
 
-    def _schema(self, schema_id: int) -> tuple[Any, dict[str, Any]]:
+    def _schema(self, schema_id: int) -> tuple[Any, _Compiled]:
         if schema_id not in self._schemas:
             from deltaflow.errors import ConfigError
 
@@ -650,11 +745,14 @@ class AvroEnvelopes:
             except ConfigError as exc:
                 raise _BadValueError(f"schema id {schema_id}: {exc}") from None
             parsed = json.loads(text)
-            self._schemas[schema_id] = (self._fastavro.parse_schema(parsed), connect_schema(parsed))
+            self._schemas[schema_id] = (
+                self._fastavro.parse_schema(parsed),
+                _Compiled(connect_schema(parsed)),
+            )
         return self._schemas[schema_id]
 
-    def read(self, raw: bytes, what: str) -> tuple[Any, Mapping[str, Any] | None]:
-        """(payload, Connect schema) of one framed Avro key or value."""
+    def read(self, raw: bytes, what: str) -> tuple[Any, _Compiled]:
+        """(payload, its Connect schema compiled) of one framed Avro key or value."""
         import io
 
         if len(raw) < 5 or raw[0] != 0:

@@ -354,3 +354,21 @@ def test_avro_converter_messages_are_typed_as_the_json_converters(schema_registr
     assert connect_schema(envelope)["fields"][1]["optional"] is True
     garbage = decode(None, b"\x00\x00\x00\x00\x63abc", AvroEnvelopes(SchemaRegistry(schema_registry.url)))
     assert garbage.error is not None and "schema id 99" in garbage.error
+
+
+def test_a_json_reader_compiles_each_schema_once_and_reads_what_a_fresh_parse_reads():
+    from deltaflow.sources.debezium import JsonEnvelopes
+
+    reader = JsonEnvelopes()
+    messages = [(_key(i), _envelope("u", None, {**ROW, "id": i, "name": f"n{i}"})) for i in range(5)]
+    for key, value in messages:
+        assert decode(key, value, reader) == decode(key, value)
+    assert len(reader._compiled) == 2  # the key's schema and the envelope's, each once
+    # A ',"payload":' inside the schema (a parameter's name) is no place to cut: parsed whole.
+    odd = json.loads(_envelope("c", None, ROW))
+    odd["schema"]["fields"][0]["parameters"] = {"payload": "x"}
+    text = json.dumps(odd, separators=(",", ":")).encode()
+    assert decode(_key(7), text, reader) == decode(_key(7), text) and decode(_key(7), text).error is None
+    # Text after the payload is an error, as for a fresh parse.
+    broken = _envelope("c", None, ROW)[:-1] + b',"extra":1}'
+    assert decode(_key(7), broken, reader).error == decode(_key(7), broken).error
