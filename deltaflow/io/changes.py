@@ -94,6 +94,10 @@ class ChangeFold:
         self.changes = 0
         #: Some change is ordered by its Kafka offset, not by the database's position.
         self.offset_sequenced = False
+        #: A change schema (one object per distinct schema, as readers keep them) whose every
+        #: column has the mirror's type, and the last schema's types by name.
+        self._agreeing: pa.Schema | None = None
+        self._typed: tuple[pa.Schema | None, dict[str, pa.DataType]] = (None, {})
 
     # -- adding ---------------------------------------------------------------------------------
 
@@ -106,11 +110,12 @@ class ChangeFold:
         values fit that type."""
         if self.key is not None and tuple(key) != self.key:
             return f"its key columns {list(key)} are not the mirror's {list(self.key)}"
-        if image is None:
+        if image is None or (schema is not None and schema is self._agreeing):
             return None
+        types = self._types(schema)
         for name, value in image.items():
             known = self.fields.get(name)
-            given = schema.field(name).type if schema is not None and name in schema.names else None
+            given = types.get(name)
             if known is None or given == known:
                 continue
             if not fits(value, known):
@@ -119,7 +124,16 @@ class ChangeFold:
                     f"column {name!r} {what}, and the mirror's column is {known}: "
                     f"the value {value!r} does not fit it"
                 )
+        if schema is not None and all(self.fields.get(n, t) == t for n, t in types.items()):
+            self._agreeing = schema  # its messages need no look at their values (the same object)
         return None
+
+    def _types(self, schema: pa.Schema | None) -> dict[str, pa.DataType]:
+        if schema is None:
+            return {}
+        if schema is not self._typed[0]:
+            self._typed = (schema, {f.name: f.type for f in schema})
+        return self._typed[1]
 
     def add(
         self,
@@ -142,6 +156,7 @@ class ChangeFold:
             return
         if self.key is None:
             self.key = tuple(key)
+        known = len(self.fields)
         if schema is not None:
             for f in schema:
                 self.fields.setdefault(f.name, f.type)
@@ -151,6 +166,8 @@ class ChangeFold:
         for name, value in image.items():
             if name not in self.fields and value is not None:
                 self.fields[name] = pa.array([value]).type
+        if len(self.fields) != known:
+            self._agreeing = None  # a column's type became known: every schema is looked at again
         prior = self._state.get(values)
         if prior is not None and prior.sequence > sequence:
             return  # older than what the fold holds for the key

@@ -101,3 +101,17 @@ def test_a_change_without_a_schema_whose_value_does_not_fit_its_column_says_why(
         fold.check(["id"], {"id": 1, "n": "seven"}, None) or ""
     )
     assert fold.check(["id"], {"id": 1, "n": 7, "name": None}, None) is None
+
+
+def test_a_schema_that_agrees_with_the_mirror_is_looked_at_once_until_a_column_becomes_known():
+    fold = ChangeFold(["id"], pa.schema([("id", pa.int32()), ("name", pa.string())]))
+    agreeing = pa.schema([("id", pa.int32()), ("name", pa.string()), ("n", pa.int64())])
+    assert fold.check(["id"], {"id": 1, "name": "a", "n": 1}, agreeing) is None
+    assert fold._agreeing is agreeing
+    other = pa.schema([("id", pa.int32()), ("n", pa.string())])  # n arrives as text first
+    assert fold.check(["id"], {"id": 2, "n": "x"}, other) is None
+    fold.add("upsert", ["id"], (2,), {"id": 2, "n": "x"}, 1, other)
+    assert fold._agreeing is None  # n's type is known now: the agreeing schema is looked at again
+    assert "column 'n' is int64 in this change, and the mirror's column is string" in (
+        fold.check(["id"], {"id": 3, "n": 5}, agreeing) or ""
+    )
