@@ -4,19 +4,23 @@ The source tasks folded each table's changes and staged them (:mod:`deltaflow.so
 Per micro-batch and table (:meth:`KafkaMirrorSink.commit_batch`; the Arrow ingest writer runs
 the tables side by side):
 
-1. Load the table; a writer another process took the pipeline from stops here. When no
-   partition of the table's topics advances beyond the table's txns, the batch is in the
+1. Load the table; a writer another process took the pipeline from stops here, and so does a
+   mirror ordered by Kafka offsets whose topic was re-created (:data:`SEQUENCE_PROPERTY`). When
+   no partition of the table's topics advances beyond the table's txns, the batch is in the
    table already (a replay): its staged files are deleted, nothing else happens.
 2. Fold the tasks' staged files into one source (:meth:`deltaflow.io.changes.ChangeFold.add_staged`:
    per key in sequence order).
 3. Columns the changes carry that the table lacks are added (a commit of their own); a value
    that does not fit its column's type stops the batch (:class:`MergeError`, nothing of it in
    this table).
-4. ONE delta-rs MERGE guarded by ``_change_sequence`` (:func:`deltaflow.sinks.mirror.merge_attempt`),
-   with the txns of the table's topic-partitions, under the commit rule. A batch whose changes
+4. What later batches must know first, as table properties (a truncate's sequence, below which
+   no row is inserted again; ordering by Kafka offsets), then ONE delta-rs MERGE guarded by
+   ``_change_sequence`` (:func:`deltaflow.sinks.mirror.merge_attempt`), with the txns of the
+   table's topic-partitions, under the commit rule. A batch whose changes
    fold to nothing (tombstones only) still records the progress (a commit without files); a
    truncate alone is a DELETE of the older rows.
-5. The staged files are deleted (no log entry names them); report.
+5. The staged files are deleted (no log entry names them; a process's first commit also sweeps
+   every staged file left by earlier runs); report.
 """
 
 from __future__ import annotations
