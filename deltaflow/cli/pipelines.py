@@ -127,6 +127,23 @@ def _describe_pipelines(name: str, file: Any, *, notes_from: str = "rivven") -> 
     click.echo(f"{name}: {len(file.pipelines)} pipeline(s), valid")
 
 
+def _caught_up(selected: Any) -> dict[str, list[str]] | None:
+    """Each pipeline's tables, when every pipeline is Kafka ingest on the Arrow engine whose
+    tables already hold every message up to the topics' latest offsets
+    (:func:`deltaflow.pipeline.ingest.caught_up`); ``None`` when any may have something to do."""
+    from deltaflow.pipeline.ingest import caught_up
+
+    out = {}
+    for spec in selected:
+        if spec.engine == "spark" or spec.arrow_blockers():
+            return None
+        tables = caught_up(spec.ingest_config(available_now=True))
+        if tables is None:
+            return None
+        out[spec.pipeline_id] = tables
+    return out
+
+
 def _engine(spec: Any) -> str:
     """What ``engine`` makes of the pipeline (the tables' progress can still keep ``auto`` on
     Spark: decided at start)."""
@@ -159,6 +176,15 @@ def _run_file(
     selected = file.selected(pipeline_ids)
     if not selected:
         raise click.UsageError(f"{name}: no enabled pipeline to run")
+    if available_now and (idle := _caught_up(selected)) is not None:
+        # Nothing to read: no Spark, no claim, no commit (a scheduled job of idle topics).
+        for pipeline, tables in idle.items():
+            click.echo(f"{pipeline}: 0 row(s) committed (nothing to read: {len(tables)} table(s) up to date)")
+        note(
+            f"nothing to run: every table of {len(idle)} pipeline(s) holds every message of its "
+            "topics up to their latest offsets; nothing was started or committed"
+        )
+        return
     serve(metrics_port, status_port, stall_triggers, stall_timeout_s)
     import deltaflow
     from deltaflow.pipeline.session import JvmProfile

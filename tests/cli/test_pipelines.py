@@ -97,3 +97,36 @@ def test_sql_reports_the_rows_written_not_the_rows_read(session, tmp_path):
     out = _invoke("sql", str(path), "--once")
     assert DeltaTable(str(table)).to_pyarrow_table().num_rows == 27
     assert "27 row(s) committed to" in out and f"{table} (30 row(s) read in " in out, out
+
+
+def test_a_run_of_kafka_pipelines_with_nothing_new_starts_nothing_and_claims_nothing(
+    session, kafka, tmp_path, monkeypatch
+):
+    """A scheduled ``run --available-now`` of idle topics: no Spark, no claim commit per run."""
+    import json
+
+    topic = kafka.create_topic(partitions=2)
+    kafka.produce(topic, [json.dumps({"id": i}).encode() for i in range(10)], partitions=2)
+    table = tmp_path / "t"
+    path = _yaml(
+        tmp_path,
+        f"""
+        pipelines:
+          - id: clicks
+            engine: auto
+            source: {{type: kafka, bootstrap_servers: "{kafka.bootstrap}", topic: {topic}, schema: "id INT"}}
+            sinks: [{{table_uri: "{table}"}}]
+        """,
+    )
+    assert "clicks: 10 row(s) committed" in _invoke("run", path, "--available-now")
+    version = DeltaTable(str(table)).version()
+    started = []
+    monkeypatch.setattr(deltaflow, "spark_session", lambda *args, **conf: started.append(1) or session)
+    result = CliRunner().invoke(cli, ["run", path, "--available-now"])
+    assert result.exit_code == 0, result.output
+    assert "clicks: 0 row(s) committed (nothing to read: 1 table(s) up to date)" in result.output
+    assert "nothing to run: every table of 1 pipeline(s) holds every message" in result.output
+    assert not started and DeltaTable(str(table)).version() == version
+    kafka.produce(topic, [json.dumps({"id": 10}).encode()], partitions=1)  # something new: it runs
+    assert "clicks: 1 row(s) committed" in _invoke("run", path, "--available-now")
+    assert started
