@@ -91,7 +91,6 @@ class ChangeFold:
         self.fields: dict[str, pa.DataType] = {f.name: f.type for f in columns or ()}
         self._state: dict[tuple[Any, ...], _State] = {}
         self.truncated_below: int | None = None
-        self.changes = 0
         #: Some change is ordered by its Kafka offset, not by the database's position.
         self.offset_sequenced = False
         #: A change schema (one object per distinct schema, as readers keep them) whose every
@@ -149,7 +148,6 @@ class ChangeFold:
         """One change: ``op`` ``upsert``/``delete`` of the row at ``values`` (of ``key``), or
         ``truncate``; ``offset_sequence``: ``sequence`` is the message's Kafka offset. Call
         :meth:`check` first."""
-        self.changes += 1
         self.offset_sequenced |= offset_sequence
         if op == "truncate":
             self.truncated_below = max(self.truncated_below or 0, sequence)

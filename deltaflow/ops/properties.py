@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from deltaflow.config.locations import normalize_uri
 from deltaflow.errors import ConfigError, DeltaflowError
@@ -12,7 +12,9 @@ from deltaflow.ops.table import open_table
 if TYPE_CHECKING:
     from deltalake import CommitProperties, DeltaTable
 
-__all__ = ["properties"]
+    from deltaflow.delta.commit import Fence, RetryPolicy
+
+__all__ = ["properties", "set_properties"]
 
 
 def properties(
@@ -42,7 +44,7 @@ def properties(
             user_keys = {k: v for k, v in set_.items() if not k.startswith("delta.")}
             for keys, strict in ((delta_keys, True), (user_keys, False)):
                 if keys:
-                    _set_properties(uri, storage_options or {}, keys, strict=strict)
+                    set_properties(uri, storage_options or {}, keys, strict=strict)
         except DeltaflowError:
             raise
         except Exception as exc:  # noqa: BLE001 - delta-rs reports bad keys/values as generic errors
@@ -51,9 +53,20 @@ def properties(
     return dict(table.metadata().configuration)
 
 
-def _set_properties(
-    uri: str, storage_options: Mapping[str, str], keys: Mapping[str, str], *, strict: bool
+def set_properties(
+    uri: str,
+    storage_options: Mapping[str, str],
+    keys: Mapping[str, str],
+    *,
+    strict: bool = False,
+    fence: Fence | None = None,
+    policy: RetryPolicy | None = None,
+    what: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
 ) -> None:
+    """Set ``keys`` on the table at ``uri`` in one commit under the commit rule (an unknown
+    outcome is decided by reading the table's properties); ``strict``: delta-rs checks the keys
+    (``delta.*`` ones only); ``fence``: a writer another process took over stops here."""
     from deltaflow.delta import commit
 
     def attempt(table: DeltaTable | None, props: CommitProperties) -> None:
@@ -68,7 +81,9 @@ def _set_properties(
         normalize_uri(uri),
         storage_options,
         attempt,
-        what=f"setting properties of {normalize_uri(uri)}",
-        metadata={"deltaflow.operation": "set properties"},
+        what=what or f"setting properties of {normalize_uri(uri)}",
+        metadata=metadata or {"deltaflow.operation": "set properties"},
         already_done=already_set,
+        fence=fence,
+        policy=policy or commit.RetryPolicy(),
     )

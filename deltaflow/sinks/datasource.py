@@ -591,19 +591,13 @@ class _DeltaSink:
 
     def delete_uncommitted(self, files: Sequence[WrittenFile]) -> int:
         """Delete files no commit references; a storage failure leaves them as orphans."""
-        if not files:
-            return 0
-        fs, root = filesystem(self.table_uri, self.options.storage_options)
-        try:
-            return delete_files(fs, root, (f.path for f in files))
-        except OSError as exc:
-            logger.warning(
-                "could not delete %d unreferenced file(s) of %s (%s); they are orphans for vacuum --full",
-                len(files),
-                self.table_uri,
-                exc,
-            )
-            return 0
+        return delete_unreferenced(
+            self.table_uri,
+            self.options.storage_options,
+            files,
+            "unreferenced file(s)",
+            "they are orphans for vacuum --full",
+        )
 
     def _commit_metadata(
         self, messages: Sequence[WriterCommitMessage | None], batch_id: int | None, rows: int
@@ -625,6 +619,21 @@ class _DeltaSink:
         if writers:
             meta["deltaflow.writers"] = len(writers)  # executor processes that wrote this commit's files
         return meta
+
+
+def delete_unreferenced(
+    table_uri: str, storage_options: Mapping[str, str], files: Sequence[WrittenFile], what: str, then: str
+) -> int:
+    """Delete ``files`` of the table (files no log entry references); how many. A storage
+    failure is logged (``what`` the files are, ``then`` what becomes of them) and leaves them."""
+    if not files:
+        return 0
+    fs, root = filesystem(table_uri, storage_options)
+    try:
+        return delete_files(fs, root, (f.path for f in files))
+    except OSError as exc:
+        logger.warning("could not delete %d %s of %s (%s); %s", len(files), what, table_uri, exc, then)
+        return 0
 
 
 def sink_fence(options: SinkOptions) -> Any:

@@ -76,17 +76,15 @@ class KafkaMirrorSink:
     Args:
         options: The table's sink options (``pipeline_id``, the claimed ``writer_epoch``,
             storage and retry settings).
-        topics: What feeds it, for messages (its topics, or the pattern).
     """
 
     #: The Arrow ingest writer stops a table whose changes a task could not read (they went
     #: to the dead-letter table): a mirror that skips a change is wrong from then on.
     applies_changes = True
 
-    def __init__(self, options: SinkOptions, topics: str = "") -> None:
+    def __init__(self, options: SinkOptions) -> None:
         self.options = options
         self.table_uri = normalize_uri(options.table_uri)
-        self._topics = topics
         self._swept = False
 
     # -- the batch ----------------------------------------------------------------------------
@@ -149,7 +147,7 @@ class KafkaMirrorSink:
                 data = fold.to_table(columns)
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
                 raise MergeError(
-                    f"batch {batch_id}: a change of {self._topics or self.table_uri} cannot be applied to "
+                    f"batch {batch_id}: a change cannot be applied to "
                     f"{self.table_uri}: {exc}; {_NOTHING_COMMITTED}. A column's type changed in the "
                     "source: the mirror keeps the type it was made with. Take the mirror again (stop, "
                     "delete the table, start from the topics' beginning) or alter it to the new type",
@@ -172,7 +170,7 @@ class KafkaMirrorSink:
         maybe_crash("after_commit", batch_id, self.table_uri)
         # Step 5. The staged files are done with (a failed commit leaves them: the replay stages anew).
         self.delete_uncommitted(files)
-        self._sweep(batch_id)
+        self._sweep()
         rows = 0 if data is None else data.num_rows
         if not report_commit(outcome, app, self.table_uri, rows, started):
             return
@@ -248,30 +246,17 @@ class KafkaMirrorSink:
         """Record what later batches must know as table properties (a commit of its own, before
         the batch's MERGE): :data:`TRUNCATED_PROPERTY`, :data:`SEQUENCE_PROPERTY`."""
         from deltaflow.delta import commit
+        from deltaflow.ops.properties import set_properties
         from deltaflow.sinks.datasource import sink_fence
 
-        def attempt(table: Any, props: Any) -> Any:
-            if table is None:
-                raise MergeError(
-                    f"the mirror table {self.table_uri!r} does not exist", table_uri=self.table_uri
-                )
-            return table.alter.set_table_properties(
-                dict(properties), raise_if_not_exists=False, commit_properties=props
-            )
-
-        def done(table: Any) -> bool:
-            config = table.metadata().configuration if table is not None else {}
-            return all(config.get(k) == v for k, v in properties.items())
-
-        commit.commit(
+        set_properties(
             self.table_uri,
             self.options.storage_options,
-            attempt,
-            what=f"the mirror properties of batch {batch_id}",
-            metadata={"deltaflow.operation": "mirror properties", "deltaflow.epoch": batch_id},
-            already_done=done,
+            properties,
             fence=sink_fence(self.options),
             policy=commit.RetryPolicy(max_retries=self.options.max_commit_retries),
+            what=f"the mirror properties of batch {batch_id}",
+            metadata={"deltaflow.operation": "mirror properties", "deltaflow.epoch": batch_id},
         )
 
     def _commit(
@@ -338,16 +323,17 @@ class KafkaMirrorSink:
     def delete_uncommitted(self, files: Sequence[WrittenFile]) -> int:
         """Delete staged files (no log entry ever names them); a storage failure leaves them
         for the next start's sweep."""
-        if not files:
-            return 0
-        fs, root = filesystem(self.table_uri, self.options.storage_options)
-        try:
-            return delete_files(fs, root, (f.path for f in files))
-        except OSError as exc:
-            logger.warning("could not delete %d staged file(s) of %s (%s)", len(files), self.table_uri, exc)
-            return 0
+        from deltaflow.sinks.datasource import delete_unreferenced
 
-    def _sweep(self, batch_id: int) -> None:
+        return delete_unreferenced(
+            self.table_uri,
+            self.options.storage_options,
+            files,
+            "staged file(s)",
+            "the next start's sweep deletes them",
+        )
+
+    def _sweep(self) -> None:
         """Once per process, after its first commit (its own staged files deleted): every
         staged file left, by a failed task attempt, a crash, or a run on a checkpoint since
         deleted (whose batch numbers may be ahead of this one's). No task of this query runs

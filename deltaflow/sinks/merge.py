@@ -27,6 +27,7 @@ from deltaflow.config.locations import normalize_uri
 from deltaflow.config.sink import SinkOptions, for_stream
 from deltaflow.errors import ConfigError, DeltaflowError, MergeError
 from deltaflow.io import logs
+from deltaflow.io.changes import OP_COLUMN, SEQUENCE_COLUMN
 from deltaflow.io.faults import maybe_crash
 from deltaflow.metrics import metrics
 
@@ -37,10 +38,10 @@ __all__ = ["OP", "SEQUENCE_COLUMN", "MergeWriter", "changes", "target_rows"]
 
 logger = logging.getLogger(__name__)
 
-#: The column of the target table keeping the sequence of the change applied last.
-SEQUENCE_COLUMN = "_change_sequence"
-#: The normalised operation of a change (``upsert`` or ``delete``), never stored.
-OP = "_deltaflow_op"
+#: The column of the target table keeping the sequence of the change applied last, and the
+#: normalised operation of a change (``upsert`` or ``delete``, never stored): the names every
+#: mirror's merge shares (:mod:`deltaflow.io.changes`).
+OP = OP_COLUMN
 _ORDER = "_deltaflow_arrival"
 #: What ``cdc_format: op`` accepts (case-insensitive), by meaning.
 DELETE_OPS = ("d", "delete", "deleted")

@@ -45,10 +45,10 @@ from deltaflow.config.locations import normalize_uri
 from deltaflow.config.postgres import PgColumn, PgTable
 from deltaflow.config.sink import SinkOptions
 from deltaflow.errors import ConfigError, DeltaflowError, MergeError
-from deltaflow.io.changes import PRESENT_PREFIX, SEQUENCE_TYPE
+from deltaflow.io.changes import OP_COLUMN as OP
+from deltaflow.io.changes import PRESENT_PREFIX, SEQUENCE_COLUMN, SEQUENCE_TYPE
 from deltaflow.io.faults import maybe_crash
 from deltaflow.metrics import metrics
-from deltaflow.sinks.merge import OP, SEQUENCE_COLUMN
 
 __all__ = [
     "Folded",
@@ -63,9 +63,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_PRESENT = PRESENT_PREFIX
 _SHIFT = 1 << 32
-_SEQUENCE_TYPE = SEQUENCE_TYPE
 
 _INTEGERS = {"int2": pa.int16(), "int4": pa.int32(), "int8": pa.int64()}
 _FLOATS = {"float4": pa.float32(), "float8": pa.float64()}
@@ -106,7 +104,7 @@ def arrow_type(column: PgColumn) -> pa.DataType:
 def mirror_schema(table: PgTable) -> pa.Schema:
     """The mirror table's schema: the PostgreSQL table's columns, then ``_change_sequence``."""
     return pa.schema(
-        [pa.field(c.name, arrow_type(c)) for c in table.columns] + [(SEQUENCE_COLUMN, _SEQUENCE_TYPE)]
+        [pa.field(c.name, arrow_type(c)) for c in table.columns] + [(SEQUENCE_COLUMN, SEQUENCE_TYPE)]
     )
 
 
@@ -545,11 +543,11 @@ class MirrorWriter:
                 arrays.append(
                     pa.array([column.name in r.image or column.name in r.kept for r in rows], pa.bool_())
                 )
-                fields.append(pa.field(_PRESENT + column.name, pa.bool_()))
+                fields.append(pa.field(PRESENT_PREFIX + column.name, pa.bool_()))
         arrays.append(pa.array([r.op for r in rows], pa.string()))
         fields.append(pa.field(OP, pa.string()))
-        arrays.append(pa.array([Decimal(r.sequence) for r in rows], _SEQUENCE_TYPE))
-        fields.append(pa.field(SEQUENCE_COLUMN, _SEQUENCE_TYPE))
+        arrays.append(pa.array([Decimal(r.sequence) for r in rows], SEQUENCE_TYPE))
+        fields.append(pa.field(SEQUENCE_COLUMN, SEQUENCE_TYPE))
         return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
     def _add_new_columns(self) -> None:
@@ -661,13 +659,13 @@ def merge_attempt(
     batch does not touch whose sequence is lower is deleted; with ``insert_floor`` (the table's
     last truncate) a row older than it is not inserted. For :func:`deltaflow.delta.commit.commit`."""
     names = [n for n in names if n in data.column_names]
-    partial = {n for n in names if _PRESENT + n in data.column_names}
+    partial = {n for n in names if PRESENT_PREFIX + n in data.column_names}
     on = " AND ".join(f"t.{_quote(k)} = s.{_quote(k)}" for k in key)
     seq = _quote(SEQUENCE_COLUMN)
     newer = f"(t.{seq} IS NULL OR s.{seq} >= t.{seq})"
     updates = {
         _quote(n): (
-            f"CASE WHEN s.{_quote(_PRESENT + n)} THEN s.{_quote(n)} ELSE t.{_quote(n)} END"
+            f"CASE WHEN s.{_quote(PRESENT_PREFIX + n)} THEN s.{_quote(n)} ELSE t.{_quote(n)} END"
             if n in partial
             else f"s.{_quote(n)}"
         )
