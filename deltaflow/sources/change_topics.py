@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from deltaflow.io.changes import STAGING_DIR, ChangeFold
+from deltaflow.io.changes import SEQUENCE_COLUMN, STAGING_DIR, ChangeFold
 from deltaflow.io.parquet import WrittenFile
 from deltaflow.io.storage import filesystem
 from deltaflow.sources.debezium import AvroEnvelopes, Change, JsonEnvelopes, decode, event_data
@@ -120,8 +120,6 @@ def _micros(stamp: Any) -> int:
 
 
 def _data_columns(schema: pa.Schema) -> pa.Schema:
-    from deltaflow.io.changes import SEQUENCE_COLUMN
-
     return pa.schema([f for f in schema if f.name != SEQUENCE_COLUMN])
 
 

@@ -510,10 +510,7 @@ def write_task(task: IngestTask) -> pa.RecordBatch:
             item = task.ranges[index]
             route = task.routes[item.range.topic]
             current = route.main.table_uri
-            outcome = result.tables.setdefault(
-                current,
-                TableResult(dead_letter_table=route.dead_letters.table_uri if route.dead_letters else None),
-            )
+            outcome = _outcome(result, route)
             main_schema = route.main.schema
             table = pa.Table.from_batches([batch])
             outcome.rows += table.num_rows
@@ -547,14 +544,16 @@ def write_task(task: IngestTask) -> pa.RecordBatch:
                 if outcome.first_error is None:
                     outcome.first_error = pc.drop_null(error)[0].as_py()
                 if route.dead_letters is not None:
-                    new = pc.and_(bad, pc.greater(table.column("offset"), item.dead_lettered_through))
-                    letters = _dead_letters(
-                        table.filter(new), error.filter(new), kafka.filter(new), plan.dlq_format
+                    letters = _new_dead_letters(
+                        table,
+                        error,
+                        bad,
+                        kafka,
+                        item,
+                        plan.dlq_format,
+                        dlq_transforms,
+                        route.dead_letters.schema,
                     )
-                    letters, _ = arrow_transforms.apply(
-                        letters, dlq_transforms, target_schema=route.dead_letters.schema
-                    )
-                    letters = _finish_dead_letters(letters)
                     if letters.num_rows:
                         out = writer(route.dead_letters)
                         for part in _conform(letters, route.dead_letters.schema).to_batches():
@@ -593,6 +592,7 @@ def _write_change_task(task: IngestTask, prefix: str, batch_id: int | None) -> p
 
         avro = AvroEnvelopes(SchemaRegistry(plan.registry_url, basic_auth=plan.registry_auth))
     reader = ChangeReader(plan.key_columns, avro)
+    dlq_transforms = [parse_transform(t) for t in plan.dlq_transforms]
     letters: dict[str, PartitionedFileWriter] = {}
     current = ""
     try:
@@ -600,10 +600,7 @@ def _write_change_task(task: IngestTask, prefix: str, batch_id: int | None) -> p
             item = task.ranges[index]
             route = task.routes[item.range.topic]
             current = route.main.table_uri
-            outcome = result.tables.setdefault(
-                current,
-                TableResult(dead_letter_table=route.dead_letters.table_uri if route.dead_letters else None),
-            )
+            outcome = _outcome(result, route)
             table = pa.Table.from_batches([batch])
             outcome.rows += table.num_rows
             if plan.cdc_mode == "append":
@@ -635,16 +632,10 @@ def _write_change_task(task: IngestTask, prefix: str, batch_id: int | None) -> p
                 outcome.first_error = next(e for e in errors if e is not None)
             if route.dead_letters is None:
                 continue
-            new = pc.and_(bad, pc.greater(table.column("offset"), item.dead_lettered_through))
-            rows, _, _ = _decoded(table)
-            kafka = rows.column(arrow_transforms.KAFKA_COLUMN)
-            failed = _dead_letters(table.filter(new), error.filter(new), kafka.filter(new), plan.dlq_format)
-            dead, _ = arrow_transforms.apply(
-                failed,
-                [parse_transform(t) for t in plan.dlq_transforms],
-                target_schema=route.dead_letters.schema,
+            kafka = _decoded(table)[0].column(arrow_transforms.KAFKA_COLUMN)
+            dead = _new_dead_letters(
+                table, error, bad, kafka, item, plan.dlq_format, dlq_transforms, route.dead_letters.schema
             )
-            dead = _finish_dead_letters(dead)
             if dead.num_rows:
                 uri = route.dead_letters.table_uri
                 if uri not in letters:
@@ -669,6 +660,30 @@ def _write_change_task(task: IngestTask, prefix: str, batch_id: int | None) -> p
         raise
     maybe_crash("write", batch_id)
     return result.to_batch()
+
+
+def _outcome(result: TaskResult, route: TopicRoute) -> TableResult:
+    """What the task read and wrote for ``route``'s main table (made on its first batch)."""
+    dead = route.dead_letters.table_uri if route.dead_letters is not None else None
+    return result.tables.setdefault(route.main.table_uri, TableResult(dead_letter_table=dead))
+
+
+def _new_dead_letters(
+    table: pa.Table,
+    error: pa.ChunkedArray,
+    bad: pa.ChunkedArray,
+    kafka: pa.ChunkedArray,
+    item: IngestRange,
+    dlq_format: str,
+    transforms: Sequence[Any],
+    schema: pa.Schema,
+) -> pa.Table:
+    """The dead-letter rows of the messages ``bad`` flags that the dead-letter table does not
+    hold yet (beyond ``item.dead_lettered_through``), after the ``--dlq_transform`` ``transforms``."""
+    new = pc.and_(bad, pc.greater(table.column("offset"), item.dead_lettered_through))
+    letters = _dead_letters(table.filter(new), error.filter(new), kafka.filter(new), dlq_format)
+    letters, _ = arrow_transforms.apply(letters, transforms, target_schema=schema)
+    return _finish_dead_letters(letters)
 
 
 def _decoded(table: pa.Table) -> tuple[pa.Table, pa.ChunkedArray, pa.ChunkedArray | None]:
