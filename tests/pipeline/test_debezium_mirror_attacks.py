@@ -20,6 +20,15 @@ from tests.pipeline.test_debezium_mirrors import COLUMNS, _config, _expected, _m
 P0, P1 = [1, 3, 5, 7], [0, 2, 4, 6]
 
 
+def _two_tables(kafka, prefix: str) -> dict[str, ChangeTopic]:  # type: ignore[no-untyped-def]
+    """The topics of two tables of one database (one change sequence)."""
+    sequencer = Sequencer()
+    return {
+        n: ChangeTopic(kafka, f"{prefix}.inventory.{n}", COLUMNS, sequencer=sequencer)
+        for n in ("customers", "orders")
+    }
+
+
 def _prefix() -> str:
     return f"db{uuid.uuid4().hex[:6]}"
 
@@ -100,11 +109,7 @@ def test_a_change_that_cannot_be_applied_stops_its_mirror_after_its_dead_letter(
     from pyspark.errors import StreamingQueryException
 
     prefix = _prefix()
-    sequencer = Sequencer()
-    topics = {
-        n: ChangeTopic(kafka, f"{prefix}.inventory.{n}", COLUMNS, sequencer=sequencer)
-        for n in ("customers", "orders")
-    }
+    topics = _two_tables(kafka, prefix)
     root = tmp_path / "lake"
     for topic in topics.values():
         for k in range(4):
@@ -130,11 +135,7 @@ def test_a_mirror_behind_the_others_then_the_checkpoint_deleted(spark, kafka, tm
     from pyspark.errors import StreamingQueryException
 
     prefix = _prefix()
-    sequencer = Sequencer()
-    topics = {
-        n: ChangeTopic(kafka, f"{prefix}.inventory.{n}", COLUMNS, sequencer=sequencer)
-        for n in ("customers", "orders")
-    }
+    topics = _two_tables(kafka, prefix)
     root = tmp_path / "lake"
     for topic in topics.values():
         for k in range(6):
@@ -177,11 +178,7 @@ def test_killed_in_a_task_and_between_two_mirrors_commits_then_restarted(spark, 
     from tests.jobs import run_job
 
     prefix = _prefix()
-    sequencer = Sequencer()
-    topics = {
-        n: ChangeTopic(kafka, f"{prefix}.inventory.{n}", COLUMNS, sequencer=sequencer)
-        for n in ("customers", "orders")
-    }
+    topics = _two_tables(kafka, prefix)
     root = tmp_path / "lake"
     for topic in topics.values():
         for k in range(8):
