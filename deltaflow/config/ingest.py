@@ -254,6 +254,11 @@ class IngestConfig(BaseModel):
         return tuple(t.strip() for t in self.topic.split(",") if t.strip())
 
     @property
+    def mirrors(self) -> bool:
+        """Whether each topic's table is a mirror (``--cdc`` with ``--cdc_mode mirror``)."""
+        return self.cdc != "none" and self.cdc_mode == "mirror"
+
+    @property
     def topic_tables(self) -> bool:
         """Whether the run takes the many-topics path (a table per topic, one query): several
         topics, or change topics kept as mirrors (one or more)."""

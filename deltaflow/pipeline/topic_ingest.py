@@ -147,7 +147,7 @@ def ingest_topics(
         len(routes),
         config.brokers,
         len(preparer.sinks),
-        "mirror table(s)" if config.cdc != "none" and config.cdc_mode == "mirror" else "table(s)",
+        "mirror table(s)" if config.mirrors else "table(s)",
         config.table_uri,
         f", dead letters into {config.dlq_table_location}" if config.dlq_table_location else "",
         location,
@@ -358,11 +358,11 @@ class TablePreparer:
         from deltaflow.sources.change_topics import EVENT_SCHEMA
         from deltaflow.sources.kafka_ingest import table_schema
 
-        cdc = self._config.cdc != "none"
-        events = cdc and self._config.cdc_mode == "append"
+        mirrors = self._config.mirrors
+        events = self._config.cdc != "none" and not mirrors
         if events:
             values = {uri: EVENT_SCHEMA for uri in missing}
-        elif cdc:
+        elif mirrors:
             values = self._change_fields(missing)
         else:
             values = self._value_fields(missing, at_start=at_start)
@@ -370,7 +370,7 @@ class TablePreparer:
         for uri, fields in values.items():
             if events:
                 schema = fields
-            elif cdc:
+            elif mirrors:
                 schema = mirror_table_schema(fields)
             else:
                 source = self.router.decoding_for(fields, missing[uri][0]).arrow_schema
@@ -500,7 +500,7 @@ class TablePreparer:
         envelope's ``after``), ``None`` (logged) while the subject has no schema."""
         import json
 
-        from deltaflow.sources.debezium import connect_schema, struct_schema
+        from deltaflow.sources.debezium import connect_schema, envelope_columns
         from deltaflow.sources.decode import SchemaRegistry
 
         registry = SchemaRegistry(self._config.avro or "", basic_auth=self._config.registry_auth)
@@ -511,14 +511,13 @@ class TablePreparer:
                 "topic %r: the registry has no subject %r yet: no table yet", topic, f"{topic}-value"
             )
             return None
-        envelope = connect_schema(json.loads(text))
-        after = next((f for f in envelope.get("fields") or [] if f.get("field") == "after"), None)
-        if after is None:
+        columns = envelope_columns(connect_schema(json.loads(text)))
+        if columns is None:
             raise ConfigError(
                 f"topic {topic!r}: the latest schema of {topic}-value is no Debezium envelope (no 'after')",
                 topic=topic,
             )
-        return struct_schema(after)
+        return columns
 
     def _avro_fields(self, topic: str) -> pa.Schema:
         """The columns of ``topic``'s Avro reader schema."""
@@ -580,7 +579,7 @@ class TablePreparer:
         ]
         for opts in claim_all(options):
             uri = normalize_uri(opts.table_uri)
-            if self._config.cdc != "none" and self._config.cdc_mode == "mirror":
+            if self._config.mirrors:
                 from deltaflow.sinks.kafka_mirror import KafkaMirrorSink
 
                 self.sinks[uri] = KafkaMirrorSink(opts)

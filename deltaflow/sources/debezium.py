@@ -40,6 +40,7 @@ __all__ = [
     "connect_schema",
     "converter",
     "decode",
+    "envelope_columns",
     "event_data",
     "row_schema",
     "source_sequence",
@@ -567,6 +568,13 @@ def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def envelope_columns(schema: Mapping[str, Any]) -> pa.Schema | None:
+    """The row's columns of a change envelope's Connect schema (its ``after``, else its
+    ``before`` struct); ``None`` when it has neither."""
+    row = _field(schema, "after") or _field(schema, "before")
+    return struct_schema(row) if row is not None else None
+
+
 def row_schema(text: str) -> tuple[pa.Schema | None, dict[str, Any] | None]:
     """From one change event's text: the row's columns (the envelope's ``after`` schema, with
     ``schemas.enable``), else its row as sent (``after``, or ``before``); ``(None, None)`` when
@@ -575,12 +583,13 @@ def row_schema(text: str) -> tuple[pa.Schema | None, dict[str, Any] | None]:
         payload, schema = _envelope(text.encode(), "value")
     except _BadValueError:
         return None, None
-    after = _field(schema, "after") or _field(schema, "before")
-    if after is not None:
+    if schema is not None:
         try:
-            return struct_schema(after), None
+            columns = envelope_columns(schema)
         except _BadValueError:
             return None, None
+        if columns is not None:
+            return columns, None
     if isinstance(payload, dict):
         row = payload.get("after") or payload.get("before")
         if isinstance(row, dict):
