@@ -127,20 +127,20 @@ def _describe_pipelines(name: str, file: Any, *, notes_from: str = "rivven") -> 
     click.echo(f"{name}: {len(file.pipelines)} pipeline(s), valid")
 
 
-def _caught_up(selected: Any) -> dict[str, list[str]] | None:
-    """Each pipeline's tables, when every pipeline is Kafka ingest on the Arrow engine whose
-    tables already hold every message up to the topics' latest offsets
-    (:func:`deltaflow.pipeline.ingest.caught_up`); ``None`` when any may have something to do."""
+def _caught_up(selected: Any) -> dict[str, list[str]]:
+    """The tables of each pipeline that has nothing to do: Kafka ingest on the Arrow engine
+    whose tables already hold every message up to the topics' latest offsets
+    (:func:`deltaflow.pipeline.ingest.caught_up`). A pipeline that may have something to do,
+    or runs on Spark's engine, is left out."""
     from deltaflow.pipeline.ingest import caught_up
 
     out = {}
     for spec in selected:
         if spec.engine == "spark" or spec.arrow_blockers():
-            return None
+            continue
         tables = caught_up(spec.ingest_config(available_now=True))
-        if tables is None:
-            return None
-        out[spec.pipeline_id] = tables
+        if tables is not None:
+            out[spec.pipeline_id] = tables
     return out
 
 
@@ -176,15 +176,20 @@ def _run_file(
     selected = file.selected(pipeline_ids)
     if not selected:
         raise click.UsageError(f"{name}: no enabled pipeline to run")
-    if available_now and (idle := _caught_up(selected)) is not None:
-        # Nothing to read: no Spark, no claim, no commit (a scheduled job of idle topics).
-        for pipeline, tables in idle.items():
-            click.echo(f"{pipeline}: 0 row(s) committed (nothing to read: {len(tables)} table(s) up to date)")
+    idle = _caught_up(selected) if available_now else {}
+    # A pipeline with nothing to read is not started: no claim, no commit (a scheduled job of
+    # idle topics); the others run.
+    for pipeline, tables in idle.items():
+        click.echo(f"{pipeline}: 0 row(s) committed (nothing to read: {len(tables)} table(s) up to date)")
+    selected = [s for s in selected if s.pipeline_id not in idle]
+    if not selected:
         note(
             f"nothing to run: every table of {len(idle)} pipeline(s) holds every message of its "
             "topics up to their latest offsets; nothing was started or committed"
         )
         return
+    if idle:
+        note(f"not started, nothing to read: {', '.join(idle)}")
     serve(metrics_port, status_port, stall_triggers, stall_timeout_s)
     import deltaflow
     from deltaflow.pipeline.session import JvmProfile

@@ -130,3 +130,35 @@ def test_a_run_of_kafka_pipelines_with_nothing_new_starts_nothing_and_claims_not
     kafka.produce(topic, [json.dumps({"id": 10}).encode()], partitions=1)  # something new: it runs
     assert "clicks: 1 row(s) committed" in _invoke("run", path, "--available-now")
     assert started
+
+
+def test_a_run_starts_only_the_pipelines_that_have_something_to_read(session, kafka, tmp_path):
+    """Of two Kafka pipelines, the idle one is not started: its table gets no claim commit."""
+    import json
+
+    topics = [kafka.create_topic(partitions=1) for _ in range(2)]
+    for topic in topics:
+        kafka.produce(topic, [json.dumps({"id": i}).encode() for i in range(5)], partitions=1)
+    tables = [tmp_path / "idle", tmp_path / "busy"]
+    path = _yaml(
+        tmp_path,
+        "pipelines:\n"
+        + "".join(
+            f"""
+          - id: {name}
+            engine: arrow
+            source: {{type: kafka, bootstrap_servers: "{kafka.bootstrap}", topic: {topic}, schema: "id INT"}}
+            sinks: [{{table_uri: "{table}"}}]
+        """
+            for name, topic, table in zip(("idle", "busy"), topics, tables, strict=True)
+        ),
+    )
+    out = _invoke("run", path, "--available-now")
+    assert "idle: 5 row(s) committed" in out and "busy: 5 row(s) committed" in out, out
+    idle_version = DeltaTable(str(tables[0])).version()
+    kafka.produce(topics[1], [json.dumps({"id": 5}).encode()], partitions=1)
+    out = _invoke("run", path, "--available-now")
+    assert "idle: 0 row(s) committed (nothing to read: 1 table(s) up to date)" in out, out
+    assert "busy: 1 row(s) committed" in out, out
+    assert DeltaTable(str(tables[0])).version() == idle_version
+    assert DeltaTable(str(tables[1])).to_pyarrow_table().num_rows == 6
