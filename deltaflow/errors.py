@@ -288,6 +288,11 @@ class CdcDecodeError(TerminalError):
     the same bytes again)."""
 
 
+class EngineMismatchError(TerminalError):
+    """The Spark Connect server cannot run deltaflow's parts: its Python workers lack deltaflow,
+    or have another version than the client's."""
+
+
 class PipelineConfigError(ConfigError):
     """A pipeline file that cannot run: every problem with its YAML path."""
 

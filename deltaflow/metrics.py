@@ -395,6 +395,34 @@ def _samples(metric: Any, suffix: str) -> list[Any]:
     return [s for family in metric.collect() for s in family.samples if s.name == family.name + suffix]
 
 
+#: A report's figures Spark computes from its sources: a Spark Connect client's report has them
+#: as attributes only, not as keys.
+_DERIVED = ("numInputRows", "inputRowsPerSecond", "processedRowsPerSecond")
+
+
+def progress_report(progress: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``StreamingQueryProgress`` as a plain dict, the same from a classic session and from a
+    Spark Connect client (whose report lacks the derived figures as keys, and gives each observed
+    metric as a row of ``values`` and ``schema``)."""
+    report = dict(progress)
+    for key in _DERIVED:
+        if report.get(key) is None and hasattr(progress, key):
+            report[key] = getattr(progress, key)
+    observed = report.get("observedMetrics") or {}
+    report["observedMetrics"] = {name: _observed(row) for name, row in observed.items()}
+    return report
+
+
+def _observed(row: Any) -> dict[str, Any]:
+    if isinstance(row, Mapping):
+        return dict(row)
+    fields = row.asDict() if hasattr(row, "asDict") else {}
+    if set(fields) == {"values", "schema"} and isinstance(fields["schema"], Mapping):  # Connect's
+        names = [f["name"] for f in fields["schema"].get("fields", [])]
+        return dict(zip(names, fields["values"], strict=False))
+    return fields
+
+
 def _messages_scale(progress: Mapping[str, Any]) -> float:
     """Messages per input row of a progress report (1 unless the query observes its messages)."""
     observed = (progress.get("observedMetrics") or {}).get(MESSAGES_OBSERVATION) or {}

@@ -126,3 +126,25 @@ def test_ingest_counts_what_it_commits_and_dead_letters(spark, kafka, tmp_path):
             got[("deltaflow_source_lag_records", (("pipeline", "metrics-test"), ("source", f"{topic}:{p}")))]
             == 0
         )
+
+
+def test_a_spark_connect_progress_report_reads_as_a_classic_one():
+    """A Connect client's report: the derived figures as attributes only, each observed metric
+    as a row of values and schema."""
+    from pyspark.sql import Row
+
+    from deltaflow.metrics import progress_messages, progress_report
+
+    class ConnectReport(dict):
+        numInputRows = 2  # noqa: N815 - pyspark's attribute names
+        inputRowsPerSecond = 0.5  # noqa: N815
+        processedRowsPerSecond = 4.0  # noqa: N815
+
+    schema = {"type": "struct", "fields": [{"name": "messages", "type": "long", "nullable": False}]}
+    connect = ConnectReport(batchId=3, observedMetrics={"deltaflow": Row(values=[1000], schema=schema)})
+    classic = {"batchId": 3, "numInputRows": 2, "inputRowsPerSecond": 0.5, "processedRowsPerSecond": 4.0}
+    classic["observedMetrics"] = {"deltaflow": Row(messages=1000)}
+    for report in (connect, classic):
+        read = progress_report(report)
+        assert read["numInputRows"] == 2 and read["observedMetrics"] == {"deltaflow": {"messages": 1000}}
+        assert progress_messages(read) == 1000

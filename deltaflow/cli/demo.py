@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from deltaflow.cli.options import REMOTE
+
 __all__ = ["demo"]
 
 
@@ -65,6 +67,7 @@ __all__ = ["demo"]
     show_envvar=True,
     help="Spark master URL [default: local[*]].",
 )
+@REMOTE
 def demo(
     source: str,
     workdir: Path,

@@ -10,6 +10,7 @@ from deltaflow.cli.options import (
     GIVE_UP_AFTER,
     LINES,
     METRICS_PORT,
+    REMOTE,
     STALL_TIMEOUT,
     STALL_TRIGGERS,
     STATUS_PORT,
@@ -434,6 +435,7 @@ STOP_POLL_S = 1
     show_envvar=True,
     help="Spark master URL [default: local[*]].",
 )
+@REMOTE
 @click.option(
     "--cdc",
     type=click.Choice(["none", "debezium"]),

@@ -16,7 +16,9 @@ import click
 
 from deltaflow._version import __version__
 from deltaflow.cli.demo import demo
+from deltaflow.cli.engine import engine
 from deltaflow.cli.ingest import ingest
+from deltaflow.cli.options import REMOTE
 from deltaflow.cli.pipelines import run, sql, validate
 from deltaflow.cli.status import status
 from deltaflow.cli.tables import (
@@ -76,6 +78,7 @@ ENV_PREFIX = "DELTAFLOW"
     "pipeline, batch, table where they apply): deltaflow's records, Spark's JVM (its "
     "structured logging) and its Python workers; any other line is wrapped into one.",
 )
+@REMOTE
 @click.pass_context
 def cli(ctx: click.Context, verbose: bool, log_format: logs.LogFormat) -> None:
     """deltaflow: exactly-once streaming into Delta Lake tables with PySpark."""
@@ -114,6 +117,7 @@ for _command in (
     add_files,
     convert,
     status,
+    engine,
 ):
     cli.add_command(_command)
     for _param in _command.params:

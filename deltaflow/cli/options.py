@@ -9,6 +9,7 @@ __all__ = [
     "JSON",
     "LINES",
     "METRICS_PORT",
+    "REMOTE",
     "STALL_TIMEOUT",
     "STALL_TRIGGERS",
     "STATUS_PORT",
@@ -31,6 +32,27 @@ class _Lines(click.types.StringParamType):
 
 
 LINES = _Lines()
+
+
+def _export_remote(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """The Spark Connect server, for every session this process makes (pyspark's variable)."""
+    import os
+
+    if value:
+        os.environ["SPARK_REMOTE"] = value
+
+
+REMOTE = click.option(
+    "--remote",
+    default=None,
+    envvar="SPARK_REMOTE",
+    show_envvar=True,
+    expose_value=False,
+    callback=_export_remote,
+    help="Run the Spark work on this Spark Connect server (sc://host:port; deltaflow engine start "
+    "prints one) instead of a JVM of this process. Its Python workers need this deltaflow "
+    "version; tables and checkpoints must be paths the server reaches.",
+)
 
 
 METRICS_PORT = click.option(

@@ -10,6 +10,7 @@ import click
 from deltaflow.cli.options import (
     GIVE_UP_AFTER,
     METRICS_PORT,
+    REMOTE,
     STALL_TIMEOUT,
     STALL_TRIGGERS,
     STATUS_PORT,
@@ -69,6 +70,7 @@ def _run_options(command: Callable[..., None]) -> Callable[..., None]:
                 show_envvar=True,
                 help="Spark master URL [default: the file's spark.master, else local[*]].",
             ),
+            REMOTE,
         ]
     ):
         command = decorator(command)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from deltaflow.cli.options import JSON, STORAGE, key_values
+from deltaflow.cli.options import JSON, REMOTE, STORAGE, key_values
 from deltaflow.cli.output import emit, note, print_rows, progress_shown, run_summary, size, verbose
 from deltaflow.io.footers import FOOTER_THREADS
 
@@ -524,6 +524,7 @@ def _watch(
     show_envvar=True,
     help="With --watch: Spark master URL [default: local[*]].",
 )
+@REMOTE
 @STORAGE
 @JSON
 def add_files(

@@ -33,6 +33,7 @@ __all__ = [
     "indexed_columns",
     "load",
     "missing_files",
+    "rows_committed_since",
     "side_by_side",
     "timestamp_millis",
     "version_as_of",
@@ -68,6 +69,22 @@ def load(table_uri: str, storage_options: Mapping[str, str]) -> DeltaTable | Non
         return None
     except (DeltaError, OSError) as exc:
         raise storage_error(exc, table_uri, "reading the Delta log of") from exc
+
+
+def rows_committed_since(
+    table_uri: str, storage_options: Mapping[str, str], pipeline_id: str, version: int
+) -> int:
+    """The rows the commits after ``version`` (-1: every commit) recorded for ``pipeline_id``
+    (their ``deltaflow.rows``): what a pipeline committed where the commits ran in another
+    process (a Spark Connect server's Python workers), read from the log."""
+    table = load(table_uri, storage_options)
+    if table is None or table.version() <= version:
+        return 0
+    return sum(
+        int(info.get("deltaflow.rows") or 0)
+        for info in table.history(table.version() - version)
+        if info.get("deltaflow.pipeline_id") == pipeline_id and int(info.get("version", -1)) > version
+    )
 
 
 def side_by_side(fn: Callable[[T], R], items: Sequence[T], *, name: str = "tables") -> list[R]:

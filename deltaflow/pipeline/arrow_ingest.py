@@ -186,6 +186,14 @@ class IngestTables:
         self._lock = threading.Lock()
         self.checkpoint = checkpoint or next(iter([*self.main.values(), *self.dead_letters.values()])).options
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Over Spark Connect the foreachBatch function is pickled to the server's Python worker.
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     @classmethod
     def one(cls, main: _DeltaSink, dlq: _DeltaSink | None) -> IngestTables:
         """One table (and its dead-letter table) for every topic read."""

@@ -98,6 +98,9 @@ def spark_session(master: str | None = None, *, jvm: JvmProfile = "full", **conf
     Raises:
         ConfigError: when no Java runtime can be found.
     """
+    remote = os.environ.get("SPARK_REMOTE")
+    if remote:
+        return _connect_session(remote, master, conf)
     if not os.environ.get("JAVA_HOME") and shutil.which("java") is None:
         raise ConfigError(
             "Spark needs a Java 17+ runtime and none was found: install one "
@@ -479,3 +482,77 @@ def default_parallelism(spark: SparkSession) -> int:
         return int(spark.sparkContext.defaultParallelism)
     except Exception:  # noqa: BLE001 - Spark Connect: no SparkContext
         return os.cpu_count() or 1
+
+
+def _connect_session(remote: str, master: str | None, conf: dict[str, Any]) -> SparkSession:
+    """A Spark Connect session on ``remote``, with deltaflow's sources registered there (the
+    server's master and JVM are its own: a master named here is not used)."""
+    from pyspark.sql import SparkSession
+
+    if master:
+        logger.warning("Spark master %s not used: the work runs on the Spark Connect server %s", master, remote)
+
+    settings = {k: v for k, v in default_conf("").items() if k.startswith("spark.sql.")}
+    # A client that died leaves its query running in the server: the restarted client's start
+    # of the same checkpoint stops that run (Spark's default, stated here for this session).
+    settings["spark.sql.streaming.stopActiveRunOnRestart"] = "true"
+    settings.update({k: str(v) for k, v in conf.items()})
+    builder = SparkSession.builder.remote(remote)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    check_server(spark, remote)
+    from deltaflow.pipeline.api import register
+
+    register(spark)
+    logger.info("Spark %s session on the Spark Connect server %s", spark.version, remote)
+    return spark
+
+
+def check_server(spark: SparkSession, remote: str) -> None:
+    """Raise :class:`~deltaflow.errors.EngineMismatchError` unless the Spark Connect server's
+    Python workers import this very deltaflow version (its sources and batch functions run
+    there): before anything is registered, claimed or written."""
+    from deltaflow import __version__
+    from deltaflow.errors import EngineMismatchError
+
+    found = server_version(spark)
+    if found == __version__:
+        return
+    where = (
+        "its Python workers cannot import deltaflow"
+        if found is None
+        else f"its Python workers have deltaflow {found}"
+    )
+    raise EngineMismatchError(
+        f"the Spark Connect server {remote} cannot run this deltaflow {__version__}: {where}. "
+        f"Install deltaflow=={__version__} in the Python the server starts for its workers "
+        "(PYSPARK_PYTHON in the server's environment), restart the server, and run again; "
+        "nothing was written",
+        remote=remote,
+        expected=__version__,
+        found=found,
+    )
+
+
+def server_version(spark: SparkSession) -> str | None:
+    """The deltaflow version a Spark session's Python workers import (``None``: none)."""
+
+    def probe(batches: Iterator[Any]) -> Iterator[Any]:  # runs in a server worker: no deltaflow here
+        import importlib.metadata
+
+        import pyarrow as pa
+
+        for _ in batches:
+            pass
+        try:
+            import deltaflow
+
+            version = getattr(deltaflow, "__version__", None) or importlib.metadata.version("deltaflow")
+        except ImportError:
+            version = ""
+        yield pa.record_batch([pa.array([version])], names=["version"])
+
+    rows = spark.range(1, numPartitions=1).mapInArrow(probe, "version string").collect()
+    found = rows[0]["version"] if rows else ""
+    return found or None

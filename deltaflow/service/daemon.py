@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +53,7 @@ from deltaflow.errors import (
     brief,
 )
 from deltaflow.io import logs
-from deltaflow.metrics import metrics, progress_messages, progress_rates, source_lags
+from deltaflow.metrics import metrics, progress_messages, progress_rates, progress_report, source_lags
 from deltaflow.pipeline.interrupts import quiet_stop_logs, restore_stop_logs, stopping
 from deltaflow.service.status import board
 
@@ -513,7 +513,8 @@ class _Tally:
         self._last_seen: tuple[Any, Any, Any] | None = None
 
     def update(self, query: StreamingQuery) -> None:
-        last = query.lastProgress
+        newest = query.lastProgress
+        last = progress_report(newest) if newest is not None else None
         # An idle query repeats its batch id in every report: the timestamp tells them apart (each
         # is a completed trigger for /healthz, and one that read nothing for --stall-triggers).
         if last is None:
@@ -524,7 +525,7 @@ class _Tally:
         metrics.progress_reported(self.name, last, unit=self.units.read, behind=self.units.behind)
         self._last_seen = seen
         new_batches = new_messages = 0
-        for progress in query.recentProgress:
+        for progress in map(progress_report, query.recentProgress):
             stamp = str(progress.get("timestamp", ""))
             if stamp > self._reported:  # every report once, even those between two polls
                 self._reported = stamp
@@ -680,9 +681,48 @@ def run_pipelines(
 
         return start
 
-    return run_all(
+    # Over Spark Connect the sinks commit in the server's Python workers, whose counts never
+    # reach this process: the summary reads them from the tables' logs instead.
+    before = _versions(pipelines) if is_remote(spark) else None
+    summaries = run_all(
         {spec.pipeline_id: starter(spec) for spec in pipelines},
         units=units,
         give_up_after_s=give_up_after_s if available_now else None,
         stop_timeout_s=stop_timeout_s,
     )
+    if before is None:
+        return summaries
+    specs = {spec.pipeline_id: spec for spec in pipelines}
+    return {name: replace(s, committed=_logged(specs[name], before[name])) for name, s in summaries.items()}
+
+
+def is_remote(spark: SparkSession) -> bool:
+    """Whether ``spark`` is a Spark Connect client's session."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def _versions(pipelines: Sequence[PipelineSpec]) -> dict[str, dict[str, int]]:
+    """Each pipeline's sink tables and their versions now (-1: no table yet)."""
+    from deltaflow.config.locations import normalize_uri
+    from deltaflow.delta.log import load
+
+    out: dict[str, dict[str, int]] = {}
+    for spec in pipelines:
+        for sink in spec.sinks:
+            table = load(normalize_uri(sink.table_uri), sink.storage_options)
+            out.setdefault(spec.pipeline_id, {})[normalize_uri(sink.table_uri)] = (
+                table.version() if table is not None else -1
+            )
+    return out
+
+
+def _logged(spec: PipelineSpec, before: Mapping[str, int]) -> dict[str, int]:
+    from deltaflow.config.locations import normalize_uri
+    from deltaflow.delta.log import rows_committed_since
+
+    storage = {normalize_uri(s.table_uri): s.storage_options for s in spec.sinks}
+    counts = {
+        uri: rows_committed_since(uri, storage[uri], spec.pipeline_id, version)
+        for uri, version in before.items()
+    }
+    return {uri: rows for uri, rows in counts.items() if rows}

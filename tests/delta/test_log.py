@@ -37,3 +37,23 @@ def test_bytes_per_row_is_the_median_ratio_of_the_newest_files(tmp_path):
 
     newest = max(files, key=lambda f: f["modification_time"])
     assert delta_log.bytes_per_row(DeltaTable(uri), files=1) == newest["size_bytes"] / newest["num_records"]
+
+
+def test_rows_committed_since_counts_the_pipelines_commits_after_a_version(tmp_path):
+    from deltalake import CommitProperties
+
+    uri = str(tmp_path / "t")
+    rows = pa.table({"id": pa.array([1, 2, 3], pa.int64())})
+
+    def commit(pipeline: str, n: int) -> None:
+        meta = {"deltaflow.pipeline_id": pipeline, "deltaflow.rows": n}
+        write_deltalake(uri, rows, mode="append", commit_properties=CommitProperties(custom_metadata=meta))
+
+    commit("a", 3)  # version 0
+    commit("a", 5)
+    commit("b", 7)  # another pipeline's
+    commit("a", 11)
+    assert delta_log.rows_committed_since(uri, {}, "a", 0) == 16
+    assert delta_log.rows_committed_since(uri, {}, "a", -1) == 19
+    assert delta_log.rows_committed_since(uri, {}, "a", 3) == 0
+    assert delta_log.rows_committed_since(str(tmp_path / "none"), {}, "a", -1) == 0

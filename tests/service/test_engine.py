@@ -1,0 +1,197 @@
+"""``deltaflow engine`` and ``--remote``: a real Spark Connect server started from the pyspark
+wheel (pyspark's ``start-connect-server.sh``) on a port of its own, and the CLI as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from deltaflow import __version__
+from deltaflow.testing import _free_port
+
+DELTAFLOW = [sys.executable, "-m", "deltaflow.cli"]
+
+
+def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*DELTAFLOW, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _start(folder: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    port = str(_free_port())
+    return _cli(
+        "engine", "start", "--dir", str(folder), "--port", port, "--master", "local[2]",
+        "--driver-memory", "1g", *extra,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("engine")
+    started = _start(folder)
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        url = started.stdout.strip().splitlines()[-1]  # the URL is the last line
+        assert url.startswith("sc://127.0.0.1:"), started.stdout
+        yield folder, url
+    finally:
+        stopped = _cli("engine", "stop", "--dir", str(folder))
+        assert stopped.returncode == 0, stopped.stderr
+        assert "stopped the engine" in stopped.stderr
+        assert _cli("engine", "status", "--dir", str(folder)).returncode == 1
+
+
+def _ids(table: Path) -> list[int]:
+    return sorted(DeltaTable(str(table)).to_pyarrow_table().column("id").to_pylist())
+
+
+def test_an_engine_reports_its_status(engine):
+    folder, url = engine
+    done = _cli("engine", "status", "--dir", str(folder), "--json")
+    assert done.returncode == 0, done.stderr
+    info = json.loads(done.stdout)
+    assert info["running"] and info["url"] == url and info["rss_bytes"] > 0
+
+
+def test_ingest_through_the_engine_lands_every_message_once(engine, kafka, tmp_path):
+    _, url = engine
+    topic = kafka.create_topic(partitions=2)
+    kafka.produce(topic, [json.dumps({"id": i}).encode() for i in range(400)], partitions=2)
+    table = tmp_path / "t"
+    job = ["ingest", topic, str(table), "--kafka", kafka.bootstrap, "--app_id", "e1", "-e", "--remote", url]
+    done = _cli(*job)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ingested 400 message(s)" in done.stdout, done.stdout
+    kafka.produce(topic, [json.dumps({"id": i}).encode() for i in range(400, 500)], partitions=2)
+    done = _cli(*job)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _ids(table) == list(range(500))
+
+
+def test_a_pipeline_with_two_sinks_sql_and_maintenance_through_the_engine(engine, tmp_path):
+    _, url = engine
+    pipeline = tmp_path / "p.yaml"
+    pipeline.write_text(
+        textwrap.dedent(
+            f"""
+            pipelines:
+              - id: gen
+                source: {{type: generator, total_rows: 500, rows_per_second: 100000}}
+                sinks:
+                  - {{table_uri: "{tmp_path / "a"}"}}
+                  - {{table_uri: "{tmp_path / "b"}", when: "id % 2 = 0"}}
+            """
+        )
+    )
+    done = _cli("run", str(pipeline), "--once", "--remote", url)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # The sinks committed in the server's workers: the summary reads their commits from the logs.
+    assert (
+        f"500 row(s) committed to {tmp_path / 'a'}, 250 row(s) committed to {tmp_path / 'b'}" in done.stdout
+    )
+    assert _ids(tmp_path / "a") == list(range(500))
+    assert _ids(tmp_path / "b") == list(range(0, 500, 2))
+    script = tmp_path / "p.sql"
+    script.write_text(
+        f"""
+        CREATE TABLE clicks WITH (connector = 'generator', total_rows = 30, rows_per_second = 100000);
+        CREATE TABLE pages WITH (connector = 'delta', path = '{tmp_path / "pages"}');
+        INSERT INTO pages SELECT id FROM clicks WHERE id % 10 <> 3;
+        """
+    )
+    done = _cli("sql", str(script), "--once", "--remote", url)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "27 row(s) committed to" in done.stdout, done.stdout
+    assert _ids(tmp_path / "pages") == [i for i in range(30) if i % 10 != 3]
+    # Table maintenance runs in the client (delta-rs): the same command line with --remote.
+    for command in (["optimize", str(tmp_path / "a")], ["vacuum", str(tmp_path / "a")]):
+        done = _cli("--remote", url, *command)
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert _ids(tmp_path / "a") == list(range(500))
+
+
+def test_a_client_killed_mid_run_and_restarted_leaves_one_writer(engine, kafka, tmp_path):
+    """SIGKILL of a client: its query runs on in the server. The restarted client's query
+    replaces it (Spark stops the older run of the checkpoint), and once the new client is
+    stopped no query of the pipeline runs any more."""
+    _, url = engine
+    topic = kafka.create_topic(partitions=2)
+    table = tmp_path / "t"
+    service = ["ingest", topic, str(table), "--kafka", kafka.bootstrap, "--app_id", "k1"]
+    service += ["--allowed_latency", "1", "--remote", url]
+
+    def start() -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [*DELTAFLOW, *service],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+
+    def rows_reach(n: int, timeout_s: float = 120) -> None:
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if table.exists() and (table / "_delta_log").exists() and len(_ids(table)) >= n:
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"{len(_ids(table)) if table.exists() else 0} rows, not {n}")
+
+    first = start()
+    kafka.produce(topic, [json.dumps({"id": i}).encode() for i in range(200)], partitions=2)
+    rows_reach(200)
+    first.kill()  # SIGKILL: no stop reaches the server
+    first.communicate()
+    kafka.produce(topic, [json.dumps({"id": i}).encode() for i in range(200, 300)], partitions=2)
+    second = start()
+    said: list[str] = []
+    reader = threading.Thread(target=lambda: said.extend(second.stderr), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+    deadline = time.time() + 120
+    while not any("ingesting " in line for line in said):  # its query started
+        assert second.poll() is None and time.time() < deadline, "".join(said)[-3000:]
+        time.sleep(0.2)
+    kafka.produce(topic, [json.dumps({"id": i}).encode() for i in range(300, 400)], partitions=2)
+    rows_reach(400)
+    os.killpg(second.pid, signal.SIGTERM)
+    second.wait(timeout=120)
+    reader.join(timeout=30)
+    err = "".join(said)
+    assert second.returncode == 0, err[-3000:]
+    assert " ERROR " not in err and "Traceback" not in err, err[-3000:]
+    version = DeltaTable(str(table)).version()
+    kafka.produce(topic, [json.dumps({"id": i}).encode() for i in range(400, 420)], partitions=2)
+    time.sleep(8)  # several 1-s batches: a query still running would commit these
+    assert DeltaTable(str(table)).version() == version
+    assert _ids(table) == list(range(400))
+
+
+@pytest.mark.parametrize(
+    ("stub", "said"),
+    [
+        ("raise ImportError('not installed here')\n", "its Python workers cannot import deltaflow"),
+        ("__version__ = '0.0.1'\n", "its Python workers have deltaflow 0.0.1"),
+    ],
+)
+def test_a_server_without_this_deltaflow_is_refused_before_anything_runs(tmp_path, stub, said):
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / "deltaflow.py").write_text(stub)  # found before the installed deltaflow
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH="{hidden}:$PYTHONPATH" exec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    done = _start(tmp_path / "engine", "--conf", f"spark.pyspark.python={python}")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert said in done.stderr and f"cannot run this deltaflow {__version__}" in done.stderr, done.stderr
+    assert f"Install deltaflow=={__version__}" in done.stderr
+    # The server that could not serve was stopped again.
+    assert _cli("engine", "status", "--dir", str(tmp_path / "engine")).returncode == 1
