@@ -62,6 +62,13 @@ def test_an_engine_reports_its_status(engine):
     assert info["running"] and info["url"] == url and info["rss_bytes"] > 0
 
 
+def test_the_demo_runs_through_the_engine(engine, tmp_path):
+    _, url = engine
+    done = _cli("demo", "--workdir", str(tmp_path / "demo"), "--events", "3000", "--remote", url)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "exactly once: OK (3,000 messages" in done.stdout, done.stdout[-3000:]
+
+
 def test_ingest_through_the_engine_lands_every_message_once(engine, kafka, tmp_path):
     _, url = engine
     topic = kafka.create_topic(partitions=2)
@@ -195,3 +202,14 @@ def test_a_server_without_this_deltaflow_is_refused_before_anything_runs(tmp_pat
     assert f"Install deltaflow=={__version__}" in done.stderr
     # The server that could not serve was stopped again.
     assert _cli("engine", "status", "--dir", str(tmp_path / "engine")).returncode == 1
+
+
+def test_an_idle_engine_stops_by_itself(tmp_path):
+    folder = tmp_path / "engine"
+    done = _start(folder, "--idle-stop", "3")
+    assert done.returncode == 0, done.stderr[-3000:]
+    deadline = time.time() + 60
+    while _cli("engine", "status", "--dir", str(folder)).returncode == 0:  # no client: it stops
+        assert time.time() < deadline, "the idle engine still runs"
+        time.sleep(1)
+    assert not (folder / "engine.json").exists()
