@@ -490,7 +490,9 @@ def _connect_session(remote: str, master: str | None, conf: dict[str, Any]) -> S
     from pyspark.sql import SparkSession
 
     if master:
-        logger.warning("Spark master %s not used: the work runs on the Spark Connect server %s", master, remote)
+        logger.warning(
+            "Spark master %s not used: the work runs on the Spark Connect server %s", master, remote
+        )
 
     settings = {k: v for k, v in default_conf("").items() if k.startswith("spark.sql.")}
     # A client that died leaves its query running in the server: the restarted client's start

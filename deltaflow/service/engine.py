@@ -162,6 +162,7 @@ def start(settings: EngineSettings, *, echo: Callable[[str], None] = logger.info
             "stop it first (deltaflow engine stop) or give another --dir",
             url=running.url,
         )
+    _check_port_free(settings)
     script = _spark_home() / "sbin" / "start-connect-server.sh"
     args = ["bash", str(script), "--master", settings.master, "--driver-memory", settings.driver_memory]
     for key, value in _server_conf(settings).items():
@@ -206,6 +207,22 @@ def start(settings: EngineSettings, *, echo: Callable[[str], None] = logger.info
         )
     echo(f"the engine accepts sessions after {time.time() - began:.1f} s")
     return engine
+
+
+def _check_port_free(settings: EngineSettings) -> None:
+    """Spark binds the next free port when its own is taken (``spark.port.maxRetries``): the
+    start would then wait on, and check, whatever holds the port."""
+    import socket
+
+    with socket.socket() as probe:
+        try:
+            probe.bind((settings.host, settings.port))
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot start an engine on {settings.url}: the port is taken ({exc.strerror}); "
+                "give another --port, or stop what holds it",
+                url=settings.url,
+            ) from None
 
 
 def _wait_ready(engine: EngineState, settings: EngineSettings) -> None:

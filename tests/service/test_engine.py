@@ -213,3 +213,11 @@ def test_an_idle_engine_stops_by_itself(tmp_path):
         assert time.time() < deadline, "the idle engine still runs"
         time.sleep(1)
     assert not (folder / "engine.json").exists()
+
+
+def test_an_engine_is_not_started_on_a_port_that_is_taken(engine, tmp_path):
+    _, url = engine
+    port = url.rsplit(":", 1)[1]
+    done = _cli("engine", "start", "--dir", str(tmp_path / "second"), "--port", port)
+    assert done.returncode == 2, done.stderr
+    assert f"cannot start an engine on {url}: the port is taken" in done.stderr
