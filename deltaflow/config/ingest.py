@@ -8,10 +8,19 @@ from __future__ import annotations
 
 from typing import Any, Literal, Self
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from deltaflow.config.identity import PipelineId
-from deltaflow.config.locations import normalize_uri
+from deltaflow.config.locations import absolute_local, normalize_uri
 from deltaflow.config.models import problems
 from deltaflow.config.sink import StreamSinkOptions
 from deltaflow.config.table_template import TableTemplate
@@ -147,6 +156,11 @@ class IngestConfig(BaseModel):
             return cls.model_validate(values)
         except ValidationError as exc:
             raise ConfigError(_describe(exc), errors=exc.errors(include_url=False)) from None
+
+    @field_validator("checkpoint_location")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        return absolute_local(value) if value else value  # a Spark Connect server opens it too
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:

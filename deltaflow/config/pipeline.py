@@ -44,7 +44,7 @@ from pydantic import (
 
 from deltaflow.config.identity import PipelineId
 from deltaflow.config.ingest import IngestConfig
-from deltaflow.config.locations import normalize_uri
+from deltaflow.config.locations import absolute_local, normalize_uri
 from deltaflow.config.models import problem
 from deltaflow.config.postgres import PIPELINE_OWNED as POSTGRES_OWNED
 from deltaflow.config.postgres import PostgresCdcOptions
@@ -133,6 +133,11 @@ class FilesSourceSpec(_Model):
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        return absolute_local(value)  # a Spark Connect server opens it too: locations.absolute_local
+
     @field_validator("max_bytes_per_trigger", mode="before")
     @classmethod
     def _bytes(cls, value: Any) -> Any:
@@ -190,6 +195,11 @@ class ParquetFilesSourceSpec(_Model):
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        return absolute_local(value)  # a Spark Connect server opens it too: locations.absolute_local
+
 
 class DeltaSourceSpec(_Model):
     """Another Delta table read as a stream of its new commits (offsets are table versions).
@@ -219,6 +229,11 @@ class DeltaSourceSpec(_Model):
     read_change_feed: bool = False
     max_versions_per_trigger: int | None = Field(default=None, ge=1)
     storage_options: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("table_uri")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        return absolute_local(value)  # a Spark Connect server opens it too: locations.absolute_local
 
     @model_validator(mode="after")
     def _one_start(self) -> DeltaSourceSpec:
@@ -522,6 +537,11 @@ class PipelineSpec(_Model):
     checkpoint_location: str | None = None
     enabled: bool = True
     engine: Literal["spark", "arrow", "auto"] = "spark"
+
+    @field_validator("checkpoint_location")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        return absolute_local(value) if value else value  # see locations.absolute_local
 
     @field_validator("trigger_interval", mode="before")
     @classmethod

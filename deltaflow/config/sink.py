@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from deltaflow.config.identity import PipelineId
-from deltaflow.config.locations import SUPPORTED_SCHEMES
+from deltaflow.config.locations import SUPPORTED_SCHEMES, absolute_local
 from deltaflow.config.models import problem
 from deltaflow.errors import ConfigError, UnknownOptionError
 
@@ -149,7 +149,12 @@ class SinkOptions(BaseModel):
                 f"unsupported URI scheme {scheme!r} in {value!r}; "
                 f"use a local path or one of: {', '.join(s + '://' for s in SUPPORTED_SCHEMES)}"
             )
-        return value
+        return absolute_local(value)
+
+    @field_validator("checkpoint_location")
+    @classmethod
+    def _absolute_checkpoint(cls, value: str | None) -> str | None:
+        return absolute_local(value) if value else value
 
     @field_validator("partition_columns", "key_columns", mode="before")
     @classmethod

@@ -515,17 +515,23 @@ def check_server(spark: SparkSession, remote: str) -> None:
     """Raise :class:`~deltaflow.errors.EngineMismatchError` unless the Spark Connect server's
     Python workers import this very deltaflow version (its sources and batch functions run
     there): before anything is registered, claimed or written."""
+    from pyspark.errors import PythonException
+
     from deltaflow import __version__
     from deltaflow.errors import EngineMismatchError
 
-    found = server_version(spark)
-    if found == __version__:
-        return
-    where = (
-        "its Python workers cannot import deltaflow"
-        if found is None
-        else f"its Python workers have deltaflow {found}"
-    )
+    try:
+        found = server_version(spark)
+    except PythonException as exc:  # a worker that cannot run Python's side at all (no pyarrow)
+        found, where = None, f"its Python workers cannot run deltaflow's check ({_raised(exc)})"
+    else:
+        if found == __version__:
+            return
+        where = (
+            "its Python workers cannot import deltaflow"
+            if found is None
+            else f"its Python workers have deltaflow {found}"
+        )
     raise EngineMismatchError(
         f"the Spark Connect server {remote} cannot run this deltaflow {__version__}: {where}. "
         f"Install deltaflow=={__version__} in the Python the server starts for its workers "
@@ -535,6 +541,16 @@ def check_server(spark: SparkSession, remote: str) -> None:
         expected=__version__,
         found=found,
     )
+
+
+def _raised(error: BaseException) -> str:
+    """The exception line of a Python worker's traceback (``ImportError: ...``) in ``error``."""
+    import re
+
+    from deltaflow.errors import brief
+
+    lines = re.findall(r"^[A-Za-z_][\w.]*(?:Error|Exception)\b.*$", str(error), re.MULTILINE)
+    return lines[-1].split(" SQLSTATE")[0].strip() if lines else brief(error)
 
 
 def server_version(spark: SparkSession) -> str | None:

@@ -702,25 +702,31 @@ def is_remote(spark: SparkSession) -> bool:
 
 
 def _versions(pipelines: Sequence[PipelineSpec]) -> dict[str, dict[str, int]]:
-    """Each pipeline's sink tables and their versions now (-1: no table yet)."""
-    from deltaflow.config.locations import normalize_uri
+    """Each pipeline's tables (:func:`_tables`) and their versions now (-1: no table yet)."""
     from deltaflow.delta.log import load
 
     out: dict[str, dict[str, int]] = {}
     for spec in pipelines:
-        for sink in spec.sinks:
-            table = load(normalize_uri(sink.table_uri), sink.storage_options)
-            out.setdefault(spec.pipeline_id, {})[normalize_uri(sink.table_uri)] = (
-                table.version() if table is not None else -1
-            )
+        out[spec.pipeline_id] = {}
+        for uri, storage in _tables(spec).items():
+            table = load(uri, storage)
+            out[spec.pipeline_id][uri] = table.version() if table is not None else -1
     return out
 
 
-def _logged(spec: PipelineSpec, before: Mapping[str, int]) -> dict[str, int]:
+def _tables(spec: PipelineSpec) -> dict[str, Mapping[str, str]]:
+    """The tables ``spec`` commits to as itself (its sinks and its dead-letter table, as a
+    local run's summary counts them), with their storage options."""
     from deltaflow.config.locations import normalize_uri
+
+    sinks = [*spec.sinks, *([spec.dead_letter] if spec.dead_letter is not None else [])]
+    return {normalize_uri(s.table_uri): s.storage_options for s in sinks}
+
+
+def _logged(spec: PipelineSpec, before: Mapping[str, int]) -> dict[str, int]:
     from deltaflow.delta.log import rows_committed_since
 
-    storage = {normalize_uri(s.table_uri): s.storage_options for s in spec.sinks}
+    storage = _tables(spec)
     counts = {
         uri: rows_committed_since(uri, storage[uri], spec.pipeline_id, version)
         for uri, version in before.items()

@@ -42,6 +42,13 @@ STATE_FILE = "engine.json"
 START_TIMEOUT_S = 180.0
 #: How often the idle watcher looks for connected clients.
 IDLE_POLL_S = 5.0
+#: Variables that make pyspark (and spark-submit) a Spark Connect *client*: never handed to the
+#: server, which is started with a master (spark-submit refuses both) and whose Python workers
+#: must not connect anywhere else. A shell that exported SPARK_REMOTE for its jobs (as
+#: docs/DEPLOYMENT.md shows) still starts an engine.
+CLIENT_VARIABLES = ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE")
+#: Two readings of one process's start time differ by less than this (psutil rounds).
+SAME_START_S = 1.0
 
 
 def default_dir() -> Path:
@@ -85,14 +92,27 @@ class EngineState:
     started: float
     log: str
     master: str
+    #: The server JVM's start time (psutil's ``create_time``): a pid reused by another process
+    #: (after a reboot, or once the JVM died) is not this engine. ``None`` in older state files.
+    created: float | None = None
 
     def alive(self) -> bool:
-        import psutil
+        """Whether this engine's JVM runs: the pid is a Spark Connect server started when the
+        state says (never a process that got the pid later: ``stop`` would kill it)."""
+        return _is_server(self.pid, self.created)
 
-        try:
-            return "java" in psutil.Process(self.pid).name()
-        except psutil.Error:
+
+def _is_server(pid: int, created: float | None = None) -> bool:
+    """Whether ``pid`` is a Spark Connect server's JVM (started at ``created``, when given)."""
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        if created is not None and abs(process.create_time() - created) > SAME_START_S:
             return False
+        return "java" in process.name() and SERVER_CLASS in " ".join(process.cmdline())
+    except psutil.Error:
+        return False
 
 
 def _spark_home() -> Path:
@@ -108,7 +128,7 @@ def _environment(settings: EngineSettings) -> dict[str, str]:
     # The workers' interpreter, also in the environment: Spark's data source planners read it there.
     python = settings.conf.get("spark.pyspark.python") or worker_python(sys.executable)
     return {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k not in CLIENT_VARIABLES},
         "SPARK_HOME": str(_spark_home()),
         "SPARK_PID_DIR": str(folder),
         "SPARK_LOG_DIR": str(folder),
@@ -163,6 +183,11 @@ def start(settings: EngineSettings, *, echo: Callable[[str], None] = logger.info
             url=running.url,
         )
     _check_port_free(settings)
+    stale = _pid(folder)
+    if stale is not None and not _is_server(stale):
+        # Spark's daemon script would refuse to start while another java process holds that pid
+        # (and its stop script would kill that process).
+        _pid_file(folder).unlink(missing_ok=True)
     script = _spark_home() / "sbin" / "start-connect-server.sh"
     args = ["bash", str(script), "--master", settings.master, "--driver-memory", settings.driver_memory]
     for key, value in _server_conf(settings).items():
@@ -180,7 +205,7 @@ def start(settings: EngineSettings, *, echo: Callable[[str], None] = logger.info
             f"the Spark Connect server did not start: {(done.stdout + done.stderr).strip()[-2000:]}",
             log=str(log),
         )
-    engine = EngineState(settings.url, pid, settings.port, began, str(log), settings.master)
+    engine = EngineState(settings.url, pid, settings.port, began, str(log), settings.master, _created(pid))
     (folder / STATE_FILE).write_text(json.dumps(asdict(engine)))
     try:
         _wait_ready(engine, settings)
@@ -210,38 +235,55 @@ def start(settings: EngineSettings, *, echo: Callable[[str], None] = logger.info
 
 
 def _check_port_free(settings: EngineSettings) -> None:
-    """Spark binds the next free port when its own is taken (``spark.port.maxRetries``): the
-    start would then wait on, and check, whatever holds the port."""
+    """Raise :class:`ConfigError` when another process listens on the engine's port: the server
+    would fail to bind it, and the sessions of the start (and of every job) would go to that
+    process instead (another engine answers them; anything else never does)."""
     import socket
 
-    with socket.socket() as probe:
+    with socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET) as probe:
+        # As the server binds: a port whose last connections linger in TIME_WAIT is free.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((settings.host, settings.port))
         except OSError as exc:
             raise ConfigError(
                 f"cannot start an engine on {settings.url}: the port is taken ({exc.strerror}); "
-                "give another --port, or stop what holds it",
+                "give another --port, or stop what listens there",
                 url=settings.url,
             ) from None
 
 
-def _wait_ready(engine: EngineState, settings: EngineSettings) -> None:
-    import socket
+def _listening(engine: EngineState) -> bool:
+    """Whether the engine's own JVM listens on its port (not merely someone on the port)."""
+    import psutil
 
+    try:
+        connections = psutil.Process(engine.pid).net_connections(kind="tcp")
+    except psutil.Error:
+        return False
+    return any(c.status == psutil.CONN_LISTEN and c.laddr.port == engine.port for c in connections)
+
+
+def _created(pid: int) -> float | None:
+    import psutil
+
+    try:
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return None
+
+
+def _wait_ready(engine: EngineState, settings: EngineSettings) -> None:
     deadline = time.time() + START_TIMEOUT_S
-    while True:
+    while not _listening(engine):
         if not engine.alive():
             raise ConfigError(f"the Spark Connect server exited while starting:\n{_tail(Path(engine.log))}")
-        try:
-            with socket.create_connection((settings.host, settings.port), timeout=1):
-                break
-        except OSError:
-            if time.time() > deadline:
-                raise ConfigError(
-                    f"the Spark Connect server did not listen on {engine.url} within "
-                    f"{START_TIMEOUT_S:.0f} s:\n{_tail(Path(engine.log))}"
-                ) from None
-            time.sleep(0.2)
+        if time.time() > deadline:
+            raise ConfigError(
+                f"the Spark Connect server did not listen on {engine.url} within "
+                f"{START_TIMEOUT_S:.0f} s:\n{_tail(Path(engine.log))}"
+            )
+        time.sleep(0.2)
     from pyspark.sql import SparkSession
 
     from deltaflow.pipeline.session import check_server
@@ -318,9 +360,13 @@ def describe(engine: EngineState) -> dict[str, Any]:
     return info
 
 
+def _pid_file(folder: Path) -> Path:
+    return folder / f"spark-{IDENT}-{SERVER_CLASS}-1.pid"
+
+
 def _pid(folder: Path) -> int | None:
     try:
-        return int((folder / f"spark-{IDENT}-{SERVER_CLASS}-1.pid").read_text().strip())
+        return int(_pid_file(folder).read_text().strip())
     except (OSError, ValueError):
         return None
 

@@ -22,22 +22,34 @@ from deltaflow.testing import _free_port
 DELTAFLOW = [sys.executable, "-m", "deltaflow.cli"]
 
 
-def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*DELTAFLOW, *args], capture_output=True, text=True, timeout=timeout)
+def _cli(
+    *args: str, timeout: float = 300, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*DELTAFLOW, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd
+    )
 
 
-def _start(folder: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    port = str(_free_port())
+def _start(
+    folder: Path,
+    *extra: str,
+    port: int | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess[str]:
     return _cli(
-        "engine", "start", "--dir", str(folder), "--port", port, "--master", "local[2]",
-        "--driver-memory", "1g", *extra,
+        "engine", "start", "--dir", str(folder), "--port", str(port or _free_port()), "--master",
+        "local[2]", "--driver-memory", "1g", *extra, env=env, timeout=timeout,
     )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     folder = tmp_path_factory.mktemp("engine")
-    started = _start(folder)
+    port = _free_port()
+    # As docs/DEPLOYMENT.md has it: the shell exported SPARK_REMOTE for its jobs, and (re)starts
+    # the engine from there (spark-submit refuses a remote beside a master).
+    started = _start(folder, port=port, env={**os.environ, "SPARK_REMOTE": f"sc://127.0.0.1:{port}"})
     try:
         assert started.returncode == 0, started.stdout + started.stderr
         url = started.stdout.strip().splitlines()[-1]  # the URL is the last line
@@ -183,16 +195,26 @@ def test_a_client_killed_mid_run_and_restarted_leaves_one_writer(engine, kafka, 
 
 
 @pytest.mark.parametrize(
-    ("stub", "said"),
+    ("module", "stub", "said"),
     [
-        ("raise ImportError('not installed here')\n", "its Python workers cannot import deltaflow"),
-        ("__version__ = '0.0.1'\n", "its Python workers have deltaflow 0.0.1"),
+        (
+            "deltaflow",
+            "raise ImportError('not installed here')\n",
+            "its Python workers cannot import deltaflow",
+        ),
+        ("deltaflow", "__version__ = '0.0.1'\n", "its Python workers have deltaflow 0.0.1"),
+        # Workers that cannot run Arrow at all: refused the same way, not a traceback.
+        (
+            "pyarrow",
+            "raise ImportError('no pyarrow here')\n",
+            "its Python workers cannot run deltaflow's check (ImportError: no pyarrow here)",
+        ),
     ],
 )
-def test_a_server_without_this_deltaflow_is_refused_before_anything_runs(tmp_path, stub, said):
+def test_a_server_without_this_deltaflow_is_refused_before_anything_runs(tmp_path, module, stub, said):
     hidden = tmp_path / "hidden"
     hidden.mkdir()
-    (hidden / "deltaflow.py").write_text(stub)  # found before the installed deltaflow
+    (hidden / f"{module}.py").write_text(stub)  # found before the installed one
     python = tmp_path / "python"
     python.write_text(f'#!/bin/sh\nPYTHONPATH="{hidden}:$PYTHONPATH" exec "{sys.executable}" "$@"\n')
     python.chmod(0o755)
@@ -215,9 +237,104 @@ def test_an_idle_engine_stops_by_itself(tmp_path):
     assert not (folder / "engine.json").exists()
 
 
-def test_an_engine_is_not_started_on_a_port_that_is_taken(engine, tmp_path):
+def test_a_remote_runs_summary_counts_its_dead_letters(engine, tmp_path):
+    """The dead-letter table is one of the pipeline's tables: a local run's summary names it,
+    and so does a remote one (from its log)."""
     _, url = engine
-    port = url.rsplit(":", 1)[1]
-    done = _cli("engine", "start", "--dir", str(tmp_path / "second"), "--port", port)
-    assert done.returncode == 2, done.stderr
-    assert f"cannot start an engine on {url}: the port is taken" in done.stderr
+    pipeline = tmp_path / "p.yaml"
+    pipeline.write_text(
+        textwrap.dedent(
+            f"""
+            pipelines:
+              - id: dl
+                source: {{type: generator, total_rows: 100, rows_per_second: 100000}}
+                expectations: [{{name: even, expr: "id % 2 = 0", action: drop}}]
+                dead_letter: {{table_uri: "{tmp_path / "rejected"}"}}
+                sinks: [{{table_uri: "{tmp_path / "kept"}"}}]
+            """
+        )
+    )
+    done = _cli("run", str(pipeline), "--once", "--remote", url)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"50 row(s) committed to {tmp_path / 'rejected'}" in done.stdout, done.stdout
+    assert f"50 row(s) committed to {tmp_path / 'kept'}" in done.stdout, done.stdout
+    assert _ids(tmp_path / "kept") == list(range(0, 100, 2))
+    assert DeltaTable(str(tmp_path / "rejected")).to_pyarrow_table().num_rows == 50
+
+
+def test_relative_paths_are_the_clients_not_the_servers(engine, tmp_path):
+    """The server was started from another folder: a pipeline file's relative paths (a files
+    source, a sink) still name the client's folders."""
+    _, url = engine
+    (tmp_path / "land").mkdir()
+    (tmp_path / "land" / "a.json").write_text("".join(json.dumps({"id": i}) + "\n" for i in range(30)))
+    (tmp_path / "p.yaml").write_text(
+        textwrap.dedent(
+            """
+            pipelines:
+              - id: rel
+                source: {type: files, path: land, format: json, schema: "id BIGINT", min_file_age: 0}
+                sinks: [{table_uri: out}]
+            """
+        )
+    )
+    assert Path.cwd() != tmp_path  # the engine's folder (the fixture started it from here)
+    done = _cli("run", "p.yaml", "--once", "--remote", url, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"30 row(s) committed to {tmp_path / 'out'}" in done.stdout, done.stdout
+    assert _ids(tmp_path / "out") == list(range(30))
+
+
+def test_a_start_on_a_taken_port_is_refused_at_once(engine, tmp_path):
+    """Another process on the port (the fixture's engine, or anything listening) would get the
+    start's and the jobs' sessions: refused before a server starts, naming the port."""
+    import socket
+
+    _, url = engine
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        for port in (other.getsockname()[1], int(url.rsplit(":", 1)[1])):
+            done = _start(tmp_path / f"e{port}", port=port, timeout=60)  # before: waited forever
+            assert done.returncode == 2, done.stdout + done.stderr
+            assert f"cannot start an engine on sc://127.0.0.1:{port}: the port is taken" in done.stderr
+            assert _cli("engine", "status", "--dir", str(tmp_path / f"e{port}")).returncode == 1
+    assert _cli("engine", "status", "--dir", str(engine[0])).returncode == 0
+
+
+def test_a_pid_that_another_process_took_is_not_the_engine(tmp_path):
+    """After a reboot (or once the JVM died) the state file's pid may be another java process:
+    not reported as the engine, never stopped or killed as it, and no obstacle to a start."""
+    import psutil
+
+    java = Path(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else "java"
+    (tmp_path / "Idle.java").write_text(
+        "public class Idle { public static void main(String[] a) throws Exception { Thread.sleep(600000); } }"
+    )
+    other = subprocess.Popen([str(java), str(tmp_path / "Idle.java")])
+    try:
+        assert "java" in psutil.Process(other.pid).name()
+        folder = tmp_path / "engine"
+        folder.mkdir()
+        stale = {"url": "sc://127.0.0.1:1", "pid": other.pid, "port": 1, "started": 0.0}
+        (folder / "engine.json").write_text(json.dumps({**stale, "log": "x.out", "master": "local[1]"}))
+        pid_file = folder / "spark-deltaflow-org.apache.spark.sql.connect.service.SparkConnectServer-1.pid"
+        pid_file.write_text(f"{other.pid}\n")  # Spark's own pid file, as stale
+        status = _cli("engine", "status", "--dir", str(folder))
+        assert status.returncode == 1 and "not running" in status.stdout, status.stdout
+        stopped = _cli("engine", "stop", "--dir", str(folder), timeout=30)
+        assert stopped.returncode == 0 and "no engine was running" in stopped.stderr, stopped.stderr
+        assert other.poll() is None  # not killed
+        (folder / "engine.json").write_text(json.dumps({**stale, "log": "x.out", "master": "local[1]"}))
+        started = _cli(
+            "engine", "start", "--dir", str(folder), "--port", str(_free_port()), "--master", "local[1]",
+            "--driver-memory", "512m",
+        )  # fmt: skip
+        try:
+            assert started.returncode == 0, started.stdout + started.stderr
+        finally:
+            assert _cli("engine", "stop", "--dir", str(folder)).returncode == 0
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
