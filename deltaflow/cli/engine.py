@@ -105,7 +105,7 @@ def status(folder: Path | None, as_json: bool) -> None:
 
 @engine.command(hidden=True)
 @_DIR
-@click.option("--idle-stop", type=click.FloatRange(min=1), required=True)
+@click.option("--idle-stop", type=click.FloatRange(min=0, min_open=True), required=True)
 def watch(folder: Path | None, idle_stop: float) -> None:
     """(Started by ``start --idle-stop``.) Stop the engine once idle."""
     from deltaflow.service import engine as engines

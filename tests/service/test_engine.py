@@ -328,10 +328,16 @@ def test_a_pid_that_another_process_took_is_not_the_engine(tmp_path):
         (folder / "engine.json").write_text(json.dumps({**stale, "log": "x.out", "master": "local[1]"}))
         started = _cli(
             "engine", "start", "--dir", str(folder), "--port", str(_free_port()), "--master", "local[1]",
-            "--driver-memory", "512m",
+            "--driver-memory", "512m", "--idle-stop", "0.5",
         )  # fmt: skip
         try:
             assert started.returncode == 0, started.stdout + started.stderr
+            # --idle-stop below a second, as start accepts it: its watcher stops the idle engine
+            # (before, the watcher refused the value and the engine ran on).
+            deadline = time.time() + 60
+            while _cli("engine", "status", "--dir", str(folder)).returncode == 0:
+                assert time.time() < deadline, "the idle engine was not stopped"
+                time.sleep(1)
         finally:
             assert _cli("engine", "stop", "--dir", str(folder)).returncode == 0
         assert other.poll() is None
