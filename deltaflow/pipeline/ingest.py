@@ -426,26 +426,14 @@ def caught_up(config: IngestConfig) -> list[str] | None:
     """
     from deltaflow.delta.log import load, side_by_side
     from deltaflow.delta.progress import committed_offsets
-    from deltaflow.sources.kafka import KafkaSourceOptions, topic_partitions, watermarks
+    from deltaflow.sources.kafka import watermarks
 
     if not config.ends_at_latest_offsets or config.seek_offsets:
         return None
     app = config.pipeline_id
-    reader = kafka_reader_options(config)
-    if config.topic_pattern:
-        reader["topic_pattern"] = config.topic_pattern
-    else:
-        reader["topic"] = ",".join(config.topics)
     storage = dict(config.table_options.get("storage_options") or {})
     try:
-        options = KafkaSourceOptions.from_spark_options(reader)
-        layout = topic_partitions(options)
-        template = config.table_template()
-        by_table: dict[str, list[str]] = {}
-        for topic in layout:
-            uri = template.render(topic) if config.several_topics else normalize_uri(config.table_uri)
-            if uri is not None:  # a topic no table takes is not read
-                by_table.setdefault(uri, []).append(topic)
+        options, layout, by_table = _topic_tables(config)
         if not by_table:
             return None
         latest = watermarks(options, {t: layout[t] for ts in by_table.values() for t in ts}, "latest")
@@ -467,6 +455,35 @@ def caught_up(config: IngestConfig) -> list[str] | None:
                 if (done is None and end != 0) or (done is not None and done + 1 != end):
                     return None
     return sorted(by_table)
+
+
+def topic_tables(config: IngestConfig) -> list[str]:
+    """The tables of the topics ``config`` reads now, its dead-letter tables included (a
+    template rendered for each topic that matches; the one table of a single topic)."""
+    _, layout, by_table = _topic_tables(config)
+    dlq = config.dlq_template()
+    letters = {dlq.render(topic) for topic in layout} if dlq is not None else set()
+    return sorted({*by_table, *(uri for uri in letters if uri is not None)})
+
+
+def _topic_tables(config: IngestConfig) -> tuple[Any, dict[str, list[int]], dict[str, list[str]]]:
+    """The Kafka options, the topics' partitions and each table's topics."""
+    from deltaflow.sources.kafka import KafkaSourceOptions, topic_partitions
+
+    reader = kafka_reader_options(config)
+    if config.topic_pattern:
+        reader["topic_pattern"] = config.topic_pattern
+    else:
+        reader["topic"] = ",".join(config.topics)
+    options = KafkaSourceOptions.from_spark_options(reader)
+    layout = topic_partitions(options)
+    template = config.table_template()
+    by_table: dict[str, list[str]] = {}
+    for topic in layout:
+        uri = template.render(topic) if config.several_topics else normalize_uri(config.table_uri)
+        if uri is not None:  # a topic no table takes is not read
+            by_table.setdefault(uri, []).append(topic)
+    return options, layout, by_table
 
 
 def _avsc_files(location: str) -> list[str]:

@@ -718,17 +718,29 @@ def _tables(spec: PipelineSpec) -> dict[str, Mapping[str, str]]:
     """The tables ``spec`` commits to as itself (its sinks and its dead-letter table, as a
     local run's summary counts them), with their storage options."""
     from deltaflow.config.locations import normalize_uri
+    from deltaflow.config.table_template import has_placeholders
 
     sinks = [*spec.sinks, *([spec.dead_letter] if spec.dead_letter is not None else [])]
-    return {normalize_uri(s.table_uri): s.storage_options for s in sinks}
+    out = {normalize_uri(s.table_uri): s.storage_options for s in sinks if not has_placeholders(s.table_uri)}
+    templated = [s for s in sinks if has_placeholders(s.table_uri)]
+    if templated:  # a table per topic: those of the topics that match now
+        from deltaflow.pipeline.ingest import topic_tables
+
+        try:
+            uris = topic_tables(spec.ingest_config())
+        except Exception:  # only the summary: the run itself says why
+            logger.debug("could not list the tables of %s", spec.pipeline_id, exc_info=True)
+            uris = []
+        out.update({uri: templated[0].storage_options for uri in uris})
+    return out
 
 
 def _logged(spec: PipelineSpec, before: Mapping[str, int]) -> dict[str, int]:
     from deltaflow.delta.log import rows_committed_since
 
-    storage = _tables(spec)
+    storage = _tables(spec)  # again: tables of topics that matched meanwhile count from -1
     counts = {
-        uri: rows_committed_since(uri, storage[uri], spec.pipeline_id, version)
-        for uri, version in before.items()
+        uri: rows_committed_since(uri, options, spec.pipeline_id, before.get(uri, -1))
+        for uri, options in storage.items()
     }
     return {uri: rows for uri, rows in counts.items() if rows}
