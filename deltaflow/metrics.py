@@ -99,6 +99,9 @@ class Metrics:
         #: When this process last committed to each (pipeline, table) (epoch seconds).
         self._last_commit: dict[tuple[str, str], float] = {}
         self._committed_lock = threading.Lock()
+        #: False once this process drives a Spark Connect server: the sinks commit in its Python
+        #: workers, and the commit counters here stay at zero (progress lines leave them out).
+        self.counts_commits = True
         self._failed = Counter(
             "deltaflow_ingest_records_failed",
             "Messages seen failing decoding or a transform (dead-lettered or skipped).",

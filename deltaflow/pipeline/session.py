@@ -504,6 +504,9 @@ def _connect_session(remote: str, master: str | None, conf: dict[str, Any]) -> S
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     check_server(spark, remote)
+    from deltaflow.metrics import metrics
+
+    metrics.counts_commits = False  # the sinks commit in the server's Python workers
     from deltaflow.pipeline.api import register
 
     register(spark)

@@ -546,8 +546,11 @@ class _Tally:
             read, committed, behind = self.units.read, self.units.committed, self.units.behind
             # A time estimate only where the lag counts what the rate does (not WAL bytes).
             eta = f" (~{lag / rate:.0f} s at {rate:,.0f}/s)" if lag and rate and behind == read else ""
+            # Over Spark Connect the commits are counted in the server's workers, not here.
+            total = sum(self.committed().values())
+            done = f", {total} {committed} committed" if metrics.counts_commits else ""
             logger.info(
-                "query %r: %d %s in %d batch(es); %d %s in %d batch(es) in all, %d %s committed%s",
+                "query %r: %d %s in %d batch(es); %d %s in %d batch(es) in all%s%s",
                 self.name,
                 new_messages,
                 read,
@@ -555,8 +558,7 @@ class _Tally:
                 self.messages,
                 read,
                 self.batches,
-                sum(self.committed().values()),
-                committed,
+                done,
                 f"; {lag} {behind} behind the newest position{eta}" if behind else "",
             )
         if self._on_progress is not None:
