@@ -62,6 +62,15 @@ def engine(tmp_path_factory):
         assert _cli("engine", "status", "--dir", str(folder)).returncode == 1
 
 
+def _run(url: str, folder: Path, pipelines: str) -> subprocess.CompletedProcess[str]:
+    """``deltaflow run FILE --once --remote URL`` of a pipeline file holding ``pipelines``: exit 0."""
+    path = folder / "p.yaml"
+    path.write_text(textwrap.dedent(pipelines))
+    done = _cli("run", str(path), "--once", "--remote", url)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
 def _ids(table: Path) -> list[int]:
     return sorted(DeltaTable(str(table)).to_pyarrow_table().column("id").to_pylist())
 
@@ -101,21 +110,18 @@ def test_ingest_through_the_engine_lands_every_message_once(engine, kafka, tmp_p
 
 def test_a_pipeline_with_two_sinks_sql_and_maintenance_through_the_engine(engine, tmp_path):
     _, url = engine
-    pipeline = tmp_path / "p.yaml"
-    pipeline.write_text(
-        textwrap.dedent(
-            f"""
-            pipelines:
-              - id: gen
-                source: {{type: generator, total_rows: 500, rows_per_second: 100000}}
-                sinks:
-                  - {{table_uri: "{tmp_path / "a"}"}}
-                  - {{table_uri: "{tmp_path / "b"}", when: "id % 2 = 0"}}
-            """
-        )
+    done = _run(
+        url,
+        tmp_path,
+        f"""
+        pipelines:
+          - id: gen
+            source: {{type: generator, total_rows: 500, rows_per_second: 100000}}
+            sinks:
+              - {{table_uri: "{tmp_path / "a"}"}}
+              - {{table_uri: "{tmp_path / "b"}", when: "id % 2 = 0"}}
+        """,
     )
-    done = _cli("run", str(pipeline), "--once", "--remote", url)
-    assert done.returncode == 0, done.stderr[-3000:]
     # The sinks committed in the server's workers: the summary reads their commits from the logs.
     assert (
         f"500 row(s) committed to {tmp_path / 'a'}, 250 row(s) committed to {tmp_path / 'b'}" in done.stdout
@@ -227,21 +233,18 @@ def test_a_remote_runs_summary_counts_its_dead_letters(engine, tmp_path):
     """The dead-letter table is one of the pipeline's tables: a local run's summary names it,
     and so does a remote one (from its log)."""
     _, url = engine
-    pipeline = tmp_path / "p.yaml"
-    pipeline.write_text(
-        textwrap.dedent(
-            f"""
-            pipelines:
-              - id: dl
-                source: {{type: generator, total_rows: 100, rows_per_second: 100000}}
-                expectations: [{{name: even, expr: "id % 2 = 0", action: drop}}]
-                dead_letter: {{table_uri: "{tmp_path / "rejected"}"}}
-                sinks: [{{table_uri: "{tmp_path / "kept"}"}}]
-            """
-        )
+    done = _run(
+        url,
+        tmp_path,
+        f"""
+        pipelines:
+          - id: dl
+            source: {{type: generator, total_rows: 100, rows_per_second: 100000}}
+            expectations: [{{name: even, expr: "id % 2 = 0", action: drop}}]
+            dead_letter: {{table_uri: "{tmp_path / "rejected"}"}}
+            sinks: [{{table_uri: "{tmp_path / "kept"}"}}]
+        """,
     )
-    done = _cli("run", str(pipeline), "--once", "--remote", url)
-    assert done.returncode == 0, done.stderr[-3000:]
     assert f"50 row(s) committed to {tmp_path / 'rejected'}" in done.stdout, done.stdout
     assert f"50 row(s) committed to {tmp_path / 'kept'}" in done.stdout, done.stdout
     assert _ids(tmp_path / "kept") == list(range(0, 100, 2))
@@ -254,21 +257,18 @@ def test_a_remote_runs_summary_counts_a_table_per_topic(engine, kafka, tmp_path)
     for name, count in (("x", 30), ("y", 20)):
         topic = kafka.create_topic(partitions=1, name=f"{prefix}.{name}")
         kafka.produce(topic, [json.dumps({"id": i}).encode() for i in range(count)], partitions=1)
-    pipeline = tmp_path / "p.yaml"
-    pipeline.write_text(
-        textwrap.dedent(
-            f"""
-            pipelines:
-              - id: tpl
-                engine: arrow
-                source: {{type: kafka, bootstrap_servers: "{kafka.bootstrap}",
-                          topic_pattern: '{prefix}\\.(.*)', schema: "id INT"}}
-                sinks: [{{table_uri: "{tmp_path}/{{1}}"}}]
-            """
-        )
+    done = _run(
+        url,
+        tmp_path,
+        f"""
+        pipelines:
+          - id: tpl
+            engine: arrow
+            source: {{type: kafka, bootstrap_servers: "{kafka.bootstrap}",
+                      topic_pattern: '{prefix}\\.(.*)', schema: "id INT"}}
+            sinks: [{{table_uri: "{tmp_path}/{{1}}"}}]
+        """,
     )
-    done = _cli("run", str(pipeline), "--once", "--remote", url)
-    assert done.returncode == 0, done.stderr[-3000:]
     assert f"30 row(s) committed to {tmp_path / 'x'}" in done.stdout, done.stdout
     assert f"20 row(s) committed to {tmp_path / 'y'}" in done.stdout, done.stdout
     assert _ids(tmp_path / "x") == list(range(30)) and _ids(tmp_path / "y") == list(range(20))
