@@ -664,7 +664,10 @@ def ingest(
     arrow = choose_engine(config) == "arrow"
     # A job (--ends-at-latest-offsets) also takes the serial collector: less CPU at start.
     job = ends_at_latest_offsets
-    spark = deltaflow.spark_session(spark_master, jvm=("lean" if job else "quick") if arrow else "full")
+    from deltaflow.pipeline.session import JvmProfile
+
+    profile: JvmProfile = ("lean" if job else "quick") if arrow else "full"
+    spark = deltaflow.spark_session(spark_master, jvm=profile, job=f"ingest:{config.pipeline_id}")
     from deltaflow.service.daemon import run_until_stopped
 
     try:

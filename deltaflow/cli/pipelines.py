@@ -201,7 +201,8 @@ def _run_file(
     # too (as ingest does). Any pipeline that may need Spark SQL keeps the full JVM.
     arrow = all(s.engine != "spark" and not s.arrow_blockers() for s in selected)
     jvm: JvmProfile = ("lean" if available_now else "quick") if arrow else "full"
-    spark = deltaflow.spark_session(spark_master or file.spark.master, jvm=jvm, **file.spark.conf)
+    job = "run:" + ",".join(sorted(s.pipeline_id for s in selected))
+    spark = deltaflow.spark_session(spark_master or file.spark.master, jvm=jvm, job=job, **file.spark.conf)
     try:
         summaries = run_pipelines(
             spark,

@@ -465,7 +465,7 @@ def _watch(
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise click.UsageError(problems) from None
-    spark = deltaflow.spark_session(spark_master)
+    spark = deltaflow.spark_session(spark_master, job=f"watch:{pipeline_id}")
     try:
         summaries = run_pipelines(spark, [spec], available_now=available_now)
     finally:

@@ -789,7 +789,9 @@ def ingest(
         location,
         engine,
     )
-    return stream.start()
+    from deltaflow.pipeline.session import start_query
+
+    return start_query(stream, spark, config.pipeline_id)
 
 
 def _arrow_engine(

@@ -823,7 +823,9 @@ def start_pipeline(
         ", ".join(f"{s.name}: {normalize_uri(s.options.table_uri)}" for s in sinks),
         location,
     )
-    return stream.start()
+    from deltaflow.pipeline.session import start_query
+
+    return start_query(stream, spark, spec.pipeline_id)
 
 
 def _watch(

@@ -23,6 +23,8 @@ from deltaflow.pipeline.class_cache import JAVA_OPTION_VARIABLES, class_cache
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
 
 __all__ = [
     "DEFAULT_MASTER",
@@ -32,6 +34,7 @@ __all__ = [
     "default_conf",
     "spark_defaults",
     "spark_session",
+    "start_query",
     "worker_python",
 ]
 
@@ -47,6 +50,9 @@ WORKER_DAEMON = "deltaflow.pipeline.worker_daemon"
 JvmProfile = Literal["full", "quick", "lean"]
 QUICK_JVM = ("-XX:TieredStopAtLevel=1",)
 LEAN_JVM = (*QUICK_JVM, "-XX:+UseSerialGC")
+#: Sessions a job tries on a Spark Connect server before it takes one of its own (the server
+#: refuses a session id it has closed).
+SESSION_GENERATIONS = 8
 #: Spark 4's structured logging: the JVM's log4j records as JSON (``--log-format json``).
 STRUCTURED_LOGGING = "spark.log.structuredLogging.enabled"
 #: The log4j2 configuration Spark itself loads when structured logging is on (in
@@ -77,7 +83,9 @@ def default_conf(master: str) -> dict[str, str]:
     }
 
 
-def spark_session(master: str | None = None, *, jvm: JvmProfile = "full", **conf: Any) -> SparkSession:
+def spark_session(
+    master: str | None = None, *, jvm: JvmProfile = "full", job: str | None = None, **conf: Any
+) -> SparkSession:
     """Get or create a SparkSession for deltaflow, with the ``deltaflow`` format registered.
 
     A driver JVM this call starts maps a class-data sharing archive
@@ -92,6 +100,9 @@ def spark_session(master: str | None = None, *, jvm: JvmProfile = "full", **conf
             where the JVM only plans and schedules; ``lean`` for such runs that end by
             themselves (the serial collector saves CPU at start but its pauses lengthen a
             long-running stream's micro-batches). Applies only to a JVM this call starts.
+        job: On a Spark Connect server (``SPARK_REMOTE``): what the session is for (e.g. the
+            pipeline ids). Each run of the same job takes the same server session: warm Python
+            workers, and the queries a client that died left running are found.
         **conf: Spark settings (``**{"spark.executor.memory": "4g"}``); they win over the
             defaults of :func:`default_conf`.
 
@@ -100,7 +111,7 @@ def spark_session(master: str | None = None, *, jvm: JvmProfile = "full", **conf
     """
     remote = os.environ.get("SPARK_REMOTE")
     if remote:
-        return _connect_session(remote, master, conf)
+        return _connect_session(remote, master, conf, job)
     if not os.environ.get("JAVA_HOME") and shutil.which("java") is None:
         raise ConfigError(
             "Spark needs a Java 17+ runtime and none was found: install one "
@@ -484,9 +495,18 @@ def default_parallelism(spark: SparkSession) -> int:
         return os.cpu_count() or 1
 
 
-def _connect_session(remote: str, master: str | None, conf: dict[str, Any]) -> SparkSession:
+def _connect_session(
+    remote: str, master: str | None, conf: dict[str, Any], job: str | None = None
+) -> SparkSession:
     """A Spark Connect session on ``remote``, with deltaflow's sources registered there (the
-    server's master and JVM are its own: a master named here is not used)."""
+    server's master and JVM are its own: a master named here is not used).
+
+    With ``job``, the session is the job's own on that server (its id derived from the job and
+    the user) and outlives the client: the next run of the job takes it again, with its Python
+    workers warm and the queries it left running (a client that died) in sight. The server
+    keeps Python worker daemons per session and does not end them with the session, so a new
+    session per run would add processes to a resident engine at every run.
+    """
     from pyspark.sql import SparkSession
 
     if master:
@@ -499,10 +519,25 @@ def _connect_session(remote: str, master: str | None, conf: dict[str, Any]) -> S
     # of the same checkpoint stops that run (Spark's default, stated here for this session).
     settings["spark.sql.streaming.stopActiveRunOnRestart"] = "true"
     settings.update({k: str(v) for k, v in conf.items()})
-    builder = SparkSession.builder.remote(remote)
-    for key, value in settings.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    spark = None
+    # A session the server ended (idle past its timeout) cannot be taken again: the job's next.
+    for generation in range(SESSION_GENERATIONS if job is not None else 1):
+        url = remote if job is None else _with_session_id(remote, f"{job}#{generation}")
+        builder = SparkSession.builder.remote(url)
+        for key, value in settings.items():
+            builder = builder.config(key, value)
+        try:
+            spark = builder.getOrCreate()
+        except Exception as exc:
+            if job is None or "SESSION_CLOSED" not in str(exc):
+                raise
+            logger.info("the server closed session %d of job %r: taking the next", generation, job)
+            continue
+        break
+    if spark is None:  # every generation closed: a session of its own
+        return _connect_session(remote, None, conf, None)
+    if job is not None:
+        spark.release_session_on_close = False  # type: ignore[attr-defined]
     check_server(spark, remote)
     from deltaflow.metrics import metrics
 
@@ -512,6 +547,27 @@ def _connect_session(remote: str, master: str | None, conf: dict[str, Any]) -> S
     register(spark)
     logger.info("Spark %s session on the Spark Connect server %s", spark.version, remote)
     return spark
+
+
+def start_query(stream: DataStreamWriter, spark: SparkSession, name: str) -> StreamingQuery:
+    """``stream.start()``, once a query of the same ``name`` still running in this session is
+    stopped: on a Spark Connect server, the one a client of the same job left when it died
+    (its session outlives it). Called after the claim, so that query could not commit again."""
+    for query in spark.streams.active:
+        if query.name == name:
+            logger.warning("stopping query %r (%s) that a previous client left running", name, query.id)
+            query.stop()
+    return stream.start()
+
+
+def _with_session_id(remote: str, job: str) -> str:
+    """``remote`` naming the job's own session (Spark Connect's ``session_id`` parameter)."""
+    import getpass
+    import uuid
+
+    session = uuid.uuid5(uuid.NAMESPACE_URL, f"deltaflow:{getpass.getuser()}:{job}")
+    base = remote if "/;" in remote else f"{remote.rstrip('/')}/"
+    return f"{base};session_id={session}"
 
 
 def check_server(spark: SparkSession, remote: str) -> None:

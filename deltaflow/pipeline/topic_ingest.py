@@ -152,7 +152,9 @@ def ingest_topics(
         f", dead letters into {config.dlq_table_location}" if config.dlq_table_location else "",
         location,
     )
-    return stream.start()
+    from deltaflow.pipeline.session import start_query
+
+    return start_query(stream, spark, config.pipeline_id)
 
 
 def topics_source_options(config: IngestConfig) -> dict[str, str]:

@@ -164,4 +164,6 @@ def start_watch(
         writer.table_uri,
         checkpoint_location,
     )
-    return stream.start()
+    from deltaflow.pipeline.session import start_query
+
+    return start_query(stream, spark, pipeline_id)

@@ -148,6 +148,9 @@ def _server_conf(settings: EngineSettings) -> dict[str, str]:
     conf["spark.pyspark.python"] = _environment(settings)["PYSPARK_PYTHON"]
     conf["spark.connect.grpc.binding.address"] = settings.host
     conf["spark.connect.grpc.binding.port"] = str(settings.port)
+    # Each job keeps its own session between runs (warm workers: pipeline.session); a week idle
+    # before the server ends one (Spark's default is an hour).
+    conf["spark.connect.session.manager.defaultSessionTimeout"] = "7d"
     cache = class_cache(conf)
     if cache is not None and not cache.writes:  # map an archive local runs made; never write one
         conf["spark.driver.extraJavaOptions"] = " ".join(

@@ -71,6 +71,15 @@ def _run(url: str, folder: Path, pipelines: str) -> subprocess.CompletedProcess[
     return done
 
 
+def _engine_processes(folder: Path) -> int:
+    """The engine JVM's own child processes: its Python worker daemons (a daemon forks the task
+    workers, whose number follows the tasks run at once)."""
+    import psutil
+
+    pid = json.loads((folder / "engine.json").read_text())["pid"]
+    return len(psutil.Process(pid).children())
+
+
 def _ids(table: Path) -> list[int]:
     return sorted(DeltaTable(str(table)).to_pyarrow_table().column("id").to_pylist())
 
@@ -91,7 +100,7 @@ def test_the_demo_runs_through_the_engine(engine, tmp_path):
 
 
 def test_ingest_through_the_engine_lands_every_message_once(engine, kafka, tmp_path):
-    _, url = engine
+    folder, url = engine
     topic = kafka.create_topic(partitions=2)
     kafka.produce(topic, [json.dumps({"id": i}).encode() for i in range(400)], partitions=2)
     table = tmp_path / "t"
@@ -102,10 +111,20 @@ def test_ingest_through_the_engine_lands_every_message_once(engine, kafka, tmp_p
     # Progress lines leave out the commits, which the server's workers count, not the client.
     progress = [line for line in done.stderr.splitlines() if "query 'e1': " in line]
     assert progress and not [line for line in progress if "committed" in line], progress
-    kafka.produce(topic, [json.dumps({"id": i}).encode() for i in range(400, 500)], partitions=2)
-    done = _cli(*job)
-    assert done.returncode == 0, done.stderr[-3000:]
+    processes = []
+    for run in range(2):  # the job's next runs
+        kafka.produce(
+            topic,
+            [json.dumps({"id": i}).encode() for i in range(400 + 50 * run, 450 + 50 * run)],
+            partitions=2,
+        )
+        done = _cli(*job)
+        assert done.returncode == 0, done.stderr[-3000:]
+        processes.append(_engine_processes(folder))
     assert _ids(table) == list(range(500))
+    # Each run takes the job's session again: the server's Python worker daemons are reused,
+    # not started anew (the server keeps them per session, and does not end them with it).
+    assert processes[1] == processes[0], processes
 
 
 def test_a_pipeline_with_two_sinks_sql_and_maintenance_through_the_engine(engine, tmp_path):
@@ -195,6 +214,8 @@ def test_a_client_killed_mid_run_and_restarted_leaves_one_writer(engine, kafka, 
     reader.join(timeout=30)
     err = "".join(said)
     assert second.returncode == 0, err[-3000:]
+    # The restarted client took the job's session again and stopped the query left running.
+    assert "that a previous client left running" in err, err[-3000:]
     assert " ERROR " not in err and "Traceback" not in err, err[-3000:]
     version = DeltaTable(str(table)).version()
     kafka.produce(topic, [json.dumps({"id": i}).encode() for i in range(400, 420)], partitions=2)
