@@ -27,7 +27,8 @@ process tree is then left idle for ``--idle-seconds`` (30): its CPU (% of one co
 RSS/PSS (every process of the tree) are printed, as after the start and after the warm-up.
 
     .venv/bin/python benchmarks/kafka_ingest_job.py [--messages 2000000] [--rounds 2] \
-        [--engine [--no-fresh] [--idle-seconds 30]] [-- extra deltaflow ingest flags]
+        [--engine [--no-fresh] [--idle-seconds 30] [--engine-conf KEY=VALUE ...]] \
+        [-- extra deltaflow ingest flags]
 """
 
 from __future__ import annotations
@@ -205,11 +206,11 @@ def describe_memory(label: str, pid: int) -> str:
 class Engine:
     """A resident engine for the run (``deltaflow engine start``), stopped by :meth:`stop`."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, conf: list[str] | None = None) -> None:
         self.folder = folder
         self.port = free_port()
         argv = [str(DELTAFLOW), "engine", "start", "--dir", str(folder), "--port", str(self.port),
-                "--master", "local[*]"]  # fmt: skip
+                "--master", "local[*]", *(f"--conf={c}" for c in conf or [])]  # fmt: skip
         began = time.perf_counter()
         done = subprocess.run(argv, capture_output=True, text=True, check=False)
         self.start_s = time.perf_counter() - began
@@ -252,6 +253,8 @@ def main() -> None:
     parser.add_argument("--engine", action="store_true", help="also run the job on a resident engine")
     parser.add_argument("--no-fresh", action="store_true", help="with --engine: leave the fresh-JVM side out")
     parser.add_argument("--idle-seconds", type=float, default=30.0, help="the engine's idle measurement")
+    parser.add_argument("--engine-conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting for `deltaflow engine start --conf` (repeatable)")  # fmt: skip
     parser.add_argument("--reference", nargs=4, metavar=("BOOTSTRAP", "TOPIC", "TOTAL", "TABLE"),
                         help=argparse.SUPPRESS)  # fmt: skip
     parser.add_argument("extra", nargs="*", help="more `deltaflow ingest` flags (after --)")
@@ -290,7 +293,7 @@ def main() -> None:
 
         if args.engine:
             print(f"load average before the engine's start: {os.getloadavg()[0]:.2f}", flush=True)
-            engine = Engine(work / "engine")
+            engine = Engine(work / "engine", args.engine_conf)
             engine_lines.append(
                 f"engine {engine.url} (pid {engine.pid}) started in {engine.start_s:.1f} s "
                 "(`deltaflow engine start`)"
