@@ -49,13 +49,16 @@ stopping = threading.Event()
 #: the file writer log "Aborting job" at ERROR with the interrupt's Java trace (the batch is
 #: abandoned uncommitted, as any interrupted batch), the task's write callback (Spark's
 #: ``Utils``) log "Aborting task" with the same trace, and the scheduler log each task the stop
-#: killed at WARN. Their real failures reach deltaflow as the batch's error anyway.
+#: killed at WARN. A stop that interrupts the driver while it stores a broadcast (a batch's plan)
+#: makes ``TorrentBroadcast`` log "Store broadcast ... fail" at ERROR. Their real failures reach
+#: deltaflow as the batch's error anyway.
 STOP_LOG_LEVELS = {
     "org.apache.spark.sql.execution.datasources.FileFormatWriter": "OFF",
     "org.apache.spark.util.Utils": "OFF",
     "org.apache.spark.scheduler.TaskSetManager": "ERROR",
     "org.apache.spark.scheduler.DAGScheduler": "ERROR",
     "org.apache.spark.storage.BlockManager": "ERROR",
+    "org.apache.spark.broadcast.TorrentBroadcast": "OFF",
 }
 #: How long :func:`restore_stop_logs` waits for the tasks the stop killed to end: a Spark stopped
 #: while one still runs logs ``ERROR TaskSchedulerImpl: Exception in statusUpdate`` (its result
