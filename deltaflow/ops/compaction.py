@@ -4,10 +4,13 @@ background, without blocking or conflicting with the stream's commits.
 After each streaming commit the sink hands the partitions of the files it committed to the
 table's :class:`AutoCompactor` (a dict update; nothing else on the commit path). Its thread
 counts the small files (below half the target file size) of each of those partitions, and
-compacts a partition once it holds ``min_files`` of them. It loads the table to count only when
-a partition is new to it, or when the files committed since its last count could reach
-``min_files`` (each new file counted as small): one ingest of hundreds of tables pays one load
-per table every few dozen commits, not one per commit. delta-rs commits a compaction
+compacts a partition once it holds ``min_files`` of them. It counts only when a partition is new
+to it, or when the files committed since its last count could reach ``min_files`` (each new file
+counted as small): one ingest of hundreds of tables pays one count per table every few dozen
+commits, not one per commit. A count reads the table the sink loaded for its commit when no
+other commit came between (the commit's files added to it), else loads the table: at a
+stream's first batch, hundreds of tables' first counts loaded each table once more, beside
+the commits. delta-rs commits a compaction
 with ``dataChange=false`` and keeps the table's ``txn`` progress; it does not conflict with
 blind appends (DELTA_NOTES). A compaction that conflicts with something else (an overwrite,
 a schema change, another compaction) is retried with backoff, then left for the next commit:
@@ -22,6 +25,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from deltaflow.metrics import metrics
 
@@ -69,6 +73,9 @@ class AutoCompactor:
         self.policy = policy
         self._pipeline = pipeline
         self._pending: dict[PartitionKey, int] = {}  # new files per partition, not yet seen
+        # The table as the last commit's sink loaded it, and that commit's files per partition:
+        # a count from it needs no load (None: no such table, or another commit came between).
+        self._base: tuple[Any, dict[PartitionKey, int]] | None = None
         # Small files per partition at the last count, plus the files committed since (a
         # partition not in it is counted at its next commit); the table's file count alike.
         self._small: dict[PartitionKey, int] = {}
@@ -84,20 +91,30 @@ class AutoCompactor:
             time.monotonic() + policy.vacuum_interval_s if policy.vacuum_interval_s > 0 else None
         )
 
-    def after_commit(self, partitions: Iterable[Mapping[str, str | None]]) -> None:
-        """Note the partitions a commit added files to, one per file (never blocks on compaction)."""
-        keys: dict[PartitionKey, int] = {}
-        if self.policy.compact:
-            for p in partitions:
-                key = tuple(sorted(p.items()))
-                keys[key] = keys.get(key, 0) + 1
+    def after_commit(
+        self,
+        partitions: Iterable[Mapping[str, str | None]],
+        *,
+        loaded: Any = None,
+        version: int | None = None,
+        small: Iterable[Mapping[str, str | None]] = (),
+    ) -> None:
+        """Note the partitions a commit added files to, one per file (never blocks on compaction).
+
+        ``loaded``: the table the commit started from, ``version`` the one it made, ``small``
+        the partitions of its files below :attr:`CompactionPolicy.small_file_bytes`, one per
+        file. When the commit directly followed ``loaded`` (no commit between), a count reads
+        ``loaded`` and adds ``small`` instead of loading the table."""
+        keys = _counts(partitions) if self.policy.compact else {}
         if not keys and self._next_vacuum is None:
             return
+        follows = loaded is not None and version is not None and loaded.version() + 1 == version
         with self._cond:
             if self._closed:
                 return
             for key, count in keys.items():
                 self._pending[key] = self._pending.get(key, 0) + count
+            self._base = (loaded, _counts(small)) if follows else None
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name=f"deltaflow-compact-{self.table_uri}", daemon=True
@@ -144,10 +161,11 @@ class AutoCompactor:
                 if self._closed:
                     return
                 keys, self._pending = self._pending, {}
+                base, self._base = self._base, None
                 self._busy = True
             try:
                 if keys:
-                    self._compact_due(keys)
+                    self._compact_due(keys, base)
                 if self._vacuum_wait() == 0.0:
                     self._vacuum()
             except Exception:  # a maintenance problem must never stop the stream
@@ -181,7 +199,11 @@ class AutoCompactor:
             time.monotonic() - started,
         )
 
-    def _compact_due(self, keys: Mapping[PartitionKey, int]) -> None:
+    def _compact_due(
+        self, keys: Mapping[PartitionKey, int], base: tuple[Any, Mapping[PartitionKey, int]] | None = None
+    ) -> None:
+        """Count where a partition can be due and compact those that are. ``base``: the table as
+        the last commit's sink loaded it and that commit's files (see :meth:`after_commit`)."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -197,12 +219,15 @@ class AutoCompactor:
             if self._files is not None:
                 metrics.table_files(pipeline=self._pipeline, table=self.table_uri, count=self._files)
             return  # no partition can be due: no load
-        table = delta_log.load(self.table_uri, self._storage_options)
+        # The last commit's files are not in its base table: its small ones are added below.
+        table, added = base if base is not None else (None, {})
         if table is None:
-            return
+            table = delta_log.load(self.table_uri, self._storage_options)
+            if table is None:
+                return
         adds = pa.table(table.get_add_actions(flatten=True))
-        self._files = adds.num_rows
-        metrics.table_files(pipeline=self._pipeline, table=self.table_uri, count=adds.num_rows)
+        self._files = adds.num_rows + sum(added.values())
+        metrics.table_files(pipeline=self._pipeline, table=self.table_uri, count=self._files)
         partition_columns = list(table.metadata().partition_columns)
         # Counted in Arrow (no Python object per file): this thread shares the driver's GIL.
         small = adds.filter(pc.less(adds["size_bytes"], self.policy.small_file_bytes))
@@ -214,7 +239,7 @@ class AutoCompactor:
                 text = _partition_text(value)
                 match = pc.is_null(values[column]) if text is None else pc.equal(values[column], text)
                 mask = pc.and_(mask, pc.fill_null(match, False))
-            count = int(pc.sum(mask).as_py() or 0)
+            count = int(pc.sum(mask).as_py() or 0) + added.get(key, 0)
             counted[key] = count
             if count >= self.policy.min_files:
                 counted.pop(key)  # counted again at its next commit
@@ -285,6 +310,15 @@ class AutoCompactor:
             done.get("numFilesAdded", "?"),
             time.monotonic() - started,
         )
+
+
+def _counts(partitions: Iterable[Mapping[str, str | None]]) -> dict[PartitionKey, int]:
+    """Files per partition (one item per file)."""
+    out: dict[PartitionKey, int] = {}
+    for p in partitions:
+        key = tuple(sorted(p.items()))
+        out[key] = out.get(key, 0) + 1
+    return out
 
 
 def _partition_text(value: object) -> str | None:

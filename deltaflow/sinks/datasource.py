@@ -392,7 +392,15 @@ class _DeltaSink:
                 and not self.overwrite
             ):
                 try:
-                    self._compactor().after_commit(f.partition_values for f in files)
+                    compactor = self._compactor()
+                    limit = compactor.policy.small_file_bytes
+                    compactor.after_commit(
+                        [f.partition_values for f in files],
+                        # Its first count reads the table step 2 loaded (a load less per table).
+                        loaded=table if not changed else None,
+                        version=result.version,
+                        small=[f.partition_values for f in files if f.size < limit],
+                    )
                 except Exception:  # the batch is committed: maintenance must not fail it
                     logger.exception("auto-maintenance of %s not scheduled", self.table_uri)
 

@@ -83,6 +83,49 @@ def test_the_compactor_loads_the_table_only_when_a_partition_can_be_due(tmp_path
     compactor.close()
 
 
+def test_the_compactor_counts_from_the_table_its_commit_loaded(tmp_path, monkeypatch):
+    # At a stream's first batch every table's compactor counts; it reads the table the sink
+    # loaded for the commit (plus the commit's small files) instead of loading it again.
+    import inspect
+
+    from deltaflow.delta import log as delta_log
+
+    uri = str(tmp_path / "t")
+    loads = []
+    real = delta_log.load
+
+    def load(u, so):
+        if inspect.stack()[1].function == "_compact_due":
+            loads.append(u)
+        return real(u, so)
+
+    monkeypatch.setattr(delta_log, "load", load)
+    write_deltalake(uri, pa.table({"id": [0]}), mode="append")  # one small file already
+    compactor = AutoCompactor(uri, {}, CompactionPolicy(min_files=3, target_bytes=1024**2))
+
+    def commit(ids, *, small=True, between=False):
+        loaded = DeltaTable(uri)  # what the sink's step 2 loads
+        if between:  # another writer's commit after that load
+            write_deltalake(uri, pa.table({"id": [-1]}), mode="append")
+        write_deltalake(uri, pa.table({"id": ids}), mode="append")
+        version = DeltaTable(uri).version()
+        compactor.after_commit([{}], loaded=loaded, version=version, small=[{}] if small else [])
+        assert compactor.wait_idle(60)
+
+    commit([1])  # counted from the loaded table: 1 + this commit's 1 = 2 of 3
+    assert (len(loads), compactor.compactions) == (0, 0)
+    commit([2], small=False)  # a file the sink says is not small: still 2
+    assert (len(loads), compactor.compactions) == (0, 0)
+    commit([3])  # 3 small files: compacted, without a load
+    assert (len(loads), compactor.compactions) == (0, 1)
+    # (delta-rs bin-packs every file below the target: the one the sink called not small too.)
+    assert len(DeltaTable(uri).file_uris()) == 1
+    commit([4], between=True)  # counted afresh, but a commit came between: a load
+    assert len(loads) == 1
+    assert sorted(DeltaTable(uri).to_pyarrow_table()["id"].to_pylist()) == [-1, 0, 1, 2, 3, 4]
+    compactor.close()
+
+
 def test_unpartitioned_table_is_compacted_as_a_whole(tmp_path):
     uri = str(tmp_path / "t")
     for b in range(3):
