@@ -544,6 +544,21 @@ def main_rows(frame: DataFrame) -> DataFrame:
     return frame.filter(F.col(f"{META}.error").isNull()).drop(META, "kafka")
 
 
+def counted(frame: DataFrame) -> DataFrame:
+    """``frame`` (the Kafka source's rows) observing its rows as the batch's messages
+    (:data:`~deltaflow.metrics.MESSAGES_OBSERVATION`).
+
+    A ``foreachBatch`` function that reads its batch twice (the dead letters' pass) makes Spark
+    count the source's rows twice in ``numInputRows``; the observation counts them once, and
+    progress reports and summaries scale by it (:func:`~deltaflow.metrics.progress_messages`).
+    """
+    from pyspark.sql import functions as F  # noqa: N812
+
+    from deltaflow.metrics import MESSAGES_OBSERVATION
+
+    return frame.observe(MESSAGES_OBSERVATION, F.count(F.lit(1)).alias("messages"))
+
+
 class IngestWriter:
     """``foreachBatch`` function of ``ingest``: dead letters first, then the main table.
 
@@ -730,7 +745,7 @@ def ingest(
     options = source_options(spark, config)
     # The Arrow engine reads with a source of its own and needs the Kafka rows' schema only
     # here: an empty frame of that schema spares Spark a Python planner process.
-    raw = kafka_source(spark, options) if engine == "spark" else empty_source(spark, options)
+    raw = counted(kafka_source(spark, options)) if engine == "spark" else empty_source(spark, options)
     frame = build_ingest_frame(spark, config, raw)
     location = config.checkpoint_location or default_checkpoint_location(config.sink_options(None))
     main = config.sink_options(location)
@@ -757,7 +772,7 @@ def ingest(
                 raise
             logger.info("the Arrow engine cannot run this ingest (%s): taking the Spark engine", exc)
             engine = "spark"
-            frame = build_ingest_frame(spark, config, kafka_source(spark, options))
+            frame = build_ingest_frame(spark, config, counted(kafka_source(spark, options)))
     if stream is None:
         writer = IngestWriter(
             main,
