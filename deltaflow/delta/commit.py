@@ -90,6 +90,7 @@ __all__ = [
     "claim_writer",
     "commit",
     "commit_files",
+    "create_claimed_table",
     "create_table",
     "fence_app_id",
     "is_terminal",
@@ -774,9 +775,39 @@ def create_table(
     commits with NO delta-rs retries: of racing writers exactly one creates version 0; the others
     fail, find a table that is not theirs, and adopt it.
     """
+    table, _ = create_claimed_table(
+        table_uri,
+        schema,
+        partition_by=partition_by,
+        properties=properties,
+        storage_options=storage_options,
+        policy=policy,
+    )
+    return table
 
-    def attempt(table: DeltaTable | None, props: CommitProperties) -> None:
-        DeltaTable.create(
+
+def create_claimed_table(
+    table_uri: str,
+    schema: pa.Schema,
+    *,
+    partition_by: Sequence[str],
+    properties: Mapping[str, str],
+    storage_options: Mapping[str, str],
+    claim: str | None = None,
+    policy: RetryPolicy = RetryPolicy(),
+) -> tuple[DeltaTable, Fence | None]:
+    """:func:`create_table`; with ``claim`` (a pipeline id) the creating commit also claims the
+    table for that pipeline as :func:`claim_writer` does, at epoch 1 (no table, so no claim
+    before it): one commit instead of two for each table an ingest of many topics makes.
+
+    Returns:
+        The table, and the pipeline's fence when this call created it (``None`` when another
+        writer did and it was adopted: that table is claimed with :func:`claim_writer`).
+    """
+    app = fence_app_id(claim) if claim is not None else None
+
+    def attempt(table: DeltaTable | None, props: CommitProperties) -> DeltaTable:
+        return DeltaTable.create(
             table_uri,
             schema,
             mode="error",
@@ -786,12 +817,16 @@ def create_table(
             commit_properties=props,
         )
 
+    metadata: dict[str, Any] = {"deltaflow.operation": "create"}
+    if app is not None:
+        metadata.update({CLAIM_KEY: app, EPOCH_KEY: 1})
     result = commit(
         table_uri,
         storage_options,
         attempt,
         what=f"creating {table_uri}",
-        metadata={"deltaflow.operation": "create"},
+        metadata=metadata,
+        txns=(lambda _table: {app: 1}) if app is not None else None,
         already_done=lambda table: table is not None,
         policy=policy,
         delta_rs_retries=0,
@@ -800,10 +835,25 @@ def create_table(
         logger.info("created Delta table %s (partitioned by %s)", table_uri, list(partition_by))
     else:
         logger.info("table %s exists (created concurrently?); adopting it", table_uri)
-    table = _load(table_uri, storage_options)
+    # The table DeltaTable.create returned is the one just made (no load); else load it.
+    table = result.value if result.committed else None
+    if table is None:
+        table = _load(table_uri, storage_options)
     if table is None:  # pragma: no cover - the log said it exists
         raise CommitError(f"table {table_uri!r} vanished right after its creation", table_uri=table_uri)
-    return table
+    fence = None
+    if app is not None and claim is not None and result.committed:
+        warn_on_txn_retention(table, table_uri, claim)
+        fence = Fence(app, 1)
+        logger.info(
+            "pipeline %r writes %s as epoch %d (%s)",
+            claim,
+            table_uri,
+            fence.epoch,
+            writer_name(),
+            extra={"pipeline": claim, "table": table_uri},
+        )
+    return table, fence
 
 
 def add_columns(

@@ -160,10 +160,21 @@ def _claim(options: SinkOptions) -> StreamSinkOptions:
     return options.model_copy(update={"writer_epoch": epoch})
 
 
-def claim_all(options: Sequence[SinkOptions]) -> list[StreamSinkOptions]:
-    """:func:`_claim` for many tables, side by side (one ingest of many topics claims each)."""
+def claim_all(
+    options: Sequence[SinkOptions], *, claimed: Mapping[str, int] | None = None
+) -> list[StreamSinkOptions]:
+    """:func:`_claim` for many tables, side by side (one ingest of many topics claims each).
+
+    ``claimed``: tables (normalised URI -> epoch) whose creation in this process claimed them
+    already (:func:`deltaflow.delta.commit.create_claimed_table`): no claim commit of their own.
+    """
     from deltaflow.delta.log import side_by_side
 
+    for opts in options:
+        epoch = (claimed or {}).get(normalize_uri(opts.table_uri))
+        if epoch is not None and opts.pipeline_id:
+            with _CLAIMS_LOCK:
+                _CLAIMS[normalize_uri(opts.table_uri), opts.pipeline_id] = epoch
     return side_by_side(_claim, options, name="claim")
 
 

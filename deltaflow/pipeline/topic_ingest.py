@@ -203,6 +203,8 @@ class TablePreparer:
         self._dlq_template = config.dlq_template()
         self.sinks: dict[str, MainSink] = {}
         self.dead_letter_sinks: dict[str, _DeltaSink] = {}
+        #: Tables this process made, claimed by their creation (URI -> writer epoch).
+        self._claimed: dict[str, int] = {}
         raw = empty_source(spark, {"bootstrap_servers": config.brokers, "topic": "x"})
         self.kafka_schema: pa.Schema = spark_to_arrow(raw.schema)
         self._given = self._given_schema()
@@ -388,13 +390,18 @@ class TablePreparer:
         options = self._config.sink_options(self._location)
 
         def make(uri: str) -> Any:
-            return commit.create_table(
+            # The creating commit claims the table too (one commit per table, not two).
+            table, fence = commit.create_claimed_table(
                 uri,
                 schemas[uri],
                 partition_by=list(self._config.partition_by),
                 properties=options.table_properties,
                 storage_options=self._storage(),
+                claim=self._config.pipeline_id,
             )
+            if fence is not None:
+                self._claimed[normalize_uri(uri)] = fence.epoch
+            return table
 
         made = dict(zip(schemas, delta_log.side_by_side(make, list(schemas), name="prepare"), strict=True))
         if made:
@@ -579,7 +586,7 @@ class TablePreparer:
             )
             for u in new
         ]
-        for opts in claim_all(options):
+        for opts in claim_all(options, claimed=self._claimed):
             uri = normalize_uri(opts.table_uri)
             if self._config.mirrors:
                 from deltaflow.sinks.kafka_mirror import KafkaMirrorSink

@@ -402,6 +402,27 @@ def test_create_table_adopts_a_table_created_meanwhile(tmp_path):
     assert DeltaTable(uri).version() == 0
 
 
+def test_a_table_created_claimed_holds_the_claim_in_its_first_commit(tmp_path):
+    uri = str(tmp_path / "t")
+    table, fence = commit.create_claimed_table(
+        uri, SCHEMA, partition_by=[], properties={}, storage_options={}, claim="pipe"
+    )
+    assert fence == commit.Fence(commit.fence_app_id("pipe"), 1)
+    assert table.version() == 0 == DeltaTable(uri).version()  # one commit: created and claimed
+    assert DeltaTable(uri).transaction_version(fence.app_id) == 1
+    commit.check_fence(DeltaTable(uri), uri, fence)
+    # Another process claims it as a claim of its own would: epoch 2, and the first is fenced.
+    later = commit.claim_writer(uri, {}, "pipe")
+    assert later.epoch == 2
+    with pytest.raises(WriterFencedError, match="epoch 2"):
+        commit.check_fence(DeltaTable(uri), uri, fence)
+    # A table that exists is adopted, not claimed: the caller claims it with a commit of its own.
+    adopted, none = commit.create_claimed_table(
+        uri, SCHEMA, partition_by=[], properties={}, storage_options={}, claim="pipe"
+    )
+    assert none is None and adopted.version() == 1
+
+
 def test_add_columns_is_done_when_the_columns_exist(tmp_path):
     uri = str(tmp_path / "t")
     commit.create_table(uri, SCHEMA, partition_by=[], properties={}, storage_options={})
