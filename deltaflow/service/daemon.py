@@ -705,14 +705,18 @@ def is_remote(spark: SparkSession) -> bool:
 
 def _versions(pipelines: Sequence[PipelineSpec]) -> dict[str, dict[str, int]]:
     """Each pipeline's tables (:func:`_tables`) and their versions now (-1: no table yet)."""
-    from deltaflow.delta.log import load
+    from deltaflow.delta.log import load, side_by_side
 
-    out: dict[str, dict[str, int]] = {}
-    for spec in pipelines:
-        out[spec.pipeline_id] = {}
-        for uri, storage in _tables(spec).items():
-            table = load(uri, storage)
-            out[spec.pipeline_id][uri] = table.version() if table is not None else -1
+    wanted = [(spec.pipeline_id, uri, so) for spec in pipelines for uri, so in _tables(spec).items()]
+
+    def version(item: tuple[str, str, Mapping[str, str]]) -> int:
+        table = load(item[1], item[2])
+        return table.version() if table is not None else -1
+
+    out: dict[str, dict[str, int]] = {spec.pipeline_id: {} for spec in pipelines}
+    # Side by side: a pipeline of a table per topic has hundreds.
+    for (pipeline, uri, _), found in zip(wanted, side_by_side(version, wanted, name="versions"), strict=True):
+        out[pipeline][uri] = found
     return out
 
 
