@@ -579,12 +579,19 @@ def check_server(spark: SparkSession, remote: str) -> None:
     from deltaflow import __version__
     from deltaflow.errors import EngineMismatchError
 
+    # A job keeps its server session across runs (the session ends with the server): a check
+    # that passed in it is not run again (a job's next runs skip its Python worker and job).
+    if _checked_in_session(spark) == __version__:
+        logger.debug("the server's workers run deltaflow %s (checked in this session before)", __version__)
+        return
     try:
         found = server_version(spark)
     except PythonException as exc:  # a worker that cannot run Python's side at all (no pyarrow)
         found, where = None, f"its Python workers cannot run deltaflow's check ({_raised(exc)})"
     else:
         if found == __version__:
+            spark.conf.set(CHECKED_CONF, __version__)
+            logger.info("the Spark Connect server's Python workers run deltaflow %s", __version__)
             return
         where = (
             "its Python workers cannot import deltaflow"
@@ -600,6 +607,19 @@ def check_server(spark: SparkSession, remote: str) -> None:
         expected=__version__,
         found=found,
     )
+
+
+#: Session setting that records the deltaflow version the server's workers were found to run.
+CHECKED_CONF = "spark.deltaflow.checkedVersion"
+
+
+def _checked_in_session(spark: SparkSession) -> str | None:
+    """The version a check of this server session found before (``None``: never checked)."""
+    try:
+        found = spark.conf.get(CHECKED_CONF, None)
+    except Exception:  # noqa: BLE001 - an unreadable setting is no check: probe
+        return None
+    return str(found) if found else None
 
 
 def _raised(error: BaseException) -> str:

@@ -111,6 +111,8 @@ def test_ingest_through_the_engine_lands_every_message_once(engine, kafka, tmp_p
     # Progress lines leave out the commits, which the server's workers count, not the client.
     progress = [line for line in done.stderr.splitlines() if "query 'e1': " in line]
     assert progress and not [line for line in progress if "committed" in line], progress
+    checked = f"the Spark Connect server's Python workers run deltaflow {__version__}"
+    assert checked in done.stderr
     processes = []
     for run in range(2):  # the job's next runs
         kafka.produce(
@@ -120,6 +122,7 @@ def test_ingest_through_the_engine_lands_every_message_once(engine, kafka, tmp_p
         )
         done = _cli(*job)
         assert done.returncode == 0, done.stderr[-3000:]
+        assert checked not in done.stderr  # checked in the job's session before: no probe job
         processes.append(_engine_processes(folder))
     assert _ids(table) == list(range(500))
     # Each run takes the job's session again: the server's Python worker daemons are reused,
