@@ -8,7 +8,12 @@ partitions' end offsets, side by side in the ingest's commit threads
 (``arrow_ingest._run_all``). Prints each batch's seconds and the table loads per table
 (``delta.log.load`` calls; 1 is the floor: step 2's load serves the commit).
 
-    .venv/bin/python benchmarks/commit_phase.py [--tables 200] [--batches 6] [--rows 2500]
+With ``--checkpoint-interval N`` the tables are made with ``delta.checkpointInterval`` N (0:
+none set, delta-rs' default of 100; deltaflow makes its own tables with 10): a long run
+(``--batches 60``) shows the commit phase growing with the commits since the last checkpoint.
+
+    .venv/bin/python benchmarks/commit_phase.py [--tables 200] [--batches 6] [--rows 2500] \
+        [--checkpoint-interval 0]
 """
 
 from __future__ import annotations
@@ -59,14 +64,19 @@ def main() -> None:
     parser.add_argument("--tables", type=int, default=200)
     parser.add_argument("--batches", type=int, default=6)
     parser.add_argument("--rows", type=int, default=2_500, help="rows of each table's file per batch")
+    parser.add_argument(
+        "--checkpoint-interval", type=int, default=0, help="delta.checkpointInterval of the tables (0: unset)"
+    )
     args = parser.parse_args()
 
     root = tempfile.mkdtemp(prefix="deltaflow-commit-phase-")
     try:
         data = _rows(args.rows)
         uris = [f"{root}/t{i:03d}" for i in range(args.tables)]
+        every = args.checkpoint_interval
+        interval = {"delta.checkpointInterval": str(every)} if every else None
         for uri in uris:
-            write_deltalake(uri, data.slice(0, 0))
+            write_deltalake(uri, data.slice(0, 0), configuration=interval)
         options = claim_all([SinkOptions(table_uri=u, pipeline_id="bench", kafka_offsets=True) for u in uris])
         sinks = [_DeltaSink(o, data.schema, overwrite=False) for o in options]
 
@@ -79,7 +89,11 @@ def main() -> None:
 
         delta_log.load = counted  # type: ignore[assignment]
         delta_commit.delta_log.load = counted  # type: ignore[attr-defined]
-        print(f"== {args.tables} tables, {args.rows:,} rows a file, {args.batches} batches", flush=True)
+        print(
+            f"== {args.tables} tables, {args.rows:,} rows a file, {args.batches} batches, "
+            f"checkpoint interval {args.checkpoint_interval or 'unset (100)'}",
+            flush=True,
+        )
         for batch in range(args.batches):
             jobs = {}
             for i, sink in enumerate(sinks):
