@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
+from tests.fixtures.tables import data_files
 from tests.jobs import run_job
 
 FILES = 5  # one micro-batch per file
@@ -88,9 +89,7 @@ def test_sigkill_at_each_step_then_restart_is_exactly_once(
 
     # Files of the killed attempt that never reached the log are orphans (vacuum's job);
     # files of a replay that was skipped were deleted by the sink.
-    on_disk = {
-        str(p.relative_to(table_dir)) for p in table_dir.rglob("*.parquet") if "_deltaflow" not in p.parts
-    }
+    on_disk = {str(p.relative_to(table_dir)) for p in data_files(table_dir)}
     orphans = on_disk - _committed_paths(table)
     assert len(on_disk) - len(orphans) == len(table.file_uris())
     if crash_at.startswith("after_commit"):

@@ -34,6 +34,7 @@ from deltaflow.pipeline.ingest import ingest
 from deltaflow.service.daemon import run_pipelines
 from deltaflow.testing import FaultyHttpProxy
 from tests.fixtures.readers import duckdb_delta
+from tests.fixtures.tables import data_files
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The PUT that writes a Delta log entry: the commit itself.
@@ -280,7 +281,7 @@ def test_schema_evolution_with_every_commit_response_lost(spark, kafka, tmp_path
     for p in range(2):
         assert table.transaction_version(f"lossy-evolve-{topic}-{p}") == 14
     # The batch that met the new field wrote files and deleted them uncommitted: none is left.
-    on_disk = {str(p) for p in (tmp_path / "t").rglob("*.parquet")}
+    on_disk = {str(p) for p in data_files(tmp_path / "t")}
     assert on_disk == {str(Path(uri.removeprefix("file://"))) for uri in table.file_uris()}
 
 

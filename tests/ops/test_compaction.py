@@ -14,6 +14,7 @@ import deltaflow
 from deltaflow.metrics import metrics
 from deltaflow.ops import compaction
 from deltaflow.ops.compaction import AutoCompactor, CompactionPolicy
+from tests.fixtures.tables import data_files
 
 
 def _files_per_day(uri: str) -> dict[str, int]:
@@ -186,7 +187,7 @@ def test_a_running_stream_stays_compacted_without_a_failed_commit(spark, tmp_pat
     # The scheduled vacuum deletes the files compaction replaced: on disk = in the table.
     live = {Path(u.removeprefix("file://")) for u in DeltaTable(uri).file_uris()}
     deadline = time.monotonic() + 60
-    while {p for p in Path(uri).rglob("*.parquet") if "_deltaflow" not in p.parts} != live:
+    while set(data_files(Path(uri))) != live:
         assert time.monotonic() < deadline, "the scheduled vacuum did not run within 60 s"
         time.sleep(0.5)  # condition poll: the vacuum runs in the compactor's thread
     assert compactor.vacuums >= 1

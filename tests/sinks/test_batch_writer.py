@@ -11,10 +11,11 @@ from deltaflow.config.sink import SinkOptions
 from deltaflow.sinks.batch_writer import SparkBatchWriter
 from tests.fixtures.frames import df as _df
 from tests.fixtures.frames import ids as _ids
+from tests.fixtures.tables import data_files
 
 
 def _table_files(root: Path) -> list[str]:
-    return sorted(p.name for p in root.rglob("*.parquet") if "_deltaflow" not in p.parts)
+    return [p.name for p in data_files(root)]
 
 
 def test_spark_path_writes_nothing_for_a_replay_and_stages_per_writer(spark, tmp_path):

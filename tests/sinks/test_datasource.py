@@ -16,6 +16,7 @@ from deltaflow.io.storage import filesystem
 from tests.fixtures.frames import df as _df
 from tests.fixtures.frames import ids as _ids
 from tests.fixtures.frames import landing as _landing
+from tests.fixtures.tables import data_files
 
 
 def _adds(uri):
@@ -38,7 +39,7 @@ def _stream_all(source, uri, pipeline_id, checkpoint):
 
 
 def _parquet_files(path):
-    return sorted(p for p in path.rglob("*.parquet") if "_deltaflow" not in p.parts)
+    return data_files(path)
 
 
 def test_batch_append_then_overwrite(spark, tmp_path):
