@@ -69,8 +69,7 @@ class SinkOptions(BaseModel):
             batch only the latest change per key is applied; its value is kept in the column
             ``_change_sequence`` so that an older change never overwrites a newer one.
         max_commit_retries: Attempts after the first failed commit, with exponential backoff.
-        table_properties: Delta table properties applied when the table is created (with
-            ``delta.checkpointInterval`` 10 unless given: :data:`deltaflow.delta.commit.CHECKPOINT_INTERVAL`).
+        table_properties: Delta table properties applied when the table is created.
         storage_options: Passed to delta-rs and to pyarrow's filesystem.
         schema_mode: ``strict`` rejects any schema difference; ``merge`` adds new columns;
             ``subset`` (what ``format("delta")`` writes with) lets the data leave out nullable

@@ -125,12 +125,6 @@ EPOCH_KEY = "deltaflow.writer_epoch"
 FENCE_PREFIX = "deltaflow-writer:"
 #: How many log entries back the fenced writer looks for the claim that fenced it (its message).
 CLAIM_SEARCH_DEPTH = 1000
-#: ``delta.checkpointInterval`` of the tables deltaflow creates, unless their properties set one:
-#: Delta's own default (Spark's), where delta-rs' is 100. A load and a txn lookup replay the
-#: commits since the last checkpoint, and a stream commits every batch: at 95 commits past one
-#: a table's load and txn lookup took 15 ms against 3 ms with a checkpoint every 10 (measured),
-#: and an ingest of hundreds of tables does both for each table in every batch.
-CHECKPOINT_INTERVAL = 10
 
 #: The words of a store or network failure that may heal: 5xx, throttling, timeouts, resets,
 #: refused connections.
@@ -703,7 +697,7 @@ def commit_files(
                     _actions(files),
                     mode="error",
                     partition_by=list(partition_by) or None,
-                    configuration=_created_properties(properties),
+                    configuration=dict(properties) or None,
                     storage_options=dict(storage_options) or None,
                     commit_properties=props,
                     post_commithook_properties=hooks,
@@ -818,7 +812,7 @@ def create_claimed_table(
             schema,
             mode="error",
             partition_by=list(partition_by) or None,
-            configuration=_created_properties(properties),
+            configuration=dict(properties) or None,
             storage_options=dict(storage_options) or None,
             commit_properties=props,
         )
@@ -860,15 +854,6 @@ def create_claimed_table(
             extra={"pipeline": claim, "table": table_uri},
         )
     return table, fence
-
-
-def _created_properties(properties: Mapping[str, str]) -> dict[str, str]:
-    """The table properties a table deltaflow creates gets: ``properties``, with a checkpoint
-    every :data:`CHECKPOINT_INTERVAL` commits unless they set ``delta.checkpointInterval``."""
-    out = dict(properties)
-    if not any(k.lower() == "delta.checkpointinterval" for k in out):
-        out["delta.checkpointInterval"] = str(CHECKPOINT_INTERVAL)
-    return out
 
 
 def add_columns(
