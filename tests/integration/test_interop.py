@@ -4,12 +4,13 @@ ClickHouse (chdb)."""
 from __future__ import annotations
 
 import datetime as dt
+import glob
 import re
 
 import polars as pl
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import functions as F  # noqa: N812
 
 import deltaflow
@@ -134,13 +135,14 @@ def test_timestamp_stats_bound_every_value_of_their_file(table):
 
 # ---- Four independent readers agree on every shape of table deltaflow leaves behind ----------
 
-SHAPES = ["as-written", "compacted", "schema-evolved", "merged"]
+SHAPES = ["as-written", "compacted", "schema-evolved", "merged", "checkpointed"]
 
 
 @pytest.fixture(scope="module")
 def shapes(table, spark, tmp_path_factory):
     """The streamed table, and copies of it after compaction, after an append that adds a column
-    (schema mode ``merge``), and after a MERGE that updates and inserts rows."""
+    (schema mode ``merge``), after a MERGE that updates and inserts rows, and after 12 appends
+    with a log checkpoint every 10 commits (Delta's default interval; delta-rs' is 100)."""
     import shutil
 
     from deltaflow.ops.dml import MergeClause, merge
@@ -183,6 +185,23 @@ def shapes(table, spark, tmp_path_factory):
             MergeClause("not_matched_insert_all"),
         ],
     )
+    DeltaTable(out["checkpointed"]).alter.set_table_properties({"delta.checkpointInterval": "10"})
+    for n in range(12):
+        batch = [ROWS + 200 + 5 * n + k for k in range(5)]
+        write_deltalake(
+            out["checkpointed"],
+            pa.table(
+                {
+                    "id": pa.array(batch, pa.int64()),
+                    "region": [REGIONS[i % 3] for i in batch],
+                    "ts": pa.array([_ts(i) for i in batch], pa.timestamp("us", tz="UTC")),
+                    "amount": [i * 0.5 for i in batch],
+                    "note": ["appended"] * len(batch),
+                }
+            ),
+            mode="append",
+        )
+    assert glob.glob(f"{out['checkpointed']}/_delta_log/*.checkpoint.parquet")
     return out
 
 
@@ -209,6 +228,7 @@ def test_delta_rs_polars_duckdb_and_clickhouse_read_the_same_rows(shapes, shape,
             "compacted": ROWS,
             "schema-evolved": ROWS + 60,
             "merged": ROWS + 30,
+            "checkpointed": ROWS + 60,
         }[shape]
     )
     if shape == "schema-evolved":
