@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -73,9 +74,15 @@ class AutoCompactor:
         self.policy = policy
         self._pipeline = pipeline
         self._pending: dict[PartitionKey, int] = {}  # new files per partition, not yet seen
-        # The table as the last commit's sink loaded it, and that commit's files per partition:
-        # a count from it needs no load (None: no such table, or another commit came between).
-        self._base: tuple[Any, dict[PartitionKey, int]] | None = None
+        # The table as the last commit's sink loaded it, that commit's small files per partition
+        # and its file count: a count from it needs no load (None: no such table, or another
+        # commit came between).
+        self._base: tuple[Any, dict[PartitionKey, int], int] | None = None
+        # The version of this compactor's last compaction (inf: one whose outcome is unknown): a
+        # sink's load older than it predates a compaction that landed after the sink's commit,
+        # and still holds the files that compaction replaced. (Another process's compaction landing
+        # there is not seen: a count may then find the files it replaced and compact again.)
+        self._compacted_at: float = -1
         # Small files per partition at the last count, plus the files committed since (a
         # partition not in it is counted at its next commit); the table's file count alike.
         self._small: dict[PartitionKey, int] = {}
@@ -114,7 +121,7 @@ class AutoCompactor:
                 return
             for key, count in keys.items():
                 self._pending[key] = self._pending.get(key, 0) + count
-            self._base = (loaded, _counts(small)) if follows else None
+            self._base = (loaded, _counts(small), sum(keys.values())) if follows else None
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name=f"deltaflow-compact-{self.table_uri}", daemon=True
@@ -200,7 +207,9 @@ class AutoCompactor:
         )
 
     def _compact_due(
-        self, keys: Mapping[PartitionKey, int], base: tuple[Any, Mapping[PartitionKey, int]] | None = None
+        self,
+        keys: Mapping[PartitionKey, int],
+        base: tuple[Any, Mapping[PartitionKey, int], int] | None = None,
     ) -> None:
         """Count where a partition can be due and compact those that are. ``base``: the table as
         the last commit's sink loaded it and that commit's files (see :meth:`after_commit`)."""
@@ -219,14 +228,18 @@ class AutoCompactor:
             if self._files is not None:
                 metrics.table_files(pipeline=self._pipeline, table=self.table_uri, count=self._files)
             return  # no partition can be due: no load
-        # The last commit's files are not in its base table: its small ones are added below.
-        table, added = base if base is not None else (None, {})
+        # The last commit's files are not in its base table: its small ones are added below. A
+        # base loaded before a compaction of this compactor that landed since is not read: it
+        # still holds the files that compaction replaced (counted, they were compacted again).
+        table, added, files = base if base is not None else (None, {}, 0)
+        if table is not None and table.version() < self._compacted_at:
+            table, added, files = None, {}, 0
         if table is None:
             table = delta_log.load(self.table_uri, self._storage_options)
             if table is None:
                 return
         adds = pa.table(table.get_add_actions(flatten=True))
-        self._files = adds.num_rows + sum(added.values())
+        self._files = adds.num_rows + files
         metrics.table_files(pipeline=self._pipeline, table=self.table_uri, count=self._files)
         partition_columns = list(table.metadata().partition_columns)
         # Counted in Arrow (no Python object per file): this thread shares the driver's GIL.
@@ -284,6 +297,7 @@ class AutoCompactor:
                     policy=commit.RetryPolicy(max_retries=RETRIES, backoff_s=RETRY_BACKOFF_S),
                 )
         except Exception as exc:  # noqa: BLE001 - never raised into the stream
+            self._compacted_at = math.inf  # it may have landed (or still land): counts load
             self.failures += 1
             metrics.compaction(pipeline=self._pipeline, table=self.table_uri, outcome="failed")
             logger.warning(
@@ -293,6 +307,7 @@ class AutoCompactor:
                 exc,
             )
             return
+        self._compacted_at = result.version if result.version is not None else math.inf
         done = dict(result.value or result.info.get("operationMetrics") or {})
         self.compactions += 1
         metrics.compaction(

@@ -247,3 +247,54 @@ def test_the_format_entry_point_compacts_in_its_commit_process(spark, tmp_path):
     assert sorted(table.to_pyarrow_table()["id"].to_pylist()) == list(range(6))
     assert table.transaction_version("fmt") == 5
     assert len(table.file_uris()) < 6
+
+
+def test_a_count_after_a_compaction_does_not_read_a_table_loaded_before_it(tmp_path, monkeypatch):
+    # A commit lands while the compactor compacts its partition: the sink's load predates the
+    # compaction's commit. Counting from that load found the files just compacted away, and
+    # compacted the partition again at once (a second rewrite of the hot partition).
+    import threading
+
+    uri = str(tmp_path / "t")
+    write_deltalake(uri, pa.table({"id": [0]}), mode="append")
+    compactor = AutoCompactor(uri, {}, CompactionPolicy(min_files=3, target_bytes=1024**2))
+    started, go = threading.Event(), threading.Event()
+    real = AutoCompactor._compact
+
+    def held(self, key, small_files):  # the compaction runs while the stream commits
+        started.set()
+        assert go.wait(60)
+        real(self, key, small_files)
+
+    monkeypatch.setattr(AutoCompactor, "_compact", held)
+
+    def commit(i):
+        loaded = DeltaTable(uri)  # the sink's step 2
+        write_deltalake(uri, pa.table({"id": [i]}), mode="append")
+        compactor.after_commit([{}], loaded=loaded, version=DeltaTable(uri).version(), small=[{}])
+
+    commit(1)
+    commit(2)  # 3 small files: the compaction starts
+    assert started.wait(60)
+    commit(3)  # loaded before the compaction commits, committed before it
+    go.set()
+    assert compactor.wait_idle(60)
+    assert compactor.compactions == 1
+    table = DeltaTable(uri)
+    assert [h["operation"] for h in table.history()].count("OPTIMIZE") == 1
+    assert sorted(table.to_pyarrow_table()["id"].to_pylist()) == [0, 1, 2, 3]
+    compactor.close()
+
+
+def test_the_files_gauge_counts_every_file_of_the_commit_counted_from(tmp_path):
+    # A count from the sink's load adds the commit's files to the table's: all of them, not
+    # only its small ones (the gauge read 1 for a table of 2 files).
+    uri = str(tmp_path / "t")
+    write_deltalake(uri, pa.table({"id": [0]}), mode="append")
+    compactor = AutoCompactor(uri, {}, CompactionPolicy(min_files=3, target_bytes=1024**2), pipeline="g")
+    loaded = DeltaTable(uri)
+    write_deltalake(uri, pa.table({"id": [1]}), mode="append")
+    compactor.after_commit([{}], loaded=loaded, version=DeltaTable(uri).version(), small=[])
+    assert compactor.wait_idle(60)
+    assert _scrape("deltaflow_table_files", pipeline="g", table=uri) == len(DeltaTable(uri).file_uris()) == 2
+    compactor.close()
