@@ -590,7 +590,10 @@ def check_server(spark: SparkSession, remote: str) -> None:
         found, where = None, f"its Python workers cannot run deltaflow's check ({_raised(exc)})"
     else:
         if found == __version__:
-            spark.conf.set(CHECKED_CONF, __version__)
+            try:
+                spark.conf.set(CHECKED_CONF, __version__)
+            except Exception:  # a server that forbids the setting: it checks at every run
+                logger.debug("could not record the check in the server session", exc_info=True)
             logger.info("the Spark Connect server's Python workers run deltaflow %s", __version__)
             return
         where = (
