@@ -97,6 +97,9 @@ DEFAULT_MAX_BACKOFF_S = 30.0
 BACKOFF_SLICE_S = 0.2
 #: Characters of a failure quoted in log lines and error messages.
 REASON_CHARS = 500
+#: Characters of a deltaflow error's own message read back from a failure's text (a worker's
+#: error): written to be read whole, its remedy often comes last.
+MESSAGE_CHARS = 4000
 
 _TRACEBACK = "Traceback (most recent call last):"
 #: The line of a Python traceback that names the exception: ``module.Class: message``.
@@ -163,7 +166,7 @@ def classify_failure(error: BaseException) -> DeltaflowError:
         # The last one named is the outermost (Python prints chained causes first).
         cls = getattr(errors, named[-1], None)
         if isinstance(cls, type) and issubclass(cls, (TransientError, TerminalError)):
-            return _rebuilt(cls, _reason(text, f"deltaflow.errors.{named[-1]}: "))
+            return _rebuilt(cls, _reason(text, f"deltaflow.errors.{named[-1]}: ", limit=MESSAGE_CHARS))
     return QueryFailedError(
         f"the streaming query failed and retrying cannot help: {_reason(text)}",
         error_type=type(error).__name__,
@@ -610,12 +613,29 @@ def _failure_text(error: BaseException) -> str:
                 cause = cause.getCause()
             except Exception:  # noqa: BLE001 - the JVM may be gone; the text so far suffices
                 break
+        if _replaced_rpc_error(current):
+            break
         current = current.__cause__ or current.__context__
     return "\n".join(parts)
 
 
-def _reason(text: str, after: str = "") -> str:
-    """A short reason: the message after ``after`` or the exception line of a Python traceback."""
+def _replaced_rpc_error(error: BaseException) -> bool:
+    """Whether ``error``'s context is the gRPC error pyspark's Spark Connect client replaced
+    (``raise ... from None``) with ``error``, the server's exception. Its text only repeats the
+    server's message, cut to the size of a gRPC status (about 4 KB): a reason read from it (after
+    the last ``deltaflow.errors.X:`` of the text) would end mid-sentence."""
+    context = error.__context__
+    return (
+        error.__cause__ is None
+        and error.__suppress_context__
+        and context is not None
+        and type(context).__module__.split(".")[0] == "grpc"
+    )
+
+
+def _reason(text: str, after: str = "", *, limit: int = REASON_CHARS) -> str:
+    """A short reason (at most ``limit`` characters): the message after ``after`` or the
+    exception line of a Python traceback."""
     if after:
         text = text[text.rfind(after) + len(after) :]
     elif (tb := text.rfind(_TRACEBACK)) >= 0:
@@ -632,7 +652,7 @@ def _reason(text: str, after: str = "") -> str:
             break
         lines.append(line)
     reason = "\n".join(lines).strip()
-    return reason if len(reason) <= REASON_CHARS else reason[:REASON_CHARS] + " …"
+    return reason if len(reason) <= limit else reason[:limit] + " …"
 
 
 def _rebuilt(cls: type[DeltaflowError], message: str) -> DeltaflowError:

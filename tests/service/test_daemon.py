@@ -17,6 +17,7 @@ from deltaflow.errors import (
     ConfigError,
     JobGaveUpError,
     KafkaAccessError,
+    KafkaDataLossError,
     KafkaUnavailableError,
     LeaseHeldError,
     PipelineConfigError,
@@ -152,6 +153,17 @@ def _chained(outer: Exception, cause: Exception) -> Exception:
             LeaseHeldError,
             "the lease is held by h:1",
             id="lease-held-in-worker",
+        ),
+        pytest.param(
+            # A deltaflow message is read back whole: its remedy often comes last.
+            _worker_failure(
+                "deltaflow.errors.KafkaDataLossError: Kafka topic 't' partition 0: "
+                + "its offsets went back; " * 25
+                + "set fail_on_data_loss false (the Spark option failOnDataLoss)"
+            ),
+            KafkaDataLossError,
+            "its offsets went back; set fail_on_data_loss false (the Spark option failOnDataLoss)",
+            id="long-deltaflow-message-in-worker",
         ),
         pytest.param(
             _worker_failure("deltaflow.errors.PipelineConfigError: p.yaml: 1 problem(s):"),

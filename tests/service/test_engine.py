@@ -298,6 +298,26 @@ def test_a_remote_runs_summary_counts_a_table_per_topic(engine, kafka, tmp_path)
     assert _ids(tmp_path / "x") == list(range(30)) and _ids(tmp_path / "y") == list(range(20))
 
 
+def test_a_remote_jobs_terminal_error_is_said_whole(engine, kafka, tmp_path):
+    """A deltaflow error raised on the server (a re-created topic: terminal) reaches the client
+    whole, its remedy included: not as the copy in the gRPC status the server cuts at ~4 KB."""
+    _, url = engine
+    topic = kafka.create_topic(partitions=1)
+    kafka.produce(topic, [json.dumps({"id": i}).encode() for i in range(30)], partitions=1)
+    table = tmp_path / "t"
+    job = ["ingest", topic, str(table), "--kafka", kafka.bootstrap, "--app_id", "gone", "-e", "--remote", url]
+    done = _cli(*job)
+    assert done.returncode == 0, done.stderr[-3000:]
+    kafka.recreate_topic(topic, partitions=1)
+    kafka.produce(topic, [json.dumps({"id": i}).encode() for i in range(30, 40)], partitions=1)
+    done = _cli(*job)
+    assert done.returncode == 2, done.stderr[-3000:]
+    said = done.stderr.strip().splitlines()[-1]
+    assert said.startswith(f"error: Kafka topic {topic!r} partition 0: the pipeline's next offset"), said
+    assert said.endswith("the Spark option failOnDataLoss)"), said
+    assert _ids(table) == list(range(30))
+
+
 def test_relative_paths_are_the_clients_not_the_servers(engine, tmp_path):
     """The server was started from another folder: a pipeline file's relative paths (a files
     source, a sink) still name the client's folders."""
