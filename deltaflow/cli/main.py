@@ -147,9 +147,13 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(exc.exit_code)
         _fail(f"error: {exc.format_message()}", exc.exit_code)
     except DeltaflowError as exc:
-        if verbose and logs.exported_format() != "json":
-            raise
         code = EXIT_TERMINAL if isinstance(exc, TerminalError) else EXIT_TRANSIENT
+        if verbose and logs.exported_format() != "json":
+            # -v: the traceback too, but the exit code stays deltaflow's (Python's 1 would tell
+            # a service manager that a terminal failure is worth a restart).
+            import traceback
+
+            traceback.print_exc()
         _fail(f"error: {exc}", code, exc, traceback=verbose)
     except KeyboardInterrupt:
         sys.exit(130)

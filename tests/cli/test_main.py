@@ -180,6 +180,11 @@ def test_json_logs_of_commands_without_spark(tmp_path):
     assert "exc" not in record  # a traceback with --verbose only, as in text
     verbose = _run(["--log-format", "json", "-v", "vacuum", missing], timeout=120)
     assert str(_records(verbose.stderr)[-1]["exc"]).startswith("Traceback")
+    # -v in text: the traceback, then the same last line and exit code as without it.
+    verbose = _run(["-v", "vacuum", missing], timeout=120)
+    assert verbose.returncode == 2, verbose.stderr
+    assert "Traceback (most recent call last):" in verbose.stderr
+    assert verbose.stderr.endswith(text.stderr)
     # A usage error: before any command ran, still a record.
     usage = _run(["--log-format", "json", "no-such-command"], timeout=120)
     assert usage.returncode == 2
