@@ -29,6 +29,7 @@ __all__ = [
     "DataFilesGoneError",
     "DeltaSourceError",
     "DeltaflowError",
+    "EngineUnavailableError",
     "ExpectationFailedError",
     "FileSchemaMismatchError",
     "JobGaveUpError",
@@ -286,6 +287,11 @@ class CdcPositionError(TerminalError):
 class CdcDecodeError(TerminalError):
     """A change PostgreSQL sent could not be decoded; the message names its LSN (retrying reads
     the same bytes again)."""
+
+
+class EngineUnavailableError(TransientError):
+    """No Spark Connect server answers at the ``--remote`` URL (not started, stopped, or
+    restarting); a later run may find it."""
 
 
 class EngineMismatchError(TerminalError):

@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from deltaflow.errors import ConfigError
+from deltaflow.errors import ConfigError, EngineUnavailableError
 from deltaflow.io import logs
 from deltaflow.pipeline.class_cache import JAVA_OPTION_VARIABLES, class_cache
 
@@ -53,6 +53,8 @@ LEAN_JVM = (*QUICK_JVM, "-XX:+UseSerialGC")
 #: Sessions a job tries on a Spark Connect server before it takes one of its own (the server
 #: refuses a session id it has closed).
 SESSION_GENERATIONS = 8
+#: Seconds to wait for a TCP connection to a Spark Connect server before saying it does not answer.
+CONNECT_PROBE_S = 10.0
 #: Spark 4's structured logging: the JVM's log4j records as JSON (``--log-format json``).
 STRUCTURED_LOGGING = "spark.log.structuredLogging.enabled"
 #: The log4j2 configuration Spark itself loads when structured logging is on (in
@@ -514,6 +516,7 @@ def _connect_session(
             "Spark master %s not used: the work runs on the Spark Connect server %s", master, remote
         )
 
+    check_reachable(remote)
     settings = {k: v for k, v in default_conf("").items() if k.startswith("spark.sql.")}
     # A client that died leaves its query running in the server: the restarted client's start
     # of the same checkpoint stops that run (Spark's default, stated here for this session).
@@ -547,6 +550,28 @@ def _connect_session(
     register(spark)
     logger.info("Spark %s session on the Spark Connect server %s", spark.version, remote)
     return spark
+
+
+def check_reachable(remote: str) -> None:
+    """Raise :class:`~deltaflow.errors.EngineUnavailableError` unless something accepts a TCP
+    connection at ``remote``'s host and port. pyspark's client retries its calls to a server
+    that is not there for more than ten minutes without a word (its default retry policy): a
+    job pointed at a stopped engine would hang silently instead of failing."""
+    import socket
+
+    from pyspark.sql.connect.client import DefaultChannelBuilder
+
+    builder = DefaultChannelBuilder(remote)
+    host, port = builder.host.strip("[]"), int(builder.endpoint.rsplit(":", 1)[1])
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_PROBE_S).close()
+    except OSError as exc:
+        raise EngineUnavailableError(
+            f"no Spark Connect server answers at sc://{builder.endpoint} ({exc.strerror or exc}): "
+            f"start one (deltaflow engine start --port {port}, as docs/DEPLOYMENT.md has it) or point "
+            "--remote (SPARK_REMOTE) at a running one; retrying later may work",
+            endpoint=builder.endpoint,
+        ) from None
 
 
 def start_query(stream: DataStreamWriter, spark: SparkSession, name: str) -> StreamingQuery:

@@ -217,3 +217,23 @@ def test_the_search_is_spared_only_for_this_interpreter_or_its_wrapper(tmp_path,
     (tmp_path / "pyspark_here.py").write_text("")
     manager = _Manager()
     assert not skip_static_source_lookup(_fake_spark(manager), ours) and manager.set_to is None
+
+
+def test_a_remote_where_no_server_listens_fails_at_once(tmp_path):
+    """pyspark's client would retry a server that is not there for over ten minutes, silently
+    (and again at exit): the job says so at once, with the transient exit code."""
+    from deltaflow.testing import _free_port
+
+    port = _free_port()  # nothing listens there
+    job = ["ingest", "t", str(tmp_path / "t"), "--kafka", "127.0.0.1:1", "--app_id", "x", "-e"]
+    done = subprocess.run(
+        [sys.executable, "-m", "deltaflow.cli", *job, "--remote", f"sc://127.0.0.1:{port}/;token=s3cret"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    said = done.stderr.strip().splitlines()[-1]
+    assert said.startswith(f"error: no Spark Connect server answers at sc://127.0.0.1:{port} ("), said
+    assert f"deltaflow engine start --port {port}" in said and "s3cret" not in done.stderr
+    assert not (tmp_path / "t").exists()
