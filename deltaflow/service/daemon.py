@@ -46,6 +46,7 @@ from deltaflow import errors
 from deltaflow.errors import (
     ConfigError,
     DeltaflowError,
+    EngineUnavailableError,
     JobGaveUpError,
     QueryFailedError,
     TerminalError,
@@ -160,6 +161,13 @@ def classify_failure(error: BaseException) -> DeltaflowError:
             from deltaflow.sources.kafka import kafka_failure
 
             return kafka_failure(exc, brief(error) if exc is not error else "a Kafka request")
+        if _server_unavailable(exc):
+            details = re.search(r'details = "([^"]*)"', str(exc))
+            return EngineUnavailableError(
+                "the Spark Connect server stopped answering (UNAVAILABLE"
+                f"{': ' + details.group(1) if details else ''}): it was stopped or restarts; "
+                "once it runs again (deltaflow engine status), run the job again: retrying later may work"
+            )
     text = _failure_text(error)
     named = _DELTAFLOW_ERROR.findall(text)
     if named:
@@ -584,6 +592,13 @@ class _Tally:
             committed=self.committed(),
             committed_unit=self.units.committed,
         )
+
+
+def _server_unavailable(error: BaseException) -> bool:
+    """Whether ``error`` is pyspark's Spark Connect client giving up on a server that does not
+    answer (gRPC ``UNAVAILABLE``, after its own retries): not the query's fault."""
+    status = getattr(error, "getGrpcStatusCode", None)
+    return callable(status) and getattr(status(), "name", None) == "UNAVAILABLE"
 
 
 def _python_chain(error: BaseException) -> Iterator[BaseException]:

@@ -15,6 +15,7 @@ from deltaflow.errors import (
     CheckpointMismatchError,
     CommitError,
     ConfigError,
+    EngineUnavailableError,
     JobGaveUpError,
     KafkaAccessError,
     KafkaDataLossError,
@@ -38,6 +39,20 @@ def _worker_failure(exception_line: str, where: str = "latestOffset") -> Runtime
         "    raise boom\n"
         f"{exception_line}\n"
         " SQLSTATE: 38000"
+    )
+
+
+def _connect_unavailable() -> Exception:
+    """What pyspark's Spark Connect client raises once its retries on a stopped server ran out."""
+    import grpc
+    from pyspark.errors.exceptions.connect import SparkConnectGrpcException
+
+    return SparkConnectGrpcException(
+        message="<_MultiThreadedRendezvous of RPC that terminated with:\n"
+        "\tstatus = StatusCode.UNAVAILABLE\n"
+        '\tdetails = "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: '
+        'Failed to connect to remote host: Connection refused"\n>',
+        grpc_status_code=grpc.StatusCode.UNAVAILABLE,
     )
 
 
@@ -153,6 +168,13 @@ def _chained(outer: Exception, cause: Exception) -> Exception:
             LeaseHeldError,
             "the lease is held by h:1",
             id="lease-held-in-worker",
+        ),
+        pytest.param(
+            # pyspark's Spark Connect client gave up on a server that stopped: transient (exit 1).
+            _connect_unavailable(),
+            EngineUnavailableError,
+            "the Spark Connect server stopped answering (UNAVAILABLE: failed to connect to all addresses",
+            id="spark-connect-server-gone",
         ),
         pytest.param(
             # A deltaflow message is read back whole: its remedy often comes last.
