@@ -561,6 +561,8 @@ def check_reachable(remote: str) -> None:
 
     from pyspark.sql.connect.client import DefaultChannelBuilder
 
+    if not remote.startswith("sc://"):  # SPARK_REMOTE=local[...]: pyspark starts that server itself
+        return
     builder = DefaultChannelBuilder(remote)
     host, port = builder.host.strip("[]"), int(builder.endpoint.rsplit(":", 1)[1])
     try:

@@ -237,3 +237,10 @@ def test_a_remote_where_no_server_listens_fails_at_once(tmp_path):
     assert said.startswith(f"error: no Spark Connect server answers at sc://127.0.0.1:{port} ("), said
     assert f"deltaflow engine start --port {port}" in said and "s3cret" not in done.stderr
     assert not (tmp_path / "t").exists()
+
+
+def test_a_local_remote_is_not_probed():
+    # SPARK_REMOTE=local[...] has pyspark start the server itself: nothing listens before it.
+    from deltaflow.pipeline.session import check_reachable
+
+    assert check_reachable("local[2]") is None
