@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 import deltaflow
@@ -51,23 +52,31 @@ def test_compactor_compacts_only_partitions_over_the_threshold(tmp_path):
     compactor.close()
 
 
-def test_the_compactor_loads_the_table_only_when_a_partition_can_be_due(tmp_path, monkeypatch):
-    # With hundreds of tables a batch, a load per table and commit was the commit phase's
-    # background cost: it counts again only when the files committed since could reach min_files.
+@pytest.fixture
+def compactor_loads(monkeypatch) -> list[str]:
+    """The tables the compactor's counts load (a compaction's own commit loads the table too:
+    not listed)."""
     import inspect
 
     from deltaflow.delta import log as delta_log
 
-    uri = str(tmp_path / "t")
-    counts = []  # the compactor's own loads (a compaction's commit loads the table too)
+    loads: list[str] = []
     real = delta_log.load
 
     def load(u, so):
         if inspect.stack()[1].function == "_compact_due":
-            counts.append(u)
+            loads.append(u)
         return real(u, so)
 
     monkeypatch.setattr(delta_log, "load", load)
+    return loads
+
+
+def test_the_compactor_loads_the_table_only_when_a_partition_can_be_due(tmp_path, compactor_loads):
+    # With hundreds of tables a batch, a load per table and commit was the commit phase's
+    # background cost: it counts again only when the files committed since could reach min_files.
+    uri = str(tmp_path / "t")
+    counts = compactor_loads
     compactor = AutoCompactor(uri, {}, CompactionPolicy(min_files=4, target_bytes=1024**2))
     seen = []
     for b in range(7):
@@ -84,23 +93,11 @@ def test_the_compactor_loads_the_table_only_when_a_partition_can_be_due(tmp_path
     compactor.close()
 
 
-def test_the_compactor_counts_from_the_table_its_commit_loaded(tmp_path, monkeypatch):
+def test_the_compactor_counts_from_the_table_its_commit_loaded(tmp_path, compactor_loads):
     # At a stream's first batch every table's compactor counts; it reads the table the sink
     # loaded for the commit (plus the commit's small files) instead of loading it again.
-    import inspect
-
-    from deltaflow.delta import log as delta_log
-
     uri = str(tmp_path / "t")
-    loads = []
-    real = delta_log.load
-
-    def load(u, so):
-        if inspect.stack()[1].function == "_compact_due":
-            loads.append(u)
-        return real(u, so)
-
-    monkeypatch.setattr(delta_log, "load", load)
+    loads = compactor_loads
     write_deltalake(uri, pa.table({"id": [0]}), mode="append")  # one small file already
     compactor = AutoCompactor(uri, {}, CompactionPolicy(min_files=3, target_bytes=1024**2))
 
