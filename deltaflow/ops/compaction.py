@@ -183,13 +183,19 @@ class AutoCompactor:
                     self._cond.notify_all()
 
     def _vacuum(self) -> None:
-        """Delete the files the table's retention no longer protects (never below it)."""
+        """Delete the files the table's retention no longer protects (never below it): replaced
+        ones, and files no commit references older than the retention (``vacuum --full``)."""
         from deltaflow import ops
 
         self._next_vacuum = time.monotonic() + self.policy.vacuum_interval_s
         started = time.monotonic()
         try:
-            result = ops.vacuum(self.table_uri, dry_run=False, storage_options=self._storage_options)
+            # Full: it lists the table, as Spark's VACUUM does. A log checkpoint drops the
+            # tombstones past the retention, so a vacuum of tombstoned files only (delta-rs'
+            # lite) left for good a replaced file whose tombstone a checkpoint dropped first.
+            result = ops.vacuum(
+                self.table_uri, dry_run=False, full=True, storage_options=self._storage_options
+            )
         except Exception as exc:  # noqa: BLE001 - retried at the next interval
             metrics.vacuum(pipeline=self._pipeline, table=self.table_uri, outcome="failed")
             logger.warning("scheduled vacuum of %s failed, retried next interval: %s", self.table_uri, exc)

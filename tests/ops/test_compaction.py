@@ -124,6 +124,37 @@ def test_the_compactor_counts_from_the_table_its_commit_loaded(tmp_path, compact
     compactor.close()
 
 
+def test_the_scheduled_vacuum_deletes_replaced_files_whose_tombstones_a_checkpoint_dropped(tmp_path):
+    # A checkpoint keeps no tombstone past the retention; the files they named are then in no
+    # log entry at all, and a vacuum of tombstoned files only (delta-rs' lite) left them for good.
+    import os
+
+    from deltaflow.ops.checkpoint import checkpoint
+
+    uri = str(tmp_path / "t")
+    for b in range(3):
+        write_deltalake(uri, pa.table({"id": [b]}), mode="append")
+    old = time.time() - 2 * 3600  # written two hours ago: past the in-flight guard of vacuum --full
+    for path in data_files(tmp_path / "t"):
+        os.utime(path, (old, old))
+    table = DeltaTable(uri)
+    table.alter.set_table_properties({"delta.deletedFileRetentionDuration": "interval 0 seconds"})
+    table.optimize.compact()  # 3 files replaced by 1
+    checkpoint(uri)  # drops the tombstones: their retention is over
+    assert not DeltaTable(uri).vacuum(retention_hours=0, enforce_retention_duration=False)  # lite: none
+    compactor = AutoCompactor(
+        uri, {}, CompactionPolicy(min_files=50, target_bytes=1024**2, vacuum_interval_s=0.2)
+    )
+    compactor.after_commit([{}])
+    deadline = time.monotonic() + 60
+    while len(data_files(tmp_path / "t")) > 1:
+        assert time.monotonic() < deadline, data_files(tmp_path / "t")
+        time.sleep(0.2)  # condition poll: the vacuum runs in the compactor's thread
+    assert compactor.vacuums >= 1
+    assert sorted(DeltaTable(uri).to_pyarrow_table()["id"].to_pylist()) == [0, 1, 2]
+    compactor.close()
+
+
 def test_unpartitioned_table_is_compacted_as_a_whole(tmp_path):
     uri = str(tmp_path / "t")
     for b in range(3):
