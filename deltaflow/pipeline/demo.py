@@ -29,6 +29,16 @@ _COUNTRIES = ("DE", "FR", "US", "BR", "IN", "JP", "NG", "GB")
 _PAGES = ("/", "/search", "/product/{}", "/cart", "/checkout", "/help")
 
 
+def _where(master: str | None) -> str:
+    """Where the demo's Spark work runs, as its progress lines say it."""
+    import os
+
+    remote = os.environ.get("SPARK_REMOTE")
+    if remote:
+        return f"on the Spark Connect server {remote.split(';', 1)[0]}"
+    return f"embedded, {master or 'local[*]'}"
+
+
 def event_json(i: int, events: int, rng: random.Random) -> str:
     """Clickstream event ``i`` of ``events`` (spread over two days) as compact JSON."""
     start = dt.datetime(2026, 11, 20, tzinfo=dt.UTC)
@@ -116,8 +126,8 @@ def run_demo(
     echo(f"generating {events:,} JSON events in {files} files under {landing}")
     generate_events(landing, events=events, files=files)
 
-    echo("starting Spark (embedded, local[*]) ...")
-    spark = deltaflow.spark_session(master)
+    echo(f"starting Spark ({_where(master)}) ...")
+    spark = deltaflow.spark_session(master, job="demo:files")
     from pyspark.sql import functions as F  # noqa: N812
 
     schema = (
@@ -226,7 +236,7 @@ def run_kafka_demo(
         echo(f"producing {events:,} JSON events to topic {topic!r} ({partitions} partitions) ...")
         broker.produce(topic, values, partitions=partitions, batched=True)
         produced = events
-        echo("starting Spark (embedded, local[*]) and `deltaflow ingest` ...")
+        echo(f"starting Spark ({_where(master)}) and `deltaflow ingest` ...")
         started = time.monotonic()
         config = IngestConfig(
             topic=topic,
@@ -242,7 +252,9 @@ def run_kafka_demo(
         )
         engine = choose_engine(config)
         echo(f"  engine: {engine} (the rows stay in Arrow inside Spark's tasks)")
-        spark = deltaflow.spark_session(master, jvm="lean" if engine == "arrow" else "full")
+        spark = deltaflow.spark_session(
+            master, jvm="lean" if engine == "arrow" else "full", job=f"demo:{config.pipeline_id}"
+        )
         query = ingest(spark, config)
         query.awaitTermination()
         seconds = time.monotonic() - started

@@ -97,6 +97,8 @@ def test_the_demo_runs_through_the_engine(engine, tmp_path):
     done = _cli("demo", "--workdir", str(tmp_path / "demo"), "--events", "3000", "--remote", url)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "exactly once: OK (3,000 messages" in done.stdout, done.stdout[-3000:]
+    # It says where Spark runs (it said "embedded, local[*]" over --remote too).
+    assert f"starting Spark (on the Spark Connect server {url})" in done.stdout, done.stdout[-3000:]
 
 
 def test_ingest_through_the_engine_lands_every_message_once(engine, kafka, tmp_path):
