@@ -304,7 +304,9 @@ def run(
         deadline = time.monotonic() + duration_s
         proxy.lose_response("PUT", LOG_ENTRY, times=2)  # at least two lost responses early on
         report.faults["lost_response"] += 2
-        give_up = deadline + duration_s  # kills or a lost response still missing by then: report, do not spin
+        # Kills or a lost response still missing by then: report, do not spin. Long enough for a
+        # process restarted late by a slow machine to become killable anyway (KILL_ANYWAY_AFTER_S).
+        give_up = deadline + max(duration_s, 2 * KILL_ANYWAY_AFTER_S)
 
         def owed() -> bool:
             """A slow machine may reach the deadline before the kills asked for, or before any
