@@ -423,6 +423,23 @@ def test_a_table_created_claimed_holds_the_claim_in_its_first_commit(tmp_path):
     assert none is None and adopted.version() == 1
 
 
+def test_a_claiming_creation_whose_response_is_lost_is_read_from_the_log(tmp_path):
+    # The creating commit lands, its response is lost: the log shows this call's token, so the
+    # table is its own (claimed at epoch 1, once), not adopted and claimed a second time.
+    from deltaflow.io.faults import lose_commit_responses
+
+    uri = str(tmp_path / "t")
+    with lose_commit_responses("creating", times=1) as lost:
+        table, fence = commit.create_claimed_table(
+            uri, SCHEMA, partition_by=[], properties={}, storage_options={}, claim="pipe"
+        )
+    assert lost.lost, "no response was lost"
+    assert fence == commit.Fence(commit.fence_app_id("pipe"), 1)
+    assert table.version() == 0 == DeltaTable(uri).version()
+    assert DeltaTable(uri).transaction_version(fence.app_id) == 1
+    commit.check_fence(DeltaTable(uri), uri, fence)
+
+
 def test_add_columns_is_done_when_the_columns_exist(tmp_path):
     uri = str(tmp_path / "t")
     commit.create_table(uri, SCHEMA, partition_by=[], properties={}, storage_options={})
