@@ -841,19 +841,10 @@ def create_claimed_table(
         table = _load(table_uri, storage_options)
     if table is None:  # pragma: no cover - the log said it exists
         raise CommitError(f"table {table_uri!r} vanished right after its creation", table_uri=table_uri)
-    fence = None
-    if app is not None and claim is not None and result.committed:
-        warn_on_txn_retention(table, table_uri, claim)
-        fence = Fence(app, 1)
-        logger.info(
-            "pipeline %r writes %s as epoch %d (%s)",
-            claim,
-            table_uri,
-            fence.epoch,
-            writer_name(),
-            extra={"pipeline": claim, "table": table_uri},
-        )
-    return table, fence
+    if app is None or claim is None or not result.committed:
+        return table, None
+    warn_on_txn_retention(table, table_uri, claim)
+    return table, _claimed(claim, table_uri, Fence(app, 1))
 
 
 def add_columns(
@@ -941,12 +932,17 @@ def claim_writer(
         policy=policy,
     )
     epoch = int(result.info.get(EPOCH_KEY, claimed[app])) if result.recovered else claimed[app]
+    return _claimed(pipeline_id, table_uri, Fence(app, epoch))
+
+
+def _claimed(pipeline_id: str, table_uri: str, fence: Fence) -> Fence:
+    """Say which writer epoch this process holds for the pipeline on the table; ``fence``."""
     logger.info(
         "pipeline %r writes %s as epoch %d (%s)",
         pipeline_id,
         table_uri,
-        epoch,
+        fence.epoch,
         writer_name(),
         extra={"pipeline": pipeline_id, "table": table_uri},
     )
-    return Fence(app, epoch)
+    return fence
