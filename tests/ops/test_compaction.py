@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+import zlib
 from pathlib import Path
 
 import pyarrow as pa
@@ -155,6 +156,40 @@ def test_the_scheduled_vacuum_deletes_replaced_files_whose_tombstones_a_checkpoi
     compactor.close()
 
 
+def _checkpoints(uri: str) -> list[int]:
+    return sorted(int(p.name.split(".")[0]) for p in (Path(uri) / "_delta_log").glob("*.checkpoint.parquet"))
+
+
+def test_the_compactor_writes_a_log_checkpoint_every_ten_commits(tmp_path):
+    # A load replays the commits since the last checkpoint, and a stream loads its table for
+    # every commit: delta-rs' hook checkpoints every 100 commits, the compactor every 10.
+    uri = str(tmp_path / "t")
+    compactor = AutoCompactor(uri, {}, CompactionPolicy(min_files=1000, target_bytes=1024**2))
+    for b in range(35):
+        write_deltalake(uri, pa.table({"id": [b]}), mode="append")
+        compactor.after_commit([{}], version=b)
+        assert compactor.wait_idle(60)
+    first = zlib.crc32(uri.encode()) % compaction.CHECKPOINT_EVERY  # staggered by the table's name
+    assert _checkpoints(uri) == [first, first + 10, first + 20] + ([first + 30] if first + 30 < 35 else [])
+    assert compactor.checkpoints == len(_checkpoints(uri))
+    table = DeltaTable(uri)
+    assert sorted(table.to_pyarrow_table()["id"].to_pylist()) == list(range(35))
+    compactor.close()
+
+
+def test_a_table_that_sets_its_checkpoint_interval_keeps_it(tmp_path):
+    uri = str(tmp_path / "t")
+    write_deltalake(uri, pa.table({"id": [0]}), configuration={"delta.checkpointInterval": "100"})
+    compactor = AutoCompactor(uri, {}, CompactionPolicy(min_files=1000, target_bytes=1024**2))
+    for b in range(1, 25):
+        write_deltalake(uri, pa.table({"id": [b]}), mode="append")
+        compactor.after_commit([{}], version=b)
+        assert compactor.wait_idle(60)
+    assert _checkpoints(uri) == []
+    assert compactor.checkpoints == 0
+    compactor.close()
+
+
 def test_unpartitioned_table_is_compacted_as_a_whole(tmp_path):
     uri = str(tmp_path / "t")
     for b in range(3):
@@ -189,7 +224,13 @@ def test_a_running_stream_stays_compacted_without_a_failed_commit(spark, tmp_pat
         partition_columns=["day"],
         auto_compact_min_files=4,
         vacuum_interval_hours=0.0005,  # every 1.8 s; the retention below lets it delete at once
-        table_properties={"delta.deletedFileRetentionDuration": "interval 0 seconds"},
+        # With a retention this short, a log checkpoint drops the tombstones at once, and vacuum
+        # --full keeps unreferenced files younger than an hour (a writer's, in flight): the
+        # table keeps delta-rs' interval of 100, so no checkpoint comes in these 24 batches.
+        table_properties={
+            "delta.deletedFileRetentionDuration": "interval 0 seconds",
+            "delta.checkpointInterval": "100",
+        },
     )
     try:
         query.processAllAvailable()
