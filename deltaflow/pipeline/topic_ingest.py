@@ -96,6 +96,7 @@ def ingest_topics(
         routes=routes,
         router=preparer.router,
         pipeline_id=config.pipeline_id,
+        made=preparer.made,
         transforms=tuple(config.transforms),
         dlq_transforms=tuple(config.dlq_transforms),
         dlq_pipeline_id=f"{config.pipeline_id}-dlq" if config.dlq_table_location else None,
@@ -334,6 +335,11 @@ class TablePreparer:
         if not at_start and routes:
             logger.info("new topic(s) %s: their tables are ready, read from the next batch", sorted(routes))
         return routes
+
+    @property
+    def made(self) -> frozenset[str]:
+        """The tables this process made, claimed by their creation (no progress in them)."""
+        return frozenset(self._claimed)
 
     def make(self, topics: Sequence[str]) -> None:
         """Tables for topics that started to match while the query runs."""

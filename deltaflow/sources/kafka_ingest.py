@@ -133,6 +133,9 @@ class IngestPlan:
     min_task_messages: int = MIN_TASK_MESSAGES
     #: The pipeline whose txns hold each topic's progress (default: the source's ``pipeline_id``).
     pipeline_id: str | None = None
+    #: Main tables the driver made at start, claimed by their creation: no progress yet, so
+    #: the query's start offsets need not read them (hundreds of loads for a new estate).
+    made: frozenset[str] = frozenset()
     #: ``debezium``: the topics are change streams kept as mirror tables (tasks stage folded
     #: changes, :mod:`deltaflow.sources.change_topics`); ``none``: rows are appended.
     cdc: str = "none"
@@ -295,6 +298,8 @@ class KafkaIngestReader(KafkaStreamReader):
             return {}
         done: Offsets = {}
         by_table = progress_layout(self._routes, layout)
+        if self._initial is None:  # the query's start: tables made for it hold no progress
+            by_table = {uri: topics for uri, topics in by_table.items() if uri not in self._plan.made}
 
         def load(uri: str) -> Any:
             return self._load_table(uri, self._routes[next(iter(by_table[uri]))].main.storage_options)

@@ -160,3 +160,43 @@ def test_tasks_are_sized_by_messages_not_partitions():
     assert all(a[1] == b[0] for a, b in itertools.pairwise(pieces))  # no gap, no overlap
     assert loads(pack(ranges(100, 100, 20, 20), parallelism=2, least=1)) == [120, 120]
     assert pack([], parallelism=2) == []
+
+
+def test_the_start_offsets_read_no_table_the_driver_made_for_the_query(kafka, tmp_path):
+    # ``--topic_pattern`` into new tables: the driver made and claimed them just before the
+    # query; their progress is empty, so the source's start loads only the others (200 tables
+    # made for a new estate were 200 loads in the streaming source runner).
+    import pyarrow as pa
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    from deltaflow.config.locations import normalize_uri
+    from deltaflow.delta.progress import kafka_txn_id
+    from deltaflow.sources.kafka import KafkaSourceOptions
+    from deltaflow.sources.kafka_ingest import IngestPlan, KafkaIngestReader
+    from deltaflow.sources.topic_routes import TableFiles, TopicRoute
+
+    made, old = kafka.create_topic(partitions=1), kafka.create_topic(partitions=1)
+    for topic in (made, old):
+        kafka.produce(topic, [b'{"id": 1}'] * 10, partitions=1)
+    uris = {t: normalize_uri(str(tmp_path / t)) for t in (made, old)}
+    schema = pa.schema([("id", pa.int64())])
+    write_deltalake(uris[made], pa.table({"id": pa.array([], pa.int64())}))
+    txn = Transaction(kafka_txn_id("estate", old, "0"), 3)
+    write_deltalake(
+        uris[old], pa.table({"id": [0]}), commit_properties=CommitProperties(app_transactions=[txn])
+    )
+    plan = IngestPlan(
+        source_schema_ipc=schema.serialize().to_pybytes(),
+        routes={t: TopicRoute(TableFiles.of(u, schema)) for t, u in uris.items()},
+        pipeline_id="estate",
+        made=frozenset({uris[made]}),
+    )
+    reader = KafkaIngestReader(
+        KafkaSourceOptions(bootstrap_servers=kafka.bootstrap, topic=(made, old), pipeline_id="estate"), plan
+    )
+    loads = []
+    real = reader._load_table
+    reader._load_table = lambda uri, storage: loads.append(uri) or real(uri, storage)
+    assert reader.initialOffset() == {made: {"0": 0}, old: {"0": 4}}
+    assert loads == [uris[old]]
+    reader.stop()
