@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import hashlib
 import logging
+import math
 import os
 import re
 import shutil
@@ -13,6 +14,8 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+import warnings
 from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -55,6 +58,9 @@ LEAN_JVM = (*QUICK_JVM, "-XX:+UseSerialGC")
 SESSION_GENERATIONS = 8
 #: Seconds to wait for a TCP connection to a Spark Connect server before saying it does not answer.
 CONNECT_PROBE_S = 10.0
+#: How long a job retries a Spark Connect server that stopped answering before it gives up
+#: (exit 1: a service manager restarts it), seconds; ``DELTAFLOW_ENGINE_WAIT_S`` overrides it.
+ENGINE_WAIT_S = 60.0
 #: Spark 4's structured logging: the JVM's log4j records as JSON (``--log-format json``).
 STRUCTURED_LOGGING = "spark.log.structuredLogging.enabled"
 #: The log4j2 configuration Spark itself loads when structured logging is on (in
@@ -541,6 +547,7 @@ def _connect_session(
         return _connect_session(remote, None, conf, None)
     if job is not None:
         spark.release_session_on_close = False  # type: ignore[attr-defined]
+    spark.client.set_retry_policies([engine_retries(remote)])
     check_server(spark, remote)
     from deltaflow.metrics import metrics
 
@@ -550,6 +557,75 @@ def _connect_session(
     register(spark)
     logger.info("Spark %s session on the Spark Connect server %s", spark.version, remote)
     return spark
+
+
+def engine_wait_s() -> float:
+    """How long a job retries a Spark Connect server that stopped answering, in seconds:
+    ``DELTAFLOW_ENGINE_WAIT_S``, else :data:`ENGINE_WAIT_S`."""
+    text = os.environ.get("DELTAFLOW_ENGINE_WAIT_S")
+    if not text:
+        return ENGINE_WAIT_S
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"DELTAFLOW_ENGINE_WAIT_S must be a number of seconds, got {text!r}") from None
+    if value < 0:
+        raise ConfigError(f"DELTAFLOW_ENGINE_WAIT_S must be 0 or more seconds, got {text!r}")
+    return value
+
+
+_ENGINE_GONE = threading.Event()
+
+
+def engine_gone() -> None:
+    """The job gave up on its Spark Connect server: its later calls (pyspark's at exit) fail
+    at once instead of retrying."""
+    _ENGINE_GONE.set()
+
+
+def engine_retries(remote: str, wait_s: float | None = None) -> Any:
+    """pyspark's retry policy for calls to ``remote``, bounded to ``wait_s`` (default
+    :func:`engine_wait_s`) and saying so. pyspark's own policy retries a server that stopped
+    answering for over ten minutes without a word: a job whose engine went away mid-run sat
+    silent that long, and so did its exit (pyspark's atexit handler calls the server too)."""
+    import grpc  # type: ignore[import-untyped]
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    bound = engine_wait_s() if wait_s is None else wait_s
+    # pyspark warns "[RETRIES_EXCEEDED]" as it gives up; the job's error says what happened.
+    warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]")
+    # Waits of 0.5, 1, 2, 4 s, then 5 s each, until they add up to the bound.
+    retries, total, step = 0, 0.0, 0.5
+    while total < bound:
+        total += step
+        retries += 1
+        step = min(step * 2, 5.0)
+
+    class EngineRetries(DefaultPolicy):
+        def __init__(self) -> None:
+            super().__init__(
+                max_retries=retries,
+                backoff_multiplier=2.0,
+                initial_backoff=500,
+                max_backoff=5000,
+                max_server_retry_delay=int(max(bound, 0.5) * 1000),
+            )
+            self._said = -math.inf
+
+        def can_retry(self, e: BaseException) -> bool:
+            retry = bool(super().can_retry(e)) and not _ENGINE_GONE.is_set()
+            code = e.code() if isinstance(e, grpc.RpcError) else None
+            if retry and code == grpc.StatusCode.UNAVAILABLE and time.monotonic() - self._said >= 15:
+                self._said = time.monotonic()
+                logger.warning(
+                    "the Spark Connect server %s does not answer: retrying for up to %.0f s "
+                    "(DELTAFLOW_ENGINE_WAIT_S)",
+                    remote,
+                    bound,
+                )
+            return retry
+
+    return EngineRetries()
 
 
 def check_reachable(remote: str) -> None:

@@ -332,13 +332,29 @@ def _loop(
                 logger.info("query %r restarted (restart %d)", name, restarts)
             board.set_state(name, "running")
             before = tally.messages
-            failure = _watch(query, received, tally, poll_s, name)
+            try:
+                failure = _watch(query, received, tally, poll_s, name)
+            except Exception as exc:
+                if not any(_server_unavailable(e) for e in _python_chain(exc)):
+                    raise
+                failure = _transient_or_raise(exc, name)  # any call to a gone Connect server
             if failure is None:
                 board.set_state(name, "stopped")
                 return tally.summary(restarts, received[0] if received else None)
             if tally.messages > before:
                 backoff = INITIAL_BACKOFF_S  # it recovered once: a new outage starts over
                 stalled_since = None
+        if isinstance(failure, EngineUnavailableError):
+            # The query and this job's session lived on a Spark Connect server that stopped
+            # answering: nothing here can restart them. The job ends (exit 1: a service manager
+            # restarts it, with a session of its own once the server runs again), and its
+            # exit's calls to the server fail at once instead of retrying.
+            from deltaflow.pipeline.session import engine_gone
+
+            engine_gone()
+            logger.error("query %r stops: %s", name, failure)
+            board.set_state(name, "failed", error=f"{type(failure).__name__}: {failure}")
+            raise failure
         now = time.monotonic()
         # The bound counts from the first failure after the last progress: a long first batch
         # that fails once (e.g. to restart with evolved columns) is not a stall.

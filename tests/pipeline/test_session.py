@@ -10,6 +10,7 @@ import zipfile
 from pathlib import Path
 
 import pyspark
+import pytest
 
 from deltaflow.pipeline.session import default_conf, worker_python
 
@@ -244,3 +245,36 @@ def test_a_local_remote_is_not_probed():
     from deltaflow.pipeline.session import check_reachable
 
     assert check_reachable("local[2]") is None
+
+
+def test_calls_to_a_server_that_stopped_answering_are_retried_for_a_bounded_time(monkeypatch):
+    # pyspark's own policy retries UNAVAILABLE for over ten minutes; deltaflow's says so and
+    # stops after DELTAFLOW_ENGINE_WAIT_S, and not at all once the job gave up on the engine.
+    import grpc
+
+    from deltaflow.errors import ConfigError
+    from deltaflow.pipeline import session
+
+    class Unavailable(grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.UNAVAILABLE
+
+    def waits(policy) -> float:
+        state, total = policy.to_state(), 0.0
+        while (wait := state.next_attempt()) is not None:
+            total += wait / 1000
+        return total
+
+    monkeypatch.setenv("DELTAFLOW_ENGINE_WAIT_S", "20")
+    policy = session.engine_retries("sc://h:1")
+    assert policy.can_retry(Unavailable()) and not policy.can_retry(ValueError())
+    assert 20 <= waits(policy) <= 20 + 5 + 0.5 * policy.max_retries  # (jitter: up to 0.5 s a wait)
+    monkeypatch.delenv("DELTAFLOW_ENGINE_WAIT_S")
+    assert 60 <= waits(session.engine_retries("sc://h:1")) <= 60 + 5 + 0.5 * 20
+    monkeypatch.setenv("DELTAFLOW_ENGINE_WAIT_S", "soon")
+    with pytest.raises(ConfigError, match="DELTAFLOW_ENGINE_WAIT_S must be a number"):
+        session.engine_retries("sc://h:1")
+    monkeypatch.setattr(session, "_ENGINE_GONE", session.threading.Event())
+    policy = session.engine_retries("sc://h:1", 20)
+    session.engine_gone()
+    assert not policy.can_retry(Unavailable())

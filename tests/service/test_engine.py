@@ -229,6 +229,48 @@ def test_a_client_killed_mid_run_and_restarted_leaves_one_writer(engine, kafka, 
     assert _ids(table) == list(range(400))
 
 
+def test_a_job_whose_engine_goes_away_mid_run_says_so_within_its_wait(kafka, tmp_path):
+    """pyspark retried a server that stopped answering for ten minutes, silently, and again at
+    exit: the job warns, gives up after DELTAFLOW_ENGINE_WAIT_S and exits 1 (transient)."""
+    import psutil
+
+    folder = tmp_path / "engine"
+    started = _start(folder)
+    assert started.returncode == 0, started.stdout + started.stderr
+    url = started.stdout.strip().splitlines()[-1]
+    pid = json.loads((folder / "engine.json").read_text())["pid"]
+    topic = kafka.create_topic(partitions=1)
+    kafka.produce(topic, [json.dumps({"id": i}).encode() for i in range(50)], partitions=1)
+    table = tmp_path / "t"
+    job = subprocess.Popen(
+        [*DELTAFLOW, "ingest", topic, str(table), "--kafka", kafka.bootstrap, "--allowed_latency", "1",
+         "--remote", url],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env={**os.environ, "DELTAFLOW_ENGINE_WAIT_S": "5"},
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 120
+        while not (table / "_delta_log").exists() or len(_ids(table)) < 50:
+            assert job.poll() is None and time.time() < deadline, job.communicate()[1][-3000:]
+            time.sleep(0.5)
+        engine = psutil.Process(pid)
+        for process in [engine, *engine.children(recursive=True)]:
+            process.kill()  # the engine dies: nothing answers at its port any more
+        gone = time.monotonic()
+        _, err = job.communicate(timeout=120)
+        took = time.monotonic() - gone
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode == 1, err[-3000:]
+    assert took < 60, f"{took:.0f} s"  # 5 s of retries, then the exit (pyspark's default: 10+ min)
+    assert f"the Spark Connect server {url} does not answer: retrying for up to 5 s" in err, err[-3000:]
+    said = err.strip().splitlines()[-1]
+    assert said.startswith("error: the Spark Connect server stopped answering (UNAVAILABLE"), err[-3000:]
+    assert "Traceback" not in err and "RETRIES_EXCEEDED" not in err, err[-3000:]
+    assert _ids(table) == list(range(50))
+
+
 @pytest.mark.parametrize(
     ("module", "stub", "said"),
     [
