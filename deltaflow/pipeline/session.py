@@ -569,7 +569,7 @@ def engine_wait_s() -> float:
         value = float(text)
     except ValueError:
         raise ConfigError(f"DELTAFLOW_ENGINE_WAIT_S must be a number of seconds, got {text!r}") from None
-    if value < 0:
+    if not math.isfinite(value) or value < 0:  # inf/nan: no bound to count waits up to
         raise ConfigError(f"DELTAFLOW_ENGINE_WAIT_S must be 0 or more seconds, got {text!r}")
     return value
 
@@ -596,10 +596,12 @@ def engine_retries(remote: str, wait_s: float | None = None) -> Any:
     warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]")
     # Waits of 0.5, 1, 2, 4 s, then 5 s each, until they add up to the bound.
     retries, total, step = 0, 0.0, 0.5
-    while total < bound:
+    while total < bound and step < 5.0:
         total += step
         retries += 1
         step = min(step * 2, 5.0)
+    if total < bound:  # then 5 s each (counted, not looped: a large bound must not spin)
+        retries += math.ceil((bound - total) / step)
 
     class EngineRetries(DefaultPolicy):
         def __init__(self) -> None:

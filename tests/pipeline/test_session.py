@@ -278,3 +278,30 @@ def test_calls_to_a_server_that_stopped_answering_are_retried_for_a_bounded_time
     policy = session.engine_retries("sc://h:1", 20)
     session.engine_gone()
     assert not policy.can_retry(Unavailable())
+
+
+@pytest.mark.parametrize("value", ["inf", "1e300", "nan"])
+def test_a_wait_without_end_is_refused_not_looped_on(value):
+    # DELTAFLOW_ENGINE_WAIT_S=inf ("wait for ever") or a huge number made engine_retries count
+    # its waits for ever (100% CPU, the job never started); nan escaped as a ValueError
+    # traceback. Each must be a ConfigError (or a bounded policy), at once.
+    import subprocess
+    import sys
+
+    code = (
+        "from deltaflow.errors import ConfigError\n"
+        "from deltaflow.pipeline.session import engine_retries\n"
+        "try:\n    engine_retries('sc://h:1')\nexcept ConfigError as exc:\n    print('refused', exc)\n"
+        "else:\n    print('bounded')\n"
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "DELTAFLOW_ENGINE_WAIT_S": value},
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"DELTAFLOW_ENGINE_WAIT_S={value}: engine_retries did not return in 20 s")
+    assert done.returncode == 0 and done.stdout.startswith(("refused", "bounded")), done.stderr[-2000:]
