@@ -161,6 +161,11 @@ def classify_failure(error: BaseException) -> DeltaflowError:
             from deltaflow.sources.kafka import kafka_failure
 
             return kafka_failure(exc, brief(error) if exc is not error else "a Kafka request")
+        if _server_restarted(exc):
+            return EngineUnavailableError(
+                "the Spark Connect server restarted: the job's session and its query were lost with "
+                "the old server; run the job again (it resumes from its checkpoint)"
+            )
         if _server_unavailable(exc):
             details = re.search(r'details = "([^"]*)"', str(exc))
             return EngineUnavailableError(
@@ -335,7 +340,7 @@ def _loop(
             try:
                 failure = _watch(query, received, tally, poll_s, name)
             except Exception as exc:
-                if not any(_server_unavailable(e) for e in _python_chain(exc)):
+                if not any(_server_unavailable(e) or _server_restarted(e) for e in _python_chain(exc)):
                     raise
                 failure = _transient_or_raise(exc, name)  # any call to a gone Connect server
             if failure is None:
@@ -615,6 +620,18 @@ def _server_unavailable(error: BaseException) -> bool:
     answer (gRPC ``UNAVAILABLE``, after its own retries): not the query's fault."""
     status = getattr(error, "getGrpcStatusCode", None)
     return callable(status) and getattr(status(), "name", None) == "UNAVAILABLE"
+
+
+#: pyspark's Spark Connect client meeting a server that restarted within the wait: the server
+#: says the session changed, and the client, closed by it, says it has no session.
+_SESSION_LOST = frozenset({"INVALID_HANDLE.SESSION_CHANGED", "NO_ACTIVE_SESSION"})
+
+
+def _server_restarted(error: BaseException) -> bool:
+    """Whether ``error`` is pyspark's Spark Connect client finding its server restarted: the
+    session (and the query in it) lived in the old server."""
+    condition = getattr(error, "getCondition", None)
+    return callable(condition) and condition() in _SESSION_LOST
 
 
 def _python_chain(error: BaseException) -> Iterator[BaseException]:

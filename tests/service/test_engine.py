@@ -445,3 +445,48 @@ def test_a_pid_that_another_process_took_is_not_the_engine(tmp_path):
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_job_whose_engine_restarts_within_its_wait_says_so_without_a_traceback(kafka, tmp_path):
+    """An engine that comes back within DELTAFLOW_ENGINE_WAIT_S (a service manager restarting
+    it) answers the job's retried call with INVALID_HANDLE.SESSION_CHANGED; pyspark then closes
+    the client and raises NO_ACTIVE_SESSION, which escaped the daemon as a raw traceback. The job
+    must end as for an engine gone: exit 1, one error line."""
+    import psutil
+
+    folder = tmp_path / "engine"
+    started = _start(folder)
+    assert started.returncode == 0, started.stdout + started.stderr
+    url = started.stdout.strip().splitlines()[-1]
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    pid = json.loads((folder / "engine.json").read_text())["pid"]
+    topic = kafka.create_topic(partitions=1)
+    kafka.produce(topic, [json.dumps({"id": i}).encode() for i in range(50)], partitions=1)
+    table = tmp_path / "t"
+    job = subprocess.Popen(
+        [*DELTAFLOW, "ingest", topic, str(table), "--kafka", kafka.bootstrap, "--allowed_latency", "1",
+         "--remote", url],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env={**os.environ, "DELTAFLOW_ENGINE_WAIT_S": "120"},
+    )  # fmt: skip
+    again = tmp_path / "engine2"
+    try:
+        deadline = time.time() + 180
+        while not (table / "_delta_log").exists() or len(_ids(table)) < 50:
+            assert job.poll() is None and time.time() < deadline, job.communicate()[1][-3000:]
+            time.sleep(0.5)
+        engine = psutil.Process(pid)
+        for process in [engine, *engine.children(recursive=True)]:
+            process.kill()
+        restarted = _start(again, port=port)  # back on the same address within the wait
+        assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+        _, err = job.communicate(timeout=150)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+        _cli("engine", "stop", "--dir", str(again))
+    assert job.returncode == 1, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    said = err.strip().splitlines()[-1]
+    assert said.startswith("error: the Spark Connect server restarted"), err[-3000:]
+    assert _ids(table) == list(range(50))
