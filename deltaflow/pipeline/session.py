@@ -591,6 +591,8 @@ def engine_retries(remote: str, wait_s: float | None = None) -> Any:
     import grpc  # type: ignore[import-untyped]
     from pyspark.sql.connect.client.retries import DefaultPolicy
 
+    from deltaflow.pipeline.interrupts import stopping
+
     bound = engine_wait_s() if wait_s is None else wait_s
     # pyspark warns "[RETRIES_EXCEEDED]" as it gives up; the job's error says what happened.
     warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]")
@@ -615,7 +617,9 @@ def engine_retries(remote: str, wait_s: float | None = None) -> Any:
             self._said = -math.inf
 
         def can_retry(self, e: BaseException) -> bool:
-            retry = bool(super().can_retry(e)) and not _ENGINE_GONE.is_set()
+            # Not after the job gave up on the engine, nor once it was asked to stop: a stop
+            # signal would otherwise wait out the retries of a server that is gone.
+            retry = bool(super().can_retry(e)) and not _ENGINE_GONE.is_set() and not stopping.is_set()
             code = e.code() if isinstance(e, grpc.RpcError) else None
             if retry and code == grpc.StatusCode.UNAVAILABLE and time.monotonic() - self._said >= 15:
                 self._said = time.monotonic()

@@ -229,9 +229,11 @@ def test_a_client_killed_mid_run_and_restarted_leaves_one_writer(engine, kafka, 
     assert _ids(table) == list(range(400))
 
 
-def test_a_job_whose_engine_goes_away_mid_run_says_so_within_its_wait(kafka, tmp_path):
+@pytest.mark.parametrize("stop", [None, signal.SIGTERM], ids=["waited-out", "stopped-meanwhile"])
+def test_a_job_whose_engine_goes_away_mid_run_says_so_within_its_wait(kafka, tmp_path, stop):
     """pyspark retried a server that stopped answering for ten minutes, silently, and again at
-    exit: the job warns, gives up after DELTAFLOW_ENGINE_WAIT_S and exits 1 (transient)."""
+    exit: the job warns, gives up after DELTAFLOW_ENGINE_WAIT_S and exits 1 (transient). A stop
+    signal meanwhile ends the retries (it waited them out: 60 s by default)."""
     import psutil
 
     folder = tmp_path / "engine"
@@ -242,31 +244,45 @@ def test_a_job_whose_engine_goes_away_mid_run_says_so_within_its_wait(kafka, tmp
     topic = kafka.create_topic(partitions=1)
     kafka.produce(topic, [json.dumps({"id": i}).encode() for i in range(50)], partitions=1)
     table = tmp_path / "t"
+    wait = "60" if stop else "5"
     job = subprocess.Popen(
         [*DELTAFLOW, "ingest", topic, str(table), "--kafka", kafka.bootstrap, "--allowed_latency", "1",
          "--remote", url],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        env={**os.environ, "DELTAFLOW_ENGINE_WAIT_S": "5"},
+        env={**os.environ, "DELTAFLOW_ENGINE_WAIT_S": wait},
     )  # fmt: skip
+    said: list[str] = []
+    reader = threading.Thread(target=lambda: said.extend(job.stderr), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+    warned = f"the Spark Connect server {url} does not answer: retrying for up to {wait} s"
     try:
         deadline = time.time() + 120
         while not (table / "_delta_log").exists() or len(_ids(table)) < 50:
-            assert job.poll() is None and time.time() < deadline, job.communicate()[1][-3000:]
+            assert job.poll() is None and time.time() < deadline, "".join(said)[-3000:]
             time.sleep(0.5)
         engine = psutil.Process(pid)
         for process in [engine, *engine.children(recursive=True)]:
             process.kill()  # the engine dies: nothing answers at its port any more
         gone = time.monotonic()
-        _, err = job.communicate(timeout=120)
+        if stop:
+            while not any(warned in line for line in said):  # retrying
+                assert job.poll() is None and time.monotonic() - gone < 60, "".join(said)[-3000:]
+                time.sleep(0.2)
+            os.killpg(job.pid, stop)
+            gone = time.monotonic()
+        job.wait(timeout=120)
         took = time.monotonic() - gone
+        reader.join(timeout=30)
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
+    err = "".join(said)
     assert job.returncode == 1, err[-3000:]
-    assert took < 60, f"{took:.0f} s"  # 5 s of retries, then the exit (pyspark's default: 10+ min)
-    assert f"the Spark Connect server {url} does not answer: retrying for up to 5 s" in err, err[-3000:]
-    said = err.strip().splitlines()[-1]
-    assert said.startswith("error: the Spark Connect server stopped answering (UNAVAILABLE"), err[-3000:]
+    # 5 s of retries, then the exit (pyspark's default: 10+ min); after a stop, its last wait.
+    assert took < (20 if stop else 60), f"{took:.0f} s"
+    assert warned in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: the Spark Connect server stopped answering (UNAVAILABLE"), err[-3000:]
     assert "Traceback" not in err and "RETRIES_EXCEEDED" not in err, err[-3000:]
     assert _ids(table) == list(range(50))
 
