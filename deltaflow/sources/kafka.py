@@ -502,10 +502,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # and a Delta log read): the offsets of this query's start are fixed once known.
         if self._initial is None:
             self._initial = self._initial_offset()
-            # The first batch starts where the table's progress (read just now, after this
-            # pipeline's claim) left each partition: as a batch this source planned, it asks
-            # the tables nothing again (see partitions()).
-            self._last_end = {t: dict(parts) for t, parts in self._initial.items()}
+            # (The first batch's plan still reads the tables: an ingest's dead-letter tables can
+            # be ahead of its main tables after a lost checkpoint, and only that read sees it.)
         return {t: dict(parts) for t, parts in self._initial.items()}
 
     def _initial_offset(self) -> Offsets:

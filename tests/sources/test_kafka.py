@@ -314,7 +314,7 @@ def test_planned_ranges_follow_commits_to_the_table_made_while_the_reader_runs(s
     topic = kafka.create_topic(partitions=2)
     kafka.produce(topic, [b"m"] * 40, partitions=2)
     reader = _sized_reader(kafka, topic, table, 10**9)
-    start = {topic: {"0": 0, "1": 0}}  # a batch this reader did not plan the one before of
+    start = reader.initialOffset()  # no table yet: from the earliest offsets
     end = reader.latestOffset(start, reader.getDefaultReadLimit())
     assert end[topic] == {"0": 20, "1": 20}
 
@@ -383,30 +383,6 @@ def test_a_batch_starting_where_the_readers_last_plan_ended_reads_no_table(spark
     )
     ranges = {p.partition: (p.start, p.end) for p in reader.partitions(second, third)}
     assert ranges == {0: (15, 20), 1: (10, 20)} and len(reads) == 2
-    reader.stop()
-
-
-def test_the_first_batch_after_the_start_offsets_reads_no_table_again(spark, kafka, tmp_path):
-    # initialOffset() reads the table's progress (after the pipeline's claim): the first batch,
-    # which starts there, is a batch this reader planned.
-    from deltalake import CommitProperties, Transaction, write_deltalake
-
-    from deltaflow.delta.progress import kafka_txn_id
-
-    table = str(tmp_path / "t")
-    topic = kafka.create_topic(partitions=2)
-    kafka.produce(topic, [b"m"] * 40, partitions=2)
-    txns = [Transaction(kafka_txn_id("sized", topic, "0"), 4)]
-    write_deltalake(table, _payload_rows(1), commit_properties=CommitProperties(app_transactions=txns))
-    reader = _sized_reader(kafka, topic, table, 10**9)
-    reads = []
-    load = reader._sink_table
-    reader._sink_table = lambda: reads.append(1) or load()
-    start = reader.initialOffset()
-    assert start == {topic: {"0": 5, "1": 0}} and len(reads) == 1
-    end = {topic: {"0": 20, "1": 20}}
-    assert {p.partition: (p.start, p.end) for p in reader.partitions(start, end)} == {0: (5, 20), 1: (0, 20)}
-    assert len(reads) == 1
     reader.stop()
 
 
