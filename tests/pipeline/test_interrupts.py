@@ -87,3 +87,27 @@ def test_the_log_levels_a_stop_quiets_are_restored_after_it(spark):
     assert {name: str(manager.getLogger(name).getLevel()) for name in STOP_LOG_LEVELS} == STOP_LOG_LEVELS
     restore_stop_logs()
     assert {name: str(manager.getLogger(name).getLevel()) for name in STOP_LOG_LEVELS} == levels
+
+
+def test_the_levels_come_back_only_once_the_running_tasks_ended(spark):
+    """The restore waits for the tasks a stop left running: restoring under a dying task let its
+    failure's Java trace through (seen in CI, a files pipeline stopped mid-write)."""
+    import threading
+    import time
+
+    from deltaflow.pipeline.interrupts import _running_tasks, quiet_stop_logs, restore_stop_logs
+
+    def job() -> None:
+        spark.sparkContext.parallelize(range(2), 2).foreach(lambda _: time.sleep(4))
+
+    thread = threading.Thread(target=job)
+    thread.start()
+    scheduler = spark.sparkContext._jsc.sc()
+    deadline = time.monotonic() + 60
+    while not _running_tasks(scheduler):  # launched: the listener bus may not know it yet
+        assert time.monotonic() < deadline
+        time.sleep(0.05)  # condition poll on the scheduler
+    quiet_stop_logs()
+    restore_stop_logs()
+    assert _running_tasks(scheduler) == 0
+    thread.join()
