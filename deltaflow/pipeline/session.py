@@ -47,6 +47,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_MASTER = "local[*]"
 #: The Python worker daemon local sessions run (``spark.python.daemon.module``).
 WORKER_DAEMON = "deltaflow.pipeline.worker_daemon"
+#: What the workers' wrapper runs for pyspark's streaming source runner (a source's planner).
+SOURCE_RUNNER = "deltaflow.pipeline.source_runner"
 #: ``spark_session(jvm=...)``: the JVM's defaults; its quick compiler only (``quick``, for a
 #: driver JVM that only plans and schedules); and also the serial garbage collector (``lean``,
 #: for such a run that ends by itself: a job).
@@ -427,6 +429,11 @@ if [ "$1" = "-m" ] && [ "$2" = "pyspark.daemon" ]; then
     shift 2
     set -- -m {daemon} "$@"
 fi
+# A streaming source's planner ends without a traceback when its query's stop closes its socket.
+if [ "$1" = "-m" ] && [ "$2" = "pyspark.sql.streaming.python_streaming_source_runner" ]; then
+    shift 2
+    set -- -m {runner} "$@"
+fi
 exec "{python}" "$@"
 """
 
@@ -455,7 +462,7 @@ def _wrapper(executable: str) -> tuple[Path, str] | None:
     prefix = f"{lib / 'pyspark.zip'}:{archives[0]}"
     if any(c in prefix + executable for c in '"$`\\\n'):
         return None
-    text = _WORKER_SCRIPT.format(prefix=prefix, python=executable, daemon=WORKER_DAEMON)
+    text = _WORKER_SCRIPT.format(prefix=prefix, python=executable, daemon=WORKER_DAEMON, runner=SOURCE_RUNNER)
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "deltaflow"
     return cache / f"python-worker-{hashlib.sha256(text.encode()).hexdigest()[:16]}.sh", text
 
