@@ -529,6 +529,7 @@ def _connect_session(
             "Spark master %s not used: the work runs on the Spark Connect server %s", master, remote
         )
 
+    wait_s = engine_wait_s()  # a bad DELTAFLOW_ENGINE_WAIT_S is refused before any call
     check_reachable(remote)
     settings = {k: v for k, v in default_conf("").items() if k.startswith("spark.sql.")}
     # A client that died leaves its query running in the server: the restarted client's start
@@ -554,7 +555,9 @@ def _connect_session(
         return _connect_session(remote, None, conf, None)
     if job is not None:
         spark.release_session_on_close = False  # type: ignore[attr-defined]
-    spark.client.set_retry_policies([engine_retries(remote)])
+    # pyspark warns "[RETRIES_EXCEEDED]" as it gives up; the job's error says what happened.
+    warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]")
+    spark.client.set_retry_policies([engine_retries(remote, wait_s)])
     check_server(spark, remote)
     from deltaflow.metrics import metrics
 
@@ -601,8 +604,6 @@ def engine_retries(remote: str, wait_s: float | None = None) -> Any:
     from deltaflow.pipeline.interrupts import stopping
 
     bound = engine_wait_s() if wait_s is None else wait_s
-    # pyspark warns "[RETRIES_EXCEEDED]" as it gives up; the job's error says what happened.
-    warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]")
     # Waits of 0.5, 1, 2, 4 s, then 5 s each, until they add up to the bound.
     retries, total, step = 0, 0.0, 0.5
     while total < bound and step < 5.0:

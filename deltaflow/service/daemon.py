@@ -340,7 +340,7 @@ def _loop(
             try:
                 failure = _watch(query, received, tally, poll_s, name)
             except Exception as exc:
-                if not any(_server_unavailable(e) or _server_restarted(e) for e in _python_chain(exc)):
+                if not _connect_server_lost(exc):
                     raise
                 failure = _transient_or_raise(exc, name)  # any call to a gone Connect server
             if failure is None:
@@ -613,6 +613,12 @@ class _Tally:
             committed=self.committed(),
             committed_unit=self.units.committed,
         )
+
+
+def _connect_server_lost(error: BaseException) -> bool:
+    """Whether ``error`` or one of its causes is the Spark Connect server gone or restarted
+    (then :func:`classify_failure` makes it an :class:`EngineUnavailableError`)."""
+    return any(_server_unavailable(e) or _server_restarted(e) for e in _python_chain(error))
 
 
 def _server_unavailable(error: BaseException) -> bool:

@@ -274,6 +274,9 @@ def test_calls_to_a_server_that_stopped_answering_are_retried_for_a_bounded_time
     monkeypatch.setenv("DELTAFLOW_ENGINE_WAIT_S", "soon")
     with pytest.raises(ConfigError, match="DELTAFLOW_ENGINE_WAIT_S must be a number"):
         session.engine_retries("sc://h:1")
+    # A Connect session refuses it before it calls anything (nothing listens on port 1).
+    with pytest.raises(ConfigError, match="DELTAFLOW_ENGINE_WAIT_S must be a number"):
+        session._connect_session("sc://127.0.0.1:1", None, {})
     monkeypatch.setattr(session, "_ENGINE_GONE", session.threading.Event())
     policy = session.engine_retries("sc://h:1", 20)
     session.engine_gone()
