@@ -181,6 +181,13 @@ class _DeltaSink:
             check_partition_columns(self.schema, options.partition_columns, self.table_uri)
         # A token shared by the files of one batch write (streams use the batch id instead).
         self._job_token = uuid.uuid4().hex[:8]
+        # The table as this sink's last commit loaded it, the version that commit made and its
+        # token: the next batch brings it up to date instead of loading it (:meth:`_load`).
+        self._kept: tuple[Any, int, str] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A kept table is this process's (a delta-rs object): writers sent elsewhere load theirs.
+        return {**self.__dict__, "_kept": None}
 
     # -- executors ---------------------------------------------------------------------------
 
@@ -286,7 +293,7 @@ class _DeltaSink:
 
             # Step 2. Replay check, before anything is changed; a writer another process took the
             # pipeline from stops here too, also when it would skip the batch or commit nothing.
-            table = delta_log.load(self.table_uri, opts.storage_options)
+            table = self._load()
             try:
                 commit.check_fence(table, self.table_uri, sink_fence(opts))
                 # (Kafka progress: a batch without rows that advances nothing is not a replay, just empty.)
@@ -362,6 +369,8 @@ class _DeltaSink:
                     delete=result.may_delete_files,
                 )
                 return
+            if table is not None and result.version is not None and streaming:
+                self._kept = (table, result.version, result.token)
             maybe_crash("after_commit", batch_id, self.table_uri)
 
             # Step 5. Report.
@@ -396,13 +405,42 @@ class _DeltaSink:
                     limit = compactor.policy.small_file_bytes
                     compactor.after_commit(
                         [f.partition_values for f in files],
-                        # Its first count reads the table step 2 loaded (a load less per table).
-                        loaded=table if not changed else None,
+                        # Its first count reads the table step 2 loaded (a load less per table),
+                        # unless the next batch brings that table up to date meanwhile.
+                        loaded=table if not changed and self._kept is None else None,
                         version=result.version,
                         small=[f.partition_values for f in files if f.size < limit],
                     )
                 except Exception:  # the batch is committed: maintenance must not fail it
                     logger.exception("auto-maintenance of %s not scheduled", self.table_uri)
+
+    def _load(self) -> Any:
+        """Step 2's load: the table as of its latest version (``None``: no table).
+
+        The table this sink's last commit started from is brought up to date when the log still
+        holds that commit at the version it made, with its token: it then reads only the commits
+        since (measured: 1.3 against 4.9 ms a table ten commits after a checkpoint, and a load
+        replays every commit since the last checkpoint). Anything else is a full load: a table
+        deleted and made again at the same path, whose log may have more versions than the
+        kept one (delta-rs "updates" a kept table onto such a log without an error, and the next
+        read of it aborted the process: measured), a log that no longer holds that version, or
+        an error on the way."""
+        from deltaflow.delta import commit
+        from deltaflow.delta import log as delta_log
+
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            table, version, token = kept
+            storage = self.options.storage_options
+            try:
+                entries = commit.read_entries(self.table_uri, storage, version, version)
+                if entries and entries[0].info.get(commit.COMMIT_TOKEN_KEY) == token:
+                    table.update_incremental()
+                    if table.version() >= version:
+                        return table
+            except Exception:  # any doubt about the kept table: a full load
+                logger.debug("kept table of %s not brought up to date", self.table_uri, exc_info=True)
+        return delta_log.load(self.table_uri, self.options.storage_options)
 
     def _skip(
         self, files: Sequence[WrittenFile], batch_id: int | None, why: str, *, delete: bool = True
