@@ -184,10 +184,11 @@ class _DeltaSink:
         # The table as this sink's last commit loaded it, the version that commit made and its
         # token: the next batch brings it up to date instead of loading it (:meth:`_load`).
         self._kept: tuple[Any, int, str] | None = None
+        self._updated: Any = None  # the kept table, as step 2 of this batch took it
 
     def __getstate__(self) -> dict[str, Any]:
         # A kept table is this process's (a delta-rs object): writers sent elsewhere load theirs.
-        return {**self.__dict__, "_kept": None}
+        return {**self.__dict__, "_kept": None, "_updated": None}
 
     # -- executors ---------------------------------------------------------------------------
 
@@ -369,7 +370,13 @@ class _DeltaSink:
                     delete=result.may_delete_files,
                 )
                 return
-            if table is not None and result.version is not None and streaming:
+            compacting = bool(opts.auto_compact or opts.vacuum_interval_hours) and streaming
+            compacting = compacting and not self.overwrite
+            # A table step 2 loaded in full goes to the compactor, whose first count reads it
+            # (in its thread: a table kept for the next batch is not shared); from the next
+            # batch on, the sink keeps its table and the compactor loads when a count is due.
+            shared = compacting and not changed and table is not None and table is not self._updated
+            if table is not None and result.version is not None and streaming and not shared:
                 self._kept = (table, result.version, result.token)
             maybe_crash("after_commit", batch_id, self.table_uri)
 
@@ -395,19 +402,14 @@ class _DeltaSink:
                 "y" if result.retries == 1 else "ies",
                 " (an attempt that reported an error had landed)" if result.recovered else "",
             )
-            if (
-                (opts.auto_compact or opts.vacuum_interval_hours)
-                and batch_id is not None
-                and not self.overwrite
-            ):
+            if compacting:
                 try:
                     compactor = self._compactor()
                     limit = compactor.policy.small_file_bytes
                     compactor.after_commit(
                         [f.partition_values for f in files],
-                        # Its first count reads the table step 2 loaded (a load less per table),
-                        # unless the next batch brings that table up to date meanwhile.
-                        loaded=table if not changed and self._kept is None else None,
+                        # Its first count reads the table step 2 loaded (a load less per table).
+                        loaded=table if shared else None,
                         version=result.version,
                         small=[f.partition_values for f in files if f.size < limit],
                     )
@@ -428,7 +430,7 @@ class _DeltaSink:
         from deltaflow.delta import commit
         from deltaflow.delta import log as delta_log
 
-        kept, self._kept = self._kept, None
+        kept, self._kept, self._updated = self._kept, None, None
         if kept is not None:
             table, version, token = kept
             storage = self.options.storage_options
@@ -437,6 +439,7 @@ class _DeltaSink:
                 if entries and entries[0].info.get(commit.COMMIT_TOKEN_KEY) == token:
                     table.update_incremental()
                     if table.version() >= version:
+                        self._updated = table
                         return table
             except Exception:  # any doubt about the kept table: a full load
                 logger.debug("kept table of %s not brought up to date", self.table_uri, exc_info=True)
