@@ -16,7 +16,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -477,8 +477,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self._admin = AdminClient(self._options.client_config())
         return self._admin
 
-    def _topic_partitions(self) -> dict[str, list[int]]:
-        return topic_partitions(self._options, self._client())
+    def _topic_partitions(self, read: Collection[str] = ()) -> dict[str, list[int]]:
+        return topic_partitions(self._options, self._client(), read=read)
 
     def _watermarks(self, layout: Mapping[str, Sequence[int]], which: str) -> Offsets:
         return watermarks(self._options, layout, which, self._client())
@@ -536,7 +536,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> dict[str, Any]:  # noqa: N802
         start, _ = split_offsets(start)  # the previous batch's restarts are its own
-        layout = self._topic_partitions()
+        layout = self._topic_partitions(read=start)
         latest = self._target or self._watermarks(layout, "latest")
         self._latest = latest
         earliest: Offsets | None = None
@@ -770,12 +770,16 @@ def watermarks(
     return out
 
 
-def topic_partitions(options: KafkaSourceOptions, client: Any = None) -> dict[str, list[int]]:
+def topic_partitions(
+    options: KafkaSourceOptions, client: Any = None, *, read: Collection[str] = ()
+) -> dict[str, list[int]]:
     """The partitions of each topic ``options`` reads (``client``: an ``AdminClient``, made here
-    when not given).
+    when not given). ``read``: the topics the query has read already (its batches' offsets).
 
     Raises:
-        ConfigError: a topic does not exist.
+        ConfigError: a topic does not exist (a name that is wrong, or a topic not made yet).
+        KafkaUnavailableError: a topic of ``read`` does not exist now: deleted, or being made
+            again (transient: the query restarts and finds it, or keeps failing until it is).
     """
     if client is None:
         from confluent_kafka.admin import AdminClient
@@ -792,6 +796,14 @@ def topic_partitions(options: KafkaSourceOptions, client: Any = None) -> dict[st
     found: dict[str, list[int]] = {}
     for name in names:
         topic = meta.topics.get(name)
+        if (topic is None or topic.error is not None or not topic.partitions) and name in read:
+            raise KafkaUnavailableError(
+                f"Kafka topic {name!r}, which this query has read, is not on "
+                f"{options.bootstrap_servers} now ({getattr(topic, 'error', None) or 'no partitions'}): "
+                "deleted, or being made again; the query restarts and reads it once it is back (a "
+                "topic made again starts its offsets again: fail_on_data_loss decides what then)",
+                topic=name,
+            )
         if topic is None or topic.error is not None or not topic.partitions:
             raise ConfigError(
                 f"Kafka topic {name!r} does not exist on {options.bootstrap_servers} "

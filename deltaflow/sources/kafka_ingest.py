@@ -30,7 +30,7 @@ import logging
 import math
 import pickle
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -317,8 +317,8 @@ class KafkaIngestReader(KafkaStreamReader):
 
     # -- planning ------------------------------------------------------------------------------
 
-    def _topic_partitions(self) -> dict[str, list[int]]:
-        layout = super()._topic_partitions()
+    def _topic_partitions(self, read: Collection[str] = ()) -> dict[str, list[int]]:
+        layout = super()._topic_partitions(read)
         # Topics no table takes (a group of the template matched nothing) are not read.
         router = self._plan.router
         return {t: p for t, p in layout.items() if t in self._routes or router is None or router.table_uri(t)}

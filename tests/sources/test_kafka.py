@@ -429,3 +429,32 @@ def _payload_rows(count):
     import pyarrow as pa
 
     return pa.table({"id": list(range(count)), "payload": [f"row {i}" for i in range(count)]})
+
+
+def test_a_topic_the_query_read_that_is_gone_is_transient_and_a_wrong_name_is_not(spark, kafka):
+    """A topic deleted and made again while the query runs (seen in the soak: a re-created
+    topic) is not there for a moment: the query restarts and finds it. A topic the query never
+    read that does not exist is a wrong name: refused."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+    from pyspark.sql.types import _parse_datatype_string
+
+    from deltaflow.errors import ConfigError, KafkaUnavailableError
+
+    topic = kafka.create_topic(partitions=2)
+    kafka.produce(topic, [b"m"] * 4, partitions=2)
+    options = KafkaSourceOptions(bootstrap_servers=kafka.bootstrap, topic=(topic,))
+    reader = KafkaStreamReader(options, _parse_datatype_string(options.source_schema()))
+    start = reader.initialOffset()
+    admin = kafka.admin()
+    admin.delete_topics([topic])[topic].result(timeout=10)
+    deadline = time.monotonic() + 30
+    while topic in admin.list_topics(timeout=10).topics:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)  # condition poll on the broker's metadata
+    with pytest.raises(KafkaUnavailableError, match="which this query has read, is not on"):
+        reader.latestOffset(start, ReadAllAvailable())
+    fresh = KafkaStreamReader(options, _parse_datatype_string(options.source_schema()))
+    with pytest.raises(ConfigError, match="does not exist on"):
+        fresh.initialOffset()
+    kafka.create_topic(2, topic)
+    assert reader.latestOffset(start, ReadAllAvailable())  # back: planned again
