@@ -184,11 +184,11 @@ class _DeltaSink:
         # The table as this sink's last commit loaded it, the version that commit made and its
         # token: the next batch brings it up to date instead of loading it (:meth:`_load`).
         self._kept: tuple[Any, int, str] | None = None
-        self._updated: Any = None  # the kept table, as step 2 of this batch took it
+        self._compactor_fed = False  # whether a commit handed its table to the compactor
 
     def __getstate__(self) -> dict[str, Any]:
         # A kept table is this process's (a delta-rs object): writers sent elsewhere load theirs.
-        return {**self.__dict__, "_kept": None, "_updated": None}
+        return {**self.__dict__, "_kept": None}
 
     # -- executors ---------------------------------------------------------------------------
 
@@ -372,10 +372,12 @@ class _DeltaSink:
                 return
             compacting = bool(opts.auto_compact or opts.vacuum_interval_hours) and streaming
             compacting = compacting and not self.overwrite
-            # A table step 2 loaded in full goes to the compactor, whose first count reads it
-            # (in its thread: a table kept for the next batch is not shared); from the next
-            # batch on, the sink keeps its table and the compactor loads when a count is due.
-            shared = compacting and not changed and table is not None and table is not self._updated
+            # The sink's first commit hands its table to the compactor, whose first count (every
+            # partition is new to it) reads it in its thread; a table kept for the next batch is
+            # never shared. From the next batch on the sink keeps its table, and the compactor
+            # loads the table when a count is due (every few dozen commits).
+            shared = compacting and not changed and table is not None and self._compactor_fed is False
+            self._compactor_fed = self._compactor_fed or shared
             if table is not None and result.version is not None and streaming and not shared:
                 self._kept = (table, result.version, result.token)
             maybe_crash("after_commit", batch_id, self.table_uri)
@@ -430,7 +432,7 @@ class _DeltaSink:
         from deltaflow.delta import commit
         from deltaflow.delta import log as delta_log
 
-        kept, self._kept, self._updated = self._kept, None, None
+        kept, self._kept = self._kept, None
         if kept is not None:
             table, version, token = kept
             storage = self.options.storage_options
@@ -439,7 +441,6 @@ class _DeltaSink:
                 if entries and entries[0].info.get(commit.COMMIT_TOKEN_KEY) == token:
                     table.update_incremental()
                     if table.version() >= version:
-                        self._updated = table
                         return table
             except Exception:  # any doubt about the kept table: a full load
                 logger.debug("kept table of %s not brought up to date", self.table_uri, exc_info=True)
