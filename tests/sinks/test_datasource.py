@@ -1,6 +1,7 @@
 """The sink through Spark: batch writes, schema modes, auto-create, validation, streams."""
 
 import datetime as dt
+import threading
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -469,13 +470,12 @@ def test_a_batch_with_kafka_progress_loads_its_table_once_and_skips_its_replay(t
     assert not (tmp_path / "t" / replay.files[0].path).exists()
 
 
-def _kafka_sink(uri: str):
+def _kafka_sink(uri: str, *, auto_compact: bool = False):
     from deltaflow.config.sink import SinkOptions, for_stream
     from deltaflow.sinks.datasource import _DeltaSink
 
-    # No maintenance thread: its log checkpoints load the table too.
     options = for_stream(
-        SinkOptions(table_uri=uri, pipeline_id="pipe", kafka_offsets=True, auto_compact=False)
+        SinkOptions(table_uri=uri, pipeline_id="pipe", kafka_offsets=True, auto_compact=auto_compact)
     )
     return _DeltaSink(options, pa.schema([("id", pa.int64())]), overwrite=False)
 
@@ -486,36 +486,47 @@ def _batch(sink, batch_id: int, ids: list[int], end: int) -> None:
     sink.commit_batch([written], batch_id, source=({"o": {"0": end}}, {}))
 
 
-def test_a_stream_brings_the_table_of_its_last_commit_up_to_date_instead_of_loading_it(tmp_path, monkeypatch):
+@pytest.mark.parametrize("auto_compact", [False, True], ids=["alone", "compacting"])
+def test_a_stream_brings_the_table_of_its_last_commit_up_to_date_instead_of_loading_it(
+    tmp_path, monkeypatch, auto_compact
+):
     """Hundreds of tables a batch: after a sink's first commit, its next batches read only the
     commits since (a load replays every commit since the last checkpoint). Another writer's
-    commit in between is seen: here a commit of batch 2's progress, which makes batch 2 a replay."""
+    commit in between is seen: here a commit of batch 5's progress, which makes batch 5 a replay."""
     from deltalake import CommitProperties, Transaction, write_deltalake
 
     from deltaflow.delta import log as delta_log
 
     uri = str(tmp_path / "t")
-    sink = _kafka_sink(uri)
+    sink = _kafka_sink(uri, auto_compact=auto_compact)
     loads = []
     real = delta_log.load
-    monkeypatch.setattr(delta_log, "load", lambda u, so: loads.append(u) or real(u, so))
+    here = threading.current_thread()  # the commit's (the maintenance thread loads for its own)
+
+    def load(u, so):
+        if threading.current_thread() is here:
+            loads.append(u)
+        return real(u, so)
+
+    monkeypatch.setattr(delta_log, "load", load)
     _batch(sink, 0, [1, 2], 2)  # makes the table
-    _batch(sink, 1, [3], 3)
-    loaded_after_two = len(loads)
+    _batch(sink, 1, [3], 3)  # loads it (compacting: that load goes to the compactor's first count)
     _batch(sink, 2, [4], 4)
+    loaded_after_three = len(loads)
     _batch(sink, 3, [5], 5)
-    assert len(loads) == loaded_after_two  # no load for the later batches
-    # Another writer (an earlier process of the pipeline) committed batch 4 already.
+    _batch(sink, 4, [6], 6)
+    assert len(loads) == loaded_after_three  # no load for the later batches
+    # Another writer (an earlier process of the pipeline) committed batch 5 already.
     write_deltalake(
         uri,
-        pa.table({"id": pa.array([6], pa.int64())}),
+        pa.table({"id": pa.array([7], pa.int64())}),
         mode="append",
-        commit_properties=CommitProperties(app_transactions=[Transaction("pipe-o-0", 5)]),
+        commit_properties=CommitProperties(app_transactions=[Transaction("pipe-o-0", 6)]),
     )
-    _batch(sink, 4, [6], 6)  # a replay: skipped
-    _batch(sink, 5, [7], 7)
-    assert sorted(DeltaTable(uri).to_pyarrow_table()["id"].to_pylist()) == [1, 2, 3, 4, 5, 6, 7]
-    assert DeltaTable(uri).transaction_version("pipe-o-0") == 6
+    _batch(sink, 5, [7], 7)  # a replay: skipped
+    _batch(sink, 6, [8], 8)
+    assert sorted(DeltaTable(uri).to_pyarrow_table()["id"].to_pylist()) == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert DeltaTable(uri).transaction_version("pipe-o-0") == 7
 
 
 def test_a_table_made_again_at_its_path_is_loaded_not_brought_up_to_date(tmp_path):
