@@ -561,44 +561,42 @@ def test_a_table_made_again_at_its_path_is_loaded_not_brought_up_to_date(tmp_pat
     assert sorted(table.to_pyarrow_table()["id"].to_pylist()) == [3, 100, 101, 102, 103]
 
 
-def _remake(uri: str, keep: list[str], versions: int) -> None:
-    """Delete the table and make it again with ``versions`` versions (another job), keeping the
-    batch's files (written before, not yet committed)."""
-    import os
+def _remade_in_batch_three(uri: str, versions: int, value=lambda i: 100 + i):
+    """A sink commits batches 0-2; then, in batch 3 between step 2's load and step 4's commit,
+    the table is deleted and made again by another job with ``versions`` versions of one row
+    each (``value(i)``); batch 3's files, written before, are kept. Returns the sink."""
     import shutil
 
     from deltalake import write_deltalake
 
-    saved = {p: Path(uri, p).read_bytes() for p in keep}
-    shutil.rmtree(uri)
-    for i in range(versions):
-        write_deltalake(uri, pa.table({"id": pa.array([100 + i], pa.int64())}), mode="append")
-    for p, data in saved.items():
-        os.makedirs(os.path.dirname(os.path.join(uri, p)), exist_ok=True)
-        with open(os.path.join(uri, p), "wb") as f:
-            f.write(data)
-
-
-def test_a_table_made_again_while_a_batch_commits_is_not_kept_as_a_mix_of_both_logs(tmp_path):
-    """Step 2 brings the kept table (old log, version 2) up to date; the table is deleted and
-    made again with 3 versions before step 4; the commit lands in the new log at version 3 with
-    the sink's token. The next step 2 then 'updates' the kept table (old log 0..2) with it and
-    the sink runs on a view of both logs from then on: files of the old table (gone) and none
-    of the new one's. A full load (the code before the change) reads the new log."""
-    uri = str(tmp_path / "t")
     sink = _kafka_sink(uri)
-    _batch(sink, 0, [1], 1)
-    _batch(sink, 1, [2], 2)
-    _batch(sink, 2, [3], 3)
+    for b in range(3):
+        _batch(sink, b, [b + 1], b + 1)
     check = sink._check
 
     def remake_then_check(table, files):  # step 3 runs after step 2's load
-        _remake(uri, [f.path for f in files], versions=3)
+        saved = {f.path: Path(uri, f.path).read_bytes() for f in files}
+        shutil.rmtree(uri)
+        for i in range(versions):
+            write_deltalake(uri, pa.table({"id": [value(i)]}), mode="append")
+        for path, data in saved.items():
+            Path(uri, path).parent.mkdir(parents=True, exist_ok=True)
+            Path(uri, path).write_bytes(data)
         return check(table, files)
 
     sink._check = remake_then_check
-    _batch(sink, 3, [4], 4)
+    _batch(sink, 3, [4], 4)  # lands in the new table (as before kept tables)
     sink._check = check
+    return sink
+
+
+def test_a_table_made_again_while_a_batch_commits_is_not_kept_as_a_mix_of_both_logs(tmp_path):
+    """Step 2 brings the kept table (old log, version 2) up to date; the table is made again
+    with 3 versions before step 4; the commit lands in the new log at version 3 with the sink's
+    token. Updating the kept table (old log 0..2) with it would give a view of both logs from
+    then on: files of the old table (gone) and none of the new one's."""
+    uri = str(tmp_path / "t")
+    sink = _remade_in_batch_three(uri, versions=3)
     assert DeltaTable(uri).version() == 3
     assert _kept_ids(uri) == [4, 100, 101, 102]
     kept = sink._kept
@@ -609,69 +607,27 @@ def test_a_table_made_again_while_a_batch_commits_is_not_kept_as_a_mix_of_both_l
 
 
 def test_the_next_batches_after_a_table_made_again_mid_commit_keep_its_rows(tmp_path):
-    """The same fault; the sink then commits more batches from the mixed view, and delta-rs'
-    post-commit checkpoint (create_checkpoint=True) is written from it: the table readers load
-    loses the new table's rows and references the old table's files, which are gone."""
-    from deltalake import write_deltalake
-
+    """The same fault with as many versions as before; the sink then commits more batches."""
     uri = str(tmp_path / "t")
-    empty = pa.table({"id": pa.array([], pa.int64())})
-    write_deltalake(uri, empty, configuration={"delta.checkpointInterval": "2"})
-    sink = _kafka_sink(uri)
-    _batch(sink, 0, [1], 1)
-    _batch(sink, 1, [2], 2)
-    _batch(sink, 2, [3], 3)  # versions 1-3; kept: the table at 2 (its step 2 load), version 3
-    check = sink._check
-
-    def remake_then_check(table, files):
-        _remake(uri, [f.path for f in files], versions=4)  # versions 0-3 (as many as before)
-        return check(table, files)
-
-    sink._check = remake_then_check
-    _batch(sink, 3, [4], 4)  # lands as version 4 of the new table
-    sink._check = check
+    sink = _remade_in_batch_three(uri, versions=4)  # batch 3 lands as version 4
     assert _kept_ids(uri) == [4, 100, 101, 102, 103]
-    _batch(sink, 4, [5], 5)
-    _batch(sink, 5, [6], 6)
-    _batch(sink, 6, [7], 7)
+    for b in range(4, 7):
+        _batch(sink, b, [b + 1], b + 1)
     assert _kept_ids(uri) == [4, 5, 6, 7, 100, 101, 102, 103]
 
 
 @pytest.mark.parametrize("kept", [False, True], ids=["loaded", "kept"])
 def test_a_table_made_again_mid_commit_with_another_schema_fails_the_next_batch(tmp_path, kept):
-    """The same fault, the new table with another schema (id a string). Loading it (the code
-    before the change) fails the next batch with a schema mismatch; the kept mixed view still
-    shows the old schema, so the sink goes on committing int64 files into a string table."""
-    import os
-    import shutil
-
-    from deltalake import write_deltalake
-
+    """The same fault, the new table with another schema (id a string). Loading it fails the
+    next batch with a schema mismatch; a kept view of both logs would still show the old
+    schema, and the sink would go on committing int64 files into a string table."""
     from deltaflow.errors import SchemaMismatchError
 
     uri = str(tmp_path / "t")
-    sink = _kafka_sink(uri)
-    _batch(sink, 0, [1], 1)
-    _batch(sink, 1, [2], 2)
-    _batch(sink, 2, [3], 3)
-    check = sink._check
-
-    def remake_then_check(table, files):
-        saved = {f.path: Path(uri, f.path).read_bytes() for f in files}
-        shutil.rmtree(uri)
-        for i in range(3):
-            write_deltalake(uri, pa.table({"id": pa.array([f"s{i}"])}), mode="append")
-        for p, data in saved.items():
-            with open(os.path.join(uri, p), "wb") as f:
-                f.write(data)
-        return check(table, files)
-
-    sink._check = remake_then_check
-    _batch(sink, 3, [4], 4)  # in the window: lands in the new table (as before the change)
-    sink._check = check
+    sink = _remade_in_batch_three(uri, versions=3, value=lambda i: f"s{i}")
     assert DeltaTable(uri).schema().to_arrow().field("id").type == pa.string()
     if not kept:
-        sink._kept = None  # what the code before the change did: a full load
+        sink._kept = None  # a full load
     with pytest.raises(SchemaMismatchError):
         _batch(sink, 4, [5], 5)
 
