@@ -383,7 +383,8 @@ class _DeltaSink:
             made = (result.version, result.token) if result.version is not None else None
             # Kept only when the table was loaded at this sink's own commit before, which the
             # next load can then find in the log (see _load).
-            base = self._last if self._last and table is not None and self._last[0] == table.version() else None
+            loaded_at = table.version() if table is not None else None
+            base = self._last if self._last is not None and self._last[0] == loaded_at else None
             if base is not None and made is not None and streaming and not shared:
                 self._kept = (table, base, made)
             self._last = made
