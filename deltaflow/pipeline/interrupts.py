@@ -109,26 +109,26 @@ def _wait_for_tasks_to_end() -> None:
     context = SparkContext._active_spark_context
     if context is None:
         return
-    scheduler = context._jsc.sc()
     deadline = time.monotonic() + TASKS_END_S
     while time.monotonic() < deadline:
-        if not _running_tasks(scheduler):
+        if not _running_tasks(context._jsc.sc()):
             return
         time.sleep(_TASKS_POLL_S)  # condition poll on the scheduler's view
     logger.debug("tasks still running %.0f s after the stop", TASKS_END_S)
 
 
-def _running_tasks(context: Any) -> int:
-    """Tasks running now: the scheduler's own count (its root pool's), which a task enters at
-    launch and leaves once its end reached the scheduler. The status tracker's count comes from
-    the listener bus and lags: a task launched moments before the stop is not in it yet (seen:
-    1 of 2 running tasks), and a stop that trusted it restored the loggers under a dying task."""
+def _running_tasks(sc: Any) -> int:
+    """Tasks running now in the JVM SparkContext ``sc``: the scheduler's own count (its root
+    pool's), which a task enters at launch and leaves once its end reached the scheduler. The
+    status tracker's count comes from the listener bus and lags: a task launched moments before
+    the stop is not in it yet (seen: 1 of 2 running tasks), and a stop that trusted it restored
+    the loggers under a dying task."""
     from py4j.protocol import Py4JError
 
     try:
-        return int(context.taskScheduler().rootPool().runningTasks())
+        return int(sc.taskScheduler().rootPool().runningTasks())
     except Py4JError:  # not a scheduler with a root pool: the tracker's view
-        return sum(e.numRunningTasks() for e in context.statusTracker().getExecutorInfos())
+        return sum(e.numRunningTasks() for e in sc.statusTracker().getExecutorInfos())
 
 
 def stoppable(

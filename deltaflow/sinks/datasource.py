@@ -372,8 +372,9 @@ class _DeltaSink:
                     delete=result.may_delete_files,
                 )
                 return
-            compacting = bool(opts.auto_compact or opts.vacuum_interval_hours) and streaming
-            compacting = compacting and not self.overwrite
+            compacting = (
+                bool(opts.auto_compact or opts.vacuum_interval_hours) and streaming and not self.overwrite
+            )
             # The sink's first commit hands its table to the compactor, whose first count (every
             # partition is new to it) reads it in its thread; a table kept for the next batch is
             # never shared. From the next batch on the sink keeps its table, and the compactor

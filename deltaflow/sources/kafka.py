@@ -796,18 +796,18 @@ def topic_partitions(
     found: dict[str, list[int]] = {}
     for name in names:
         topic = meta.topics.get(name)
-        if (topic is None or topic.error is not None or not topic.partitions) and name in read:
-            raise KafkaUnavailableError(
-                f"Kafka topic {name!r}, which this query has read, is not on "
-                f"{options.bootstrap_servers} now ({getattr(topic, 'error', None) or 'no partitions'}): "
-                "deleted, or being made again; the query restarts and reads it once it is back (a "
-                "topic made again starts its offsets again: fail_on_data_loss decides what then)",
-                topic=name,
-            )
         if topic is None or topic.error is not None or not topic.partitions:
+            why = getattr(topic, "error", None) or "no partitions"
+            if name in read:
+                raise KafkaUnavailableError(
+                    f"Kafka topic {name!r}, which this query has read, is not on "
+                    f"{options.bootstrap_servers} now ({why}): deleted, or being made again; the "
+                    "query restarts and reads it once it is back (a topic made again starts its "
+                    "offsets again: fail_on_data_loss decides what then)",
+                    topic=name,
+                )
             raise ConfigError(
-                f"Kafka topic {name!r} does not exist on {options.bootstrap_servers} "
-                f"({getattr(topic, 'error', None) or 'no partitions'})",
+                f"Kafka topic {name!r} does not exist on {options.bootstrap_servers} ({why})",
                 topic=name,
             )
         found[name] = sorted(topic.partitions)

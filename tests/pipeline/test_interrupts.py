@@ -102,12 +102,12 @@ def test_the_levels_come_back_only_once_the_running_tasks_ended(spark):
 
     thread = threading.Thread(target=job)
     thread.start()
-    scheduler = spark.sparkContext._jsc.sc()
+    sc = spark.sparkContext._jsc.sc()
     deadline = time.monotonic() + 60
-    while not _running_tasks(scheduler):  # launched: the listener bus may not know it yet
+    while not _running_tasks(sc):  # launched: the listener bus may not know it yet
         assert time.monotonic() < deadline
         time.sleep(0.05)  # condition poll on the scheduler
     quiet_stop_logs()
     restore_stop_logs()
-    assert _running_tasks(scheduler) == 0
+    assert _running_tasks(sc) == 0
     thread.join()
