@@ -561,6 +561,30 @@ def test_a_table_made_again_at_its_path_is_loaded_not_brought_up_to_date(tmp_pat
     assert sorted(table.to_pyarrow_table()["id"].to_pylist()) == [3, 100, 101, 102, 103]
 
 
+def test_a_commit_whose_response_is_lost_is_found_in_the_log_and_its_table_kept(tmp_path, monkeypatch):
+    """Batch 3's commit lands and its response is lost: the commit finds it in the log by its
+    token (no second commit), and the sink keeps its table from that commit on, each row once."""
+    from deltaflow.delta import log as delta_log
+    from deltaflow.io.faults import lose_commit_responses
+
+    uri = str(tmp_path / "t")
+    sink = _kafka_sink(uri)
+    for b in range(3):
+        _batch(sink, b, [b + 1], b + 1)
+    with lose_commit_responses("batch 3 of 'pipe'") as lost:
+        _batch(sink, 3, [4], 4)
+    assert lost.lost == ["batch 3 of 'pipe'"]
+    assert DeltaTable(uri).version() == 3  # batches 0-3: one commit each
+    loads = []
+    real = delta_log.load
+    monkeypatch.setattr(delta_log, "load", lambda u, so: loads.append(u) or real(u, so))
+    _batch(sink, 4, [5], 5)
+    _batch(sink, 5, [6], 6)
+    assert loads == []  # the recovered commit's table was kept
+    assert _kept_ids(uri) == [1, 2, 3, 4, 5, 6]
+    assert DeltaTable(uri).transaction_version("pipe-o-0") == 5
+
+
 def _remade_in_batch_three(uri: str, versions: int, value=lambda i: 100 + i):
     """A sink commits batches 0-2; then, in batch 3 between step 2's load and step 4's commit,
     the table is deleted and made again by another job with ``versions`` versions of one row
