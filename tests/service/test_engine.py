@@ -3,6 +3,7 @@ wheel (pyspark's ``start-connect-server.sh``) on a port of its own, and the CLI 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -78,6 +79,17 @@ def _engine_processes(folder: Path) -> int:
 
     pid = json.loads((folder / "engine.json").read_text())["pid"]
     return len(psutil.Process(pid).children())
+
+
+def _kill_engine(pid: int) -> None:
+    """SIGKILL to the engine JVM and every process under it. A Python worker may end by itself
+    between the listing and its signal (CI saw one): that one is gone already."""
+    import psutil
+
+    engine = psutil.Process(pid)
+    for process in [engine, *engine.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
 
 
 def _ids(table: Path) -> list[int]:
@@ -234,7 +246,6 @@ def test_a_job_whose_engine_goes_away_mid_run_says_so_within_its_wait(kafka, tmp
     """pyspark retried a server that stopped answering for ten minutes, silently, and again at
     exit: the job warns, gives up after DELTAFLOW_ENGINE_WAIT_S and exits 1 (transient). A stop
     signal meanwhile ends the retries (it waited them out: 60 s by default)."""
-    import psutil
 
     folder = tmp_path / "engine"
     started = _start(folder)
@@ -260,9 +271,7 @@ def test_a_job_whose_engine_goes_away_mid_run_says_so_within_its_wait(kafka, tmp
         while not (table / "_delta_log").exists() or len(_ids(table)) < 50:
             assert job.poll() is None and time.time() < deadline, "".join(said)[-3000:]
             time.sleep(0.5)
-        engine = psutil.Process(pid)
-        for process in [engine, *engine.children(recursive=True)]:
-            process.kill()  # the engine dies: nothing answers at its port any more
+        _kill_engine(pid)  # nothing answers at its port any more
         gone = time.monotonic()
         if stop:
             while not any(warned in line for line in said):  # retrying
@@ -468,7 +477,6 @@ def test_a_job_whose_engine_restarts_within_its_wait_says_so_without_a_traceback
     it) answers the job's retried call with INVALID_HANDLE.SESSION_CHANGED; pyspark then closes
     the client and raises NO_ACTIVE_SESSION, which escaped the daemon as a raw traceback. The job
     must end as for an engine gone: exit 1, one error line."""
-    import psutil
 
     folder = tmp_path / "engine"
     started = _start(folder)
@@ -491,9 +499,7 @@ def test_a_job_whose_engine_restarts_within_its_wait_says_so_without_a_traceback
         while not (table / "_delta_log").exists() or len(_ids(table)) < 50:
             assert job.poll() is None and time.time() < deadline, job.communicate()[1][-3000:]
             time.sleep(0.5)
-        engine = psutil.Process(pid)
-        for process in [engine, *engine.children(recursive=True)]:
-            process.kill()
+        _kill_engine(pid)
         restarted = _start(again, port=port)  # back on the same address within the wait
         assert restarted.returncode == 0, restarted.stdout + restarted.stderr
         _, err = job.communicate(timeout=150)
