@@ -6,7 +6,8 @@ one Parquet file of ``--rows`` rows per table (``_DeltaSink.write_task``, as a t
 times the driver's part: every table's ``_DeltaSink.commit_batch`` with its two Kafka
 partitions' end offsets, side by side in the ingest's commit threads
 (``arrow_ingest._run_all``). Prints each batch's seconds and the table loads per table
-(``delta.log.load`` calls; 1 is the floor: step 2's load serves the commit).
+(``delta.log.load`` calls; 1 is the floor: step 2's load serves the commit) and the txn
+lookups that reach delta-rs (each replays the commits since the last checkpoint).
 
 With ``--checkpoint-interval N`` the tables are made with ``delta.checkpointInterval`` N (0:
 none set, delta-rs' default of 100; deltaflow makes its own tables with 10): a long run
@@ -29,7 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
-from deltalake import write_deltalake
+from deltalake import DeltaTable, write_deltalake
 from machine import describe
 
 from deltaflow.config.sink import SinkOptions
@@ -88,6 +89,14 @@ def main() -> None:
             return real_load(uri, storage_options)
 
         delta_log.load = counted  # type: ignore[assignment]
+        lookups = collections.Counter[str]()
+        real_lookup = DeltaTable.transaction_version
+
+        def looked_up(table: DeltaTable, app_id: str) -> int | None:
+            lookups[app_id] += 1
+            return real_lookup(table, app_id)
+
+        DeltaTable.transaction_version = looked_up  # type: ignore[method-assign]
         delta_commit.delta_log.load = counted  # type: ignore[attr-defined]
         print(
             f"== {args.tables} tables, {args.rows:,} rows a file, {args.batches} batches, "
@@ -102,12 +111,14 @@ def main() -> None:
                 commit = functools.partial(sink.commit_batch, [message], batch)
                 jobs[sink.table_uri] = functools.partial(commit, source=(end, {}))
             loads.clear()
+            lookups.clear()
             started = time.monotonic()
             arrow_ingest._run_all(jobs)
             taken = time.monotonic() - started
             print(
                 f"  batch {batch}: {args.tables} tables committed in {taken:.2f} s; "
-                f"loads per table {sum(loads.values()) / args.tables:.1f}",
+                f"loads per table {sum(loads.values()) / args.tables:.1f}, "
+                f"txn lookups in delta-rs per table {sum(lookups.values()) / args.tables:.1f}",
                 flush=True,
             )
             time.sleep(0.5)  # the auto-compactor's threads

@@ -31,6 +31,7 @@ __all__ = [
     "DataLoss",
     "advancing_txns",
     "batch_txns",
+    "carry_txns",
     "checkpoint_mark",
     "checkpoint_txn_id",
     "committed_offsets",
@@ -147,6 +148,25 @@ def transaction_version(table: DeltaTable | None, app_id: str) -> int | None:
     found = table.transaction_version(app_id)
     memo[1][app_id] = found
     return found
+
+
+def carry_txns(table: DeltaTable, before: int, txns: Mapping[str, int]) -> bool:
+    """Carry the txn versions read from ``table`` at version ``before`` over to the version it
+    is at now, given ``txns``: every txn action of the commits after ``before`` up to now, read
+    from their log entries (the later commit's version of an app id last). A txn changes only by
+    a commit's txn action, so those versions are the log's at the new version: its lookups are
+    then answered without replaying the log segment again (~0.4 ms each, three a table and
+    batch). Not done (``False``) when ``before`` was not what the memo held, or when the table
+    lets txns expire (:data:`TXN_RETENTION`: delta-rs' answer then also depends on the clock)."""
+    if TXN_RETENTION in table.metadata().configuration:
+        return False
+    key, version = id(table), table.version()
+    with _TXNS_LOCK:
+        memo = _TXNS.get(key)
+        if memo is None or memo[0] != before:
+            return False
+        _TXNS[key] = (version, {**memo[1], **txns})
+    return True
 
 
 def warn_on_txn_retention(table: DeltaTable | None, table_uri: str, pipeline_id: str) -> None:

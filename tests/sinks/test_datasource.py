@@ -656,5 +656,67 @@ def test_a_table_made_again_mid_commit_with_another_schema_fails_the_next_batch(
         _batch(sink, 4, [5], 5)
 
 
+def test_a_kept_tables_txns_come_from_the_log_entry_it_read_and_match_the_log(tmp_path, monkeypatch):
+    """A kept table's next batch reads the log entry of its last commit: its txns answer the
+    progress lookups, which no longer replay the log segment, and they are the log's. After a
+    commit that delta-rs put after another writer's, and after another writer's commit since
+    the sink's, they are looked up again (and seen)."""
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    from deltaflow.delta.progress import transaction_version
+
+    uri = str(tmp_path / "t")
+    sink = _kafka_sink(uri)
+    for b in range(3):
+        _batch(sink, b, [b + 1], b + 1)
+    lookups = []
+    real_lookup = DeltaTable.transaction_version
+    monkeypatch.setattr(
+        DeltaTable, "transaction_version", lambda t, a: lookups.append(a) or real_lookup(t, a)
+    )
+    _batch(sink, 3, [4], 4)
+    _batch(sink, 4, [5], 5)
+    assert lookups == []
+
+    real_commit = DeltaTable.create_write_transaction
+    other = CommitProperties(app_transactions=[Transaction("pipe-o-1", 9), Transaction("other", 3)])
+
+    def raced(table, *args, **kwargs):  # another writer commits first, once
+        monkeypatch.setattr(DeltaTable, "create_write_transaction", real_commit)
+        write_deltalake(
+            uri, pa.table({"id": pa.array([60], pa.int64())}), mode="append", commit_properties=other
+        )
+        return real_commit(table, *args, **kwargs)
+
+    monkeypatch.setattr(DeltaTable, "create_write_transaction", raced)
+    before = DeltaTable(uri).version()
+    _batch(sink, 5, [6], 6)
+    theirs, ours = commit.read_entries(uri, {}, before + 1, before + 3)  # ours after theirs
+    assert "other" in theirs.txns and ours.txns["pipe-o-0"] == 5
+    _batch(sink, 6, [7], 7)
+    assert lookups == ["pipe-o-0"]  # a table loaded again
+    _batch(sink, 7, [8], 8)
+    assert lookups == ["pipe-o-0"]
+
+    # Another writer's commit after the sink's: looked up from delta-rs, and seen.
+    ahead = CommitProperties(app_transactions=[Transaction("pipe-o-0", 9)])
+    write_deltalake(uri, pa.table({"id": pa.array([90], pa.int64())}), mode="append", commit_properties=ahead)
+    lookups.clear()
+    _batch(sink, 8, [9], 9)  # a replay: that writer holds batch 8
+    assert lookups == ["pipe-o-0"]
+    _batch(sink, 9, [10], 11)
+    _batch(sink, 10, [11], 12)
+    assert _kept_ids(uri) == [1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 60, 90]
+
+    # What the next batch reads is the log's: the sink's partition without a lookup, txns it
+    # never read (others') looked up.
+    lookups.clear()
+    table = sink._load()
+    assert transaction_version(table, "pipe-o-0") == 11 and lookups == []
+    apps = ["pipe-o-1", "other", "never"]
+    assert [transaction_version(table, a) for a in apps] == [9, 3, None] and lookups == apps
+    assert [real_lookup(DeltaTable(uri), a) for a in ["pipe-o-0", *apps]] == [11, 9, 3, None]
+
+
 def _kept_ids(uri):
     return sorted(DeltaTable(uri).to_pyarrow_table()["id"].to_pylist())
