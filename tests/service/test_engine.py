@@ -87,9 +87,25 @@ def _kill_engine(pid: int) -> None:
     import psutil
 
     engine = psutil.Process(pid)
-    for process in [engine, *engine.children(recursive=True)]:
+    tree = [engine, *engine.children(recursive=True)]
+    for process in tree:
         with contextlib.suppress(psutil.NoSuchProcess):
             process.kill()
+    # A signal is sent, not done: the JVM holds its port until it has ended (CI saw a restart
+    # on the same port refused as taken).
+    deadline = time.monotonic() + 60
+    while any(_alive(p) for p in tree):
+        assert time.monotonic() < deadline, [p for p in tree if _alive(p)]
+        time.sleep(0.1)
+
+
+def _alive(process) -> bool:
+    import psutil
+
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _ids(table: Path) -> list[int]:
