@@ -16,6 +16,7 @@ from deltalake import DeltaTable
 
 import deltaflow
 from deltaflow.cli.main import cli
+from tests.fixtures.frames import settled
 
 
 @pytest.fixture
@@ -50,6 +51,7 @@ def test_run_of_a_files_pipeline_reports_the_rows_committed_and_the_files_read(s
     landing.mkdir()
     (landing / "a.json").write_text("".join(f'{{"id": {i}}}\n' for i in range(6)))
     (landing / "b.json").write_text("".join(f'{{"id": {i}}}\n' for i in range(6, 15)))
+    settled(landing / "a.json", landing / "b.json")
     table = tmp_path / "t"
     path = _yaml(
         tmp_path,

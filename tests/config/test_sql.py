@@ -11,6 +11,7 @@ from deltaflow.config.pipeline import FilesSourceSpec, KafkaSourceSpec
 from deltaflow.config.sql import ARROYO_SINK_KEYS, parse_sql
 from deltaflow.errors import PipelineConfigError
 from deltaflow.service.daemon import run_pipelines
+from tests.fixtures.frames import settled
 
 SQL = """
 -- a comment; with a semicolon
@@ -102,6 +103,7 @@ def test_a_sql_file_runs_through_spark(spark, tmp_path):
     landing = tmp_path / "landing"
     landing.mkdir()
     (landing / "a.csv").write_text("city,temp\nOslo,3\nRome,21\nOslo,5\nLima,19\n")
+    settled(landing / "a.csv")
     sql = f"""
     CREATE TABLE readings (city STRING, temp INT)
         WITH (connector = 'files', path = '{landing}', format = 'csv');

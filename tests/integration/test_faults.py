@@ -33,6 +33,7 @@ from deltaflow.io.storage import filesystem
 from deltaflow.pipeline.ingest import ingest
 from deltaflow.service.daemon import run_pipelines
 from deltaflow.testing import FaultyHttpProxy
+from tests.fixtures.frames import settled
 from tests.fixtures.readers import duckdb_delta
 from tests.fixtures.tables import data_files
 
@@ -107,6 +108,7 @@ def test_a_lost_response_of_a_merge_on_s3(spark, s3, proxy, tmp_path):
     landing = tmp_path / "landing"
     landing.mkdir()
     (landing / "1.json").write_text("".join(f'{{"id": {i}, "name": "n{i}", "seq": 1}}\n' for i in range(50)))
+    settled(landing / "1.json")
     path = tmp_path / "p.yaml"
     path.write_text(
         textwrap.dedent(
@@ -132,6 +134,7 @@ def test_a_lost_response_of_a_merge_on_s3(spark, s3, proxy, tmp_path):
     (landing / "2.json").write_text(
         "".join(f'{{"id": {i}, "name": "m{i}", "seq": 2}}\n' for i in range(40, 60))
     )
+    settled(landing / "2.json")
     run_pipelines(spark, specs, available_now=True)
 
     assert proxy.counts["lose_response"] >= 4  # create, claims, merges

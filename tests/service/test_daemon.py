@@ -27,6 +27,7 @@ from deltaflow.errors import (
     TransientError,
 )
 from deltaflow.service.daemon import classify_failure, run_pipelines, run_until_stopped
+from tests.fixtures.frames import settled
 
 
 def _worker_failure(exception_line: str, where: str = "latestOffset") -> RuntimeError:
@@ -389,6 +390,7 @@ def test_progress_lines_name_the_unit_of_the_source_and_the_rows_committed(spark
     landing.mkdir()
     (landing / "a.json").write_text("".join(f'{{"id": {i}}}\n' for i in range(4)))
     (landing / "b.json").write_text("".join(f'{{"id": {i}}}\n' for i in range(4, 7)))
+    settled(landing / "a.json", landing / "b.json")
     specs = pipelines(
         tmp_path,
         """

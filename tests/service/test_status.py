@@ -22,6 +22,7 @@ from deltalake import DeltaTable
 from deltaflow.cli import cli
 from deltaflow.cli.options import MIN_STALL_TIMEOUT_S
 from deltaflow.service.status import StatusBoard
+from tests.fixtures.frames import settled
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Where the rendered page's screenshot is kept for a human to look at.
@@ -194,6 +195,7 @@ def test_the_board_names_what_a_files_pipeline_reads_and_shows_what_it_committed
     landing.mkdir()
     (landing / "a.json").write_text("".join(f'{{"id": {i}}}\n' for i in range(5)))
     (landing / "b.json").write_text("".join(f'{{"id": {i}}}\n' for i in range(5, 12)))
+    settled(landing / "a.json", landing / "b.json")
     specs = pipelines(
         tmp_path,
         """

@@ -17,6 +17,7 @@ from deltaflow.delta import commit
 from deltaflow.errors import CheckpointMismatchError, ConfigError
 from deltaflow.service.daemon import run_pipelines
 from deltaflow.sinks.merge import MergeWriter
+from tests.fixtures.frames import settled
 
 
 def _spec(tmp_path: Path, text: str, **env: str):
@@ -33,6 +34,7 @@ def _table(uri: Path, *columns: str) -> list[tuple]:
 def _land(folder: Path, name: str, rows: list[dict]) -> None:
     folder.mkdir(exist_ok=True)
     (folder / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    settled(folder / name)
 
 
 def test_op_column_changes_upsert_delete_in_sequence_and_replays_do_nothing(spark, tmp_path):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -12,6 +11,7 @@ from deltalake import DeltaTable
 
 from deltaflow.service.daemon import run_pipelines
 from deltaflow.sources.files import SOURCE_SCHEMA_FILE
+from tests.fixtures.frames import settled
 from tests.fixtures.pipelines import pipelines as _pipelines
 from tests.fixtures.pipelines import rows as _rows
 
@@ -22,6 +22,7 @@ def test_json_files_schema_inferred_once_and_rescued_data(spark, tmp_path):
     (landing / "a.json").write_text(
         '{"id": 1, "name": "a", "score": 1.5}\n{"id": 2, "name": "b", "score": 2.5}\n\n'
     )
+    settled(landing / "a.json")
     specs = _pipelines(
         tmp_path,
         """
@@ -43,6 +44,7 @@ def test_json_files_schema_inferred_once_and_rescued_data(spark, tmp_path):
         '{"id": 5, "name": \n'
         '{"id": 6, "name": "f", "score": 6.5}\n'
     )
+    settled(landing / "b.json")
     run_pipelines(spark, specs, available_now=True)
     table = DeltaTable(str(tmp_path / "t"))
     assert [f.name for f in table.schema().fields] == ["id", "name", "score", "_rescued_data", "source_file"]
@@ -68,6 +70,7 @@ def test_csv_files_with_a_given_schema(spark, tmp_path):
     landing = tmp_path / "landing"
     landing.mkdir()
     (landing / "1.csv").write_text("id,city,temp\n1,Oslo,3.5\n2,Rome,x\n3,Lima,19\n")
+    settled(landing / "1.csv")
     specs = _pipelines(
         tmp_path,
         """
@@ -97,6 +100,7 @@ def test_parquet_files_schema_inferred(spark, tmp_path):
     landing.mkdir()
     pq.write_table(pa.table({"id": [1, 2], "tags": [["a"], []]}), landing / "1.parquet")
     pq.write_table(pa.table({"id": [3], "tags": [["b", "c"]]}), landing / "2.parquet")
+    settled(landing / "1.parquet", landing / "2.parquet")
     specs = _pipelines(
         tmp_path,
         """
@@ -133,6 +137,7 @@ def test_avro_files_decoded_without_a_jar_schema_from_the_first_file(spark, tmp_
     at = dt.datetime(2026, 11, 22, 8, 0, tzinfo=dt.UTC)
     with open(landing / "1.avro", "wb") as out:
         fastavro.writer(out, v1, [{"id": i, "city": f"c{i}", "at": at, "tags": ["x"] * i} for i in range(3)])
+    settled(landing / "1.avro")
     specs = _pipelines(
         tmp_path,
         """
@@ -147,6 +152,7 @@ def test_avro_files_decoded_without_a_jar_schema_from_the_first_file(spark, tmp_
     v2 = {**v1, "fields": [*v1["fields"], {"name": "unit", "type": "string"}]}
     with open(landing / "2.avro", "wb") as out:
         fastavro.writer(out, v2, [{"id": 9, "city": None, "at": at, "tags": [], "unit": "C"}])
+    settled(landing / "2.avro")
     run_pipelines(spark, specs, available_now=True)
     rows = sorted(DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
     assert [(r["id"], r["city"], r["at"], r["tags"], r["_rescued_data"]) for r in rows] == [
@@ -199,8 +205,7 @@ def test_a_file_still_being_written_is_read_whole_once_its_writer_is_done(spark,
 def _landed(path: Path, text: str) -> None:
     """A file written a minute ago (older than the files source's min_file_age)."""
     path.write_text(text)
-    at = time.time() - 60
-    os.utime(path, (at, at))
+    settled(path)
 
 
 def _committed_rows(table: Path) -> list[dict]:
@@ -330,8 +335,7 @@ def test_parquet_and_csv_partition_columns_inferred_from_the_folders(spark, tmp_
                 pq.write_table(pa.table({"id": ids}), folder / "a.parquet")
             else:
                 (folder / "a.csv").write_text("id\n" + "".join(f"{i}\n" for i in ids))
-            at = time.time() - 60
-            os.utime(next(folder.iterdir()), (at, at))
+            settled(next(folder.iterdir()))
     specs = _pipelines(
         tmp_path,
         """
@@ -365,6 +369,7 @@ def test_a_file_deleted_between_listing_and_reading_has_one_outcome_named_both_t
     landing.mkdir()
     (landing / "a.json").write_text('{"id": 1}\n{"id": 2}\n')
     (landing / "b.json").write_text('{"id": 3}\n')
+    settled(landing / "a.json", landing / "b.json")
     text = """
         pipelines:
           - id: gone
