@@ -246,6 +246,8 @@ class LogEntry:
     removed: frozenset[str]
     #: Paths of its change data files (``cdc`` actions), as on disk.
     changes: frozenset[str] = frozenset()
+    #: Whether it changes the table's metadata or protocol (``metaData``, ``protocol``).
+    redefines: bool = False
 
 
 def new_token() -> str:
@@ -311,6 +313,7 @@ def read_entries(
             continue
         info: dict[str, Any] = {}
         txns: dict[str, int] = {}
+        redefines = False
         added: set[str] = set()
         removed: set[str] = set()
         changes: set[str] = set()
@@ -321,7 +324,10 @@ def read_entries(
             if "commitInfo" in action:
                 info = action["commitInfo"]
             elif "txn" in action:
-                txns[str(action["txn"]["appId"])] = int(action["txn"]["version"])
+                # The first of an app id's txns in one entry, as delta-rs reads it back.
+                txns.setdefault(str(action["txn"]["appId"]), int(action["txn"]["version"]))
+            elif "metaData" in action or "protocol" in action:
+                redefines = True
             elif "add" in action:
                 added.add(unquote(action["add"]["path"]))
             elif "remove" in action:
@@ -329,7 +335,7 @@ def read_entries(
             elif "cdc" in action:
                 changes.add(unquote(action["cdc"]["path"]))
         entries.append(
-            LogEntry(version, info, txns, frozenset(added), frozenset(removed), frozenset(changes))
+            LogEntry(version, info, txns, frozenset(added), frozenset(removed), frozenset(changes), redefines)
         )
     return entries
 

@@ -451,10 +451,16 @@ class _DeltaSink:
                 tokens = {e.version: e.info.get(commit.COMMIT_TOKEN_KEY) for e in entries}
                 if tokens.get(base[0]) == base[1] and tokens.get(made[0]) == made[1]:
                     table.update_incremental()
-                    if table.version() == made[0] and len(entries) == made[0] - base[0] + 1:
+                    since = entries[1:]
+                    if (
+                        table.version() == made[0]
+                        and len(since) == made[0] - base[0]
+                        and not any(e.redefines for e in since)
+                    ):
                         # The txns it read at base, moved on by those of every commit since
-                        # (all read above): no lookup replays the log segment again.
-                        txns = {a: v for e in entries[1:] for a, v in e.txns.items()}
+                        # (all read above): no lookup replays the log segment again. Not past a
+                        # change of the table's properties (txn expiry may have changed).
+                        txns = {a: v for e in since for a, v in e.txns.items()}
                         progress.carry_txns(table, base[0], txns)
                     if table.version() >= made[0]:
                         return table

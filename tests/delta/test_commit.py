@@ -481,6 +481,21 @@ def test_read_entries_gives_paths_as_on_disk(tmp_path):
     assert (tmp_path / "t" / files[0].path).exists()
 
 
+def test_read_entries_gives_the_txn_delta_rs_reads_and_which_entries_redefine_the_table(tmp_path):
+    """Two txns of one app id in one entry (another writer may make them; delta-rs takes them):
+    the entry's is the first, as delta-rs reads it back. A property set is a redefinition."""
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    uri = str(tmp_path / "t")
+    twice = CommitProperties(app_transactions=[Transaction("x", 1), Transaction("x", 7)])
+    write_deltalake(uri, pa.table({"id": [1]}), commit_properties=twice)
+    write_deltalake(uri, pa.table({"id": [2]}), mode="append")
+    DeltaTable(uri).alter.set_table_properties({"delta.appendOnly": "true"})
+    first, second, third = commit.read_entries(uri, {}, 0, 2)
+    assert first.txns == {"x": DeltaTable(uri).transaction_version("x")} == {"x": 1}
+    assert (first.redefines, second.redefines, third.redefines) == (True, False, True)
+
+
 def test_indexed_columns_reads_the_table_property(tmp_path):
     uri = str(tmp_path / "t")
     table = commit.create_table(

@@ -2,6 +2,7 @@
 
 import datetime as dt
 import threading
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -716,6 +717,54 @@ def test_a_kept_tables_txns_come_from_the_log_entry_it_read_and_match_the_log(tm
     apps = ["pipe-o-1", "other", "never"]
     assert [transaction_version(table, a) for a in apps] == [9, 3, None] and lookups == apps
     assert [real_lookup(DeltaTable(uri), a) for a in ["pipe-o-0", *apps]] == [11, 9, 3, None]
+
+
+def test_txns_are_looked_up_again_after_the_table_stopped_letting_them_expire(tmp_path, monkeypatch):
+    """An idle partition's txn is past the table's txn retention when the sink loads its base
+    (delta-rs: None). While the batch commits, the user removes the property (as the sink's
+    warning says); the commit is retried on a fresh load that sees the txn, and leaves it out.
+    The next batch's kept table must not carry the base's None: its replay is skipped."""
+    import json
+
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    from deltaflow.delta import progress
+
+    uri = str(tmp_path / "t")
+    old = CommitProperties(app_transactions=[Transaction("pipe-o-1", 41, 1000)])  # updated in 1970
+    write_deltalake(
+        uri,
+        pa.table({"id": pa.array([0], pa.int64())}),
+        configuration={progress.TXN_RETENTION: "interval 1 days"},
+        commit_properties=old,
+    )
+    sink = _kafka_sink(uri)
+    _batch(sink, 0, [1], 2)
+    _batch(sink, 1, [2], 3)
+
+    def unset_retention():  # as ALTER TABLE ... UNSET TBLPROPERTIES writes it
+        log = tmp_path / "t" / "_delta_log"
+        meta = next(a for a in map(json.loads, (log / f"{0:020d}.json").open()) if "metaData" in a)
+        meta["metaData"]["configuration"] = {}
+        info = {"commitInfo": {"timestamp": int(time.time() * 1000), "operation": "UNSET TBLPROPERTIES"}}
+        version = DeltaTable(uri).version() + 1
+        (log / f"{version:020d}.json").write_text(json.dumps(info) + "\n" + json.dumps(meta) + "\n")
+
+    real_commit = DeltaTable.create_write_transaction
+
+    def raced(table, *args, **kwargs):
+        monkeypatch.setattr(DeltaTable, "create_write_transaction", real_commit)
+        unset_retention()
+        return real_commit(table, *args, **kwargs)
+
+    monkeypatch.setattr(DeltaTable, "create_write_transaction", raced)
+    end = {"o": {"0": 4, "1": 42}}  # partition 1 idle at 41
+    batch_two = pa.table({"id": pa.array([3], pa.int64())})
+    sink.commit_batch([sink.write_task(iter(batch_two.to_batches()), batch_id=2)], 2, source=(end, {}))
+    assert sink._kept is not None
+    assert progress.advancing_txns(DeltaTable(uri), "pipe", end, {}) == {}  # the log holds batch 2
+    sink.commit_batch([sink.write_task(iter(batch_two.to_batches()), batch_id=2)], 2, source=(end, {}))
+    assert _kept_ids(uri) == [0, 1, 2, 3]  # the replay skipped
 
 
 def _kept_ids(uri):
