@@ -19,6 +19,7 @@ from deltalake import DeltaTable
 
 from deltaflow import __version__
 from deltaflow.testing import _free_port
+from tests.fixtures.service import alive
 
 DELTAFLOW = [sys.executable, "-m", "deltaflow.cli"]
 
@@ -94,18 +95,9 @@ def _kill_engine(pid: int) -> None:
     # A signal is sent, not done: the JVM holds its port until it has ended (CI saw a restart
     # on the same port refused as taken).
     deadline = time.monotonic() + 60
-    while any(_alive(p) for p in tree):
-        assert time.monotonic() < deadline, [p for p in tree if _alive(p)]
+    while any(alive(p) for p in tree):
+        assert time.monotonic() < deadline, [p for p in tree if alive(p)]
         time.sleep(0.1)
-
-
-def _alive(process) -> bool:
-    import psutil
-
-    try:
-        return process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def _ids(table: Path) -> list[int]:

@@ -679,17 +679,13 @@ def test_a_kept_tables_txns_come_from_the_log_entry_it_read_and_match_the_log(tm
     _batch(sink, 4, [5], 5)
     assert lookups == []
 
-    real_commit = DeltaTable.create_write_transaction
     other = CommitProperties(app_transactions=[Transaction("pipe-o-1", 9), Transaction("other", 3)])
-
-    def raced(table, *args, **kwargs):  # another writer commits first, once
-        monkeypatch.setattr(DeltaTable, "create_write_transaction", real_commit)
-        write_deltalake(
+    _before_the_next_commit(  # another writer commits first
+        monkeypatch,
+        lambda: write_deltalake(
             uri, pa.table({"id": pa.array([60], pa.int64())}), mode="append", commit_properties=other
-        )
-        return real_commit(table, *args, **kwargs)
-
-    monkeypatch.setattr(DeltaTable, "create_write_transaction", raced)
+        ),
+    )
     before = DeltaTable(uri).version()
     _batch(sink, 5, [6], 6)
     theirs, ours = commit.read_entries(uri, {}, before + 1, before + 3)  # ours after theirs
@@ -750,14 +746,7 @@ def test_txns_are_looked_up_again_after_the_table_stopped_letting_them_expire(tm
         version = DeltaTable(uri).version() + 1
         (log / f"{version:020d}.json").write_text(json.dumps(info) + "\n" + json.dumps(meta) + "\n")
 
-    real_commit = DeltaTable.create_write_transaction
-
-    def raced(table, *args, **kwargs):
-        monkeypatch.setattr(DeltaTable, "create_write_transaction", real_commit)
-        unset_retention()
-        return real_commit(table, *args, **kwargs)
-
-    monkeypatch.setattr(DeltaTable, "create_write_transaction", raced)
+    _before_the_next_commit(monkeypatch, unset_retention)
     end = {"o": {"0": 4, "1": 42}}  # partition 1 idle at 41
     batch_two = pa.table({"id": pa.array([3], pa.int64())})
     sink.commit_batch([sink.write_task(iter(batch_two.to_batches()), batch_id=2)], 2, source=(end, {}))
@@ -765,6 +754,18 @@ def test_txns_are_looked_up_again_after_the_table_stopped_letting_them_expire(tm
     assert progress.advancing_txns(DeltaTable(uri), "pipe", end, {}) == {}  # the log holds batch 2
     sink.commit_batch([sink.write_task(iter(batch_two.to_batches()), batch_id=2)], 2, source=(end, {}))
     assert _kept_ids(uri) == [0, 1, 2, 3]  # the replay skipped
+
+
+def _before_the_next_commit(monkeypatch, action) -> None:
+    """Run ``action`` (another writer) once, just before the next commit attempt reaches delta-rs."""
+    real = DeltaTable.create_write_transaction
+
+    def raced(table, *args, **kwargs):
+        monkeypatch.setattr(DeltaTable, "create_write_transaction", real)
+        action()
+        return real(table, *args, **kwargs)
+
+    monkeypatch.setattr(DeltaTable, "create_write_transaction", raced)
 
 
 def _kept_ids(uri):
