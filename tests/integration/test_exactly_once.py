@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from tests.fixtures.tables import data_files
+from tests.fixtures.tables import referenced_files, stored_data_files
 from tests.jobs import run_job
 
 FILES = 5  # one micro-batch per file
@@ -34,11 +34,6 @@ def _landing(path: Path) -> Path:
 
 def _run(landing: Path, table: Path, write_path: str, crash_at: str | None):
     return run_job("stream_job", str(landing), str(table), write_path, crash_at=crash_at)
-
-
-def _committed_paths(table: DeltaTable) -> set[str]:
-    root = table.table_uri.removeprefix("file://").rstrip("/")
-    return {uri.removeprefix("file://").removeprefix(root).lstrip("/") for uri in table.file_uris()}
 
 
 @pytest.mark.parametrize(
@@ -89,8 +84,8 @@ def test_sigkill_at_each_step_then_restart_is_exactly_once(
 
     # Files of the killed attempt that never reached the log are orphans (vacuum's job);
     # files of a replay that was skipped were deleted by the sink.
-    on_disk = {str(p.relative_to(table_dir)) for p in data_files(table_dir)}
-    orphans = on_disk - _committed_paths(table)
+    on_disk = stored_data_files(str(table_dir), {})
+    orphans = on_disk - referenced_files(table)
     assert len(on_disk) - len(orphans) == len(table.file_uris())
     if crash_at.startswith("after_commit"):
         assert orphans == set()  # the replay was skipped before writing (spark) or cleaned (arrow)

@@ -18,24 +18,21 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
-from pyarrow import fs as pafs
 
 import deltaflow
 from deltaflow.config.ingest import IngestConfig
 from deltaflow.config.pipeline import load_pipelines
 from deltaflow.delta import commit
 from deltaflow.io.faults import lose_commit_responses
-from deltaflow.io.storage import filesystem
 from deltaflow.pipeline.ingest import ingest
 from deltaflow.service.daemon import run_pipelines
 from deltaflow.testing import FaultyHttpProxy
 from tests.fixtures.frames import settled
 from tests.fixtures.readers import duckdb_delta
-from tests.fixtures.tables import data_files
+from tests.fixtures.tables import objects, referenced_files, stored_data_files
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The PUT that writes a Delta log entry: the commit itself.
@@ -52,17 +49,10 @@ def _via(proxy: FaultyHttpProxy, s3) -> dict[str, str]:  # type: ignore[no-untyp
     return {**s3.storage_options, "AWS_ENDPOINT_URL": proxy.endpoint}
 
 
-def _objects(uri: str, options: dict[str, str]) -> set[str]:
-    fs, root = filesystem(uri, options)
-    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
-    return {i.path.removeprefix(root + "/") for i in infos if i.type == pafs.FileType.File}
-
-
 def _assert_sound(uri: str, options: dict[str, str]) -> DeltaTable:
     """Every file the log references exists, and independent readers open the table."""
     table = DeltaTable(uri, storage_options=options or None)
-    referenced = {a["path"] for a in pa.table(table.get_add_actions(flatten=True)).to_pylist()}
-    assert referenced - _objects(uri, options) == set()
+    assert referenced_files(table) - objects(uri, options) == set()
     table.to_pyarrow_table()  # delta-rs reads every file
     return table
 
@@ -207,9 +197,7 @@ def _assert_stream(uri: str, options: dict[str, str], rows: int) -> None:
     batches = [e.txns["lossy"] for e in _entries(uri, options) if "lossy" in e.txns]
     assert batches == sorted(set(batches)) and batches[-1] == table.transaction_version("lossy")
     # No file of a batch is left outside the log (nothing was skipped: each batch committed once).
-    on_disk = {p for p in _objects(uri, options) if p.endswith(".parquet") and not p.startswith("_")}
-    referenced = {a["path"] for a in pa.table(table.get_add_actions(flatten=True)).to_pylist()}
-    assert on_disk == referenced
+    assert stored_data_files(uri, options) == referenced_files(table)
 
 
 @pytest.mark.parametrize(
@@ -284,8 +272,7 @@ def test_schema_evolution_with_every_commit_response_lost(spark, kafka, tmp_path
     for p in range(2):
         assert table.transaction_version(f"lossy-evolve-{topic}-{p}") == 14
     # The batch that met the new field wrote files and deleted them uncommitted: none is left.
-    on_disk = {str(p) for p in data_files(tmp_path / "t")}
-    assert on_disk == {str(Path(uri.removeprefix("file://"))) for uri in table.file_uris()}
+    assert stored_data_files(str(tmp_path / "t"), {}) == referenced_files(table)
 
 
 def test_lost_responses_of_arrow_ingest_on_s3(kafka, s3, proxy, tmp_path):
@@ -302,11 +289,15 @@ def test_lost_responses_of_arrow_ingest_on_s3(kafka, s3, proxy, tmp_path):
     proxy.lose_response("PUT", LOG_ENTRY, 500, times=-1)
     args = [sys.executable, "-m", "deltaflow.cli", "ingest", topic, uri, "--kafka", kafka.bootstrap]
     args += ["--app_id", "lossy-s3", "--schema", "id LONG", "--engine", "arrow", "--ends-at-latest-offsets"]
-    args += ["--dlq-table-location", dlq_uri, "--max-messages-per-batch", "60"]
+    # Two batches (120 + 80 messages), the second after the first's lost responses: each commit
+    # here costs object_store's retries of the 500 (~3.5 s of backoff), which this process's
+    # environment cannot bound.
+    args += ["--dlq-table-location", dlq_uri, "--max-messages-per-batch", "120"]
     args += ["--checkpoint-location", str(tmp_path / "cp")]
     done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert proxy.counts["lose_response"] >= 6  # creates, claims, each batch's two commits
+    assert "in 2 batch(es)" in done.stdout, done.stdout
+    assert proxy.counts["lose_response"] >= 8  # 2 creates, 2 claims, each batch's two commits
 
     main = _assert_sound(uri, s3.storage_options)
     dlq = _assert_sound(dlq_uri, s3.storage_options)
@@ -316,10 +307,7 @@ def test_lost_responses_of_arrow_ingest_on_s3(kafka, s3, proxy, tmp_path):
         assert main.transaction_version(f"lossy-s3-{topic}-{p}") == 99
         assert dlq.transaction_version(f"lossy-s3-dlq-{topic}-{p}") == 99
     for table, options_uri in ((main, uri), (dlq, dlq_uri)):  # no file left outside the log
-        objects = _objects(options_uri, s3.storage_options)
-        on_disk = {p for p in objects if p.endswith(".parquet") and not p.startswith("_")}
-        referenced = {a["path"] for a in pa.table(table.get_add_actions(flatten=True)).to_pylist()}
-        assert on_disk == referenced
+        assert stored_data_files(options_uri, s3.storage_options) == referenced_files(table)
 
 
 def _ingest(kafka, topic: str, uri: str, checkpoint: Path, env: dict[str, str]) -> subprocess.Popen[str]:  # type: ignore[no-untyped-def]
@@ -394,8 +382,7 @@ def test_a_zombie_writer_is_fenced_and_nothing_is_doubled(kafka, s3, tmp_path, w
     table = DeltaTable(uri, storage_options=options or None)
     ids = table.to_pyarrow_table(columns=["id"])["id"].to_pylist()
     assert sorted(ids) == list(range(200))  # nothing lost, nothing twice
-    referenced = {a["path"] for a in pa.table(table.get_add_actions(flatten=True)).to_pylist()}
-    assert referenced - _objects(uri, options) == set()
+    assert referenced_files(table) - objects(uri, options) == set()
 
 
 def test_a_missing_bucket_stops_at_once_and_says_what_to_check(spark, s3):
@@ -453,4 +440,4 @@ def test_lost_responses_of_debezium_mirrors_on_s3(kafka, s3, proxy, tmp_path):
         table = _assert_sound(uri, s3.storage_options)
         rows = table.to_pyarrow_table(columns=["id", "name", "score"]).to_pylist()
         assert {r["id"]: r for r in rows} == {k[0]: v for k, v in topic.rows.items()}, name
-        assert not any(p.startswith("_deltaflow_staging/") for p in _objects(uri, s3.storage_options))
+        assert not any(p.startswith("_deltaflow_staging/") for p in objects(uri, s3.storage_options))

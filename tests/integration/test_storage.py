@@ -16,7 +16,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
-from pyarrow import fs as pafs
 
 from deltaflow import ops
 from deltaflow.config.pipeline import load_pipelines
@@ -26,6 +25,7 @@ from deltaflow.io.storage import filesystem
 from deltaflow.metrics import metrics
 from deltaflow.service.daemon import run_pipelines
 from deltaflow.sources.generator import generate
+from tests.fixtures.tables import objects, referenced_files, stored_data_files
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,12 +34,6 @@ def _specs(tmp_path: Path, text: str, **env: str):
     path = tmp_path / "p.yaml"
     path.write_text(textwrap.dedent(text))
     return load_pipelines(path, env={"DIR": str(tmp_path), **env}).pipelines
-
-
-def _objects(uri: str, options: dict[str, str]) -> set[str]:
-    fs, root = filesystem(uri, options)
-    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
-    return {i.path.removeprefix(root + "/") for i in infos if i.type == pafs.FileType.File}
 
 
 def test_a_pipeline_writes_s3_and_maintenance_and_readers_work_there(spark, s3, tmp_path):
@@ -83,8 +77,7 @@ def test_a_pipeline_writes_s3_and_maintenance_and_readers_work_there(spark, s3, 
     assert len(plan.files) == before
     ops.vacuum(uri, retention_hours=0, force=True, dry_run=False, storage_options=options)
     table = DeltaTable(uri, storage_options=options)
-    data = {o for o in _objects(uri, options) if o.endswith(".parquet") and not o.startswith("_")}
-    assert data == {p for p in (u.split(uri.split("://")[1] + "/", 1)[1] for u in table.file_uris())}
+    assert stored_data_files(uri, options) == referenced_files(table)
     assert table.to_pyarrow_table().num_rows == 4000
     described = ops.describe(uri, storage_options=options)
     assert described["files"]["count"] == 8
@@ -307,9 +300,7 @@ def test_storage_errors_are_retried_and_an_outage_heals_exactly(spark, s3, tmp_p
         table = DeltaTable(uri, storage_options=s3.storage_options)
         assert sorted(table.to_pyarrow_table(columns=["id"]).column("id").to_pylist()) == list(range(6000))
         assert table.transaction_version("faulty") == 5
-        missing = {a["path"] for a in pa.table(table.get_add_actions(flatten=True)).to_pylist()} - _objects(
-            uri, s3.storage_options
-        )
+        missing = referenced_files(table) - objects(uri, s3.storage_options)
         assert missing == set()
     finally:
         logging.getLogger("deltaflow.service.daemon").removeHandler(restarts)
@@ -341,8 +332,8 @@ def test_a_pipeline_writes_azure_blob_storage(spark, azurite, tmp_path):
     table = DeltaTable(uri, storage_options=options)
     assert sorted(table.to_pyarrow_table(columns=["id"]).column("id").to_pylist()) == list(range(2000))
     assert table.transaction_version("to-azure") == 1
-    files = {o for o in _objects(uri, options) if o.endswith(".parquet") and not o.startswith("_")}
-    assert len(files) == len(table.file_uris()) >= 2  # the executors' files, all committed
+    files = stored_data_files(uri, options)
+    assert files == referenced_files(table) and len(files) >= 2  # the executors' files, all committed
     result = ops.optimize(uri, storage_options=options)
     assert result.files_added == 4  # one per event type
     assert DeltaTable(uri, storage_options=options).to_pyarrow_table().num_rows == 2000
@@ -375,10 +366,7 @@ def test_arrow_ingest_writes_azure_blob_storage(kafka, azurite, tmp_path):
     local = {"t": tmp_path / "t", "dlq": tmp_path / "dlq"}
     for name, table_uri in (("t", uri), ("dlq", dlq_uri)):  # a local copy for the shared checks
         table = DeltaTable(table_uri, storage_options=options)
-        objects = _objects(table_uri, options)
-        on_store = {o for o in objects if o.endswith(".parquet") and not o.startswith("_")}
-        referenced = {a["path"] for a in pa.table(table.get_add_actions(flatten=True)).to_pylist()}
-        assert on_store == referenced  # every file the tasks wrote is committed
+        assert stored_data_files(table_uri, options) == referenced_files(table)  # the tasks' files, committed
         write_deltalake(str(local[name]), table.to_pyarrow_table())
     _assert_split(local["t"], local["dlq"], 200, partitions=2)
 

@@ -30,16 +30,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
-from pyarrow import fs as pafs
 
 from deltaflow.config.ingest import IngestConfig
-from deltaflow.io.storage import filesystem
 from deltaflow.pipeline.topic_ingest import start
 from deltaflow.testing import FaultyHttpProxy
 from tests.fixtures.readers import duckdb_delta
+from tests.fixtures.tables import objects, referenced_files, stored_data_files
 from tests.jobs import run_job
 
 TOPICS = 6
@@ -159,18 +157,8 @@ def _differences(actual: list, expected: list) -> str:  # type: ignore[type-arg]
     return f"twice {twice}, missing {missing}, not expected {foreign}"
 
 
-def _objects(uri: str, options: dict[str, str]) -> set[str]:
-    fs, root = filesystem(uri, options)
-    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
-    return {i.path.removeprefix(root + "/") for i in infos if i.type == pafs.FileType.File}
-
-
-def _referenced(table: DeltaTable) -> set[str]:
-    return {a["path"] for a in pa.table(table.get_add_actions(flatten=True)).to_pylist()}
-
-
 def _assert_files_present(lake: Lake, uri: str, table: DeltaTable) -> None:
-    missing = _referenced(table) - _objects(uri, lake.options)
+    missing = referenced_files(table) - objects(uri, lake.options)
     assert not missing, f"{uri} references files that are not there: {sorted(missing)}"
 
 
@@ -365,7 +353,5 @@ def test_lost_commit_responses_on_s3(spark, kafka, s3, proxy, tmp_path):
     lake.options = dict(s3.storage_options)  # read past the proxy
     _assert_exact(lake)
     for uri in [lake.dlq, *map(lake.table, lake.produced)]:
-        on_store = {
-            p for p in _objects(uri, lake.options) if p.endswith(".parquet") and not p.startswith("_")
-        }
-        assert on_store == _referenced(lake.delta(uri)), f"{uri}: data files outside the log"
+        on_store = stored_data_files(uri, lake.options)
+        assert on_store == referenced_files(lake.delta(uri)), f"{uri}: data files outside the log"

@@ -20,7 +20,7 @@ from deltaflow.metrics import progress_messages, progress_report
 from deltaflow.pipeline.ingest import ingest
 from tests.fixtures.ingest_messages import SCHEMA, TRANSFORMS, _assert_split, _bad, _good, _message
 from tests.fixtures.registry import AVRO_V1, AVRO_V2
-from tests.fixtures.tables import data_files
+from tests.fixtures.tables import referenced_files, stored_data_files
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -190,6 +190,5 @@ def test_schema_evolution_adds_new_fields_as_columns_and_restarts(kafka, tmp_pat
     assert [r["score"] for r in rows] == [None] * 10 + [i / 2 for i in range(10, 30)]
     assert [r["tag"] for r in rows] == [None] * 10 + [f"t{i}" for i in range(10, 30)]
     # The batch that met the new fields had its files written, then deleted uncommitted.
-    on_disk = {str(p) for p in data_files(tmp_path / "t")}
-    assert on_disk == {str(Path(uri.removeprefix("file://"))) for uri in table.file_uris()}
+    assert stored_data_files(str(tmp_path / "t"), {}) == referenced_files(table)
     assert "uncommitted file(s) deleted" in out.stderr

@@ -154,7 +154,9 @@ def _finish_run(args: list[str]) -> None:
 
 
 def test_sql_stops_cleanly_on_a_signal_to_its_group(kafka, tmp_path):
-    topic, messages = kafka.create_topic(partitions=2), 20_000
+    # 6 batches: the stop comes once the first landed, far from the last; the rest is the next
+    # start's (each batch costs that run ~0.7 s).
+    topic, messages = kafka.create_topic(partitions=2), 6_000
     kafka.produce(topic, _messages(0, messages), partitions=2, batched=True)
     table = tmp_path / "t"
     spec = tmp_path / "job.sql"
@@ -172,7 +174,7 @@ def test_sql_stops_cleanly_on_a_signal_to_its_group(kafka, tmp_path):
 def test_a_landed_files_watch_stops_cleanly_on_a_signal_to_its_group(tmp_path):
     landing, table = tmp_path / "landing", tmp_path / "t"
     landing.mkdir()
-    files, per_file = 60, 100
+    files, per_file = 24, 100  # 12 batches of 2 files: the stop comes once the first landed
     for f in range(files):
         lines = (json.dumps({"id": i, "name": f"n{i}"}) for i in range(f * per_file, (f + 1) * per_file))
         (landing / f"part-{f:03d}.json").write_text("\n".join(lines) + "\n")
