@@ -29,7 +29,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from types import MappingProxyType
 from typing import BinaryIO, Literal
@@ -44,6 +44,7 @@ __all__ = [
     "JsonFormatter",
     "LogFormat",
     "Py4JRetryFilter",
+    "RepeatFilter",
     "StopInterruptFilter",
     "configure_json",
     "configure_worker",
@@ -298,6 +299,49 @@ class Py4JRetryFilter(logging.Filter):
             and record.levelno == logging.INFO
             and record.msg == "Exception while sending command."
         )
+
+
+class RepeatFilter(logging.Filter):
+    """Lets through the first of records alike, then at most one per ``window_s`` seconds, which
+    says how many it held back.
+
+    For a native library that logs the same failure many times a second (librdkafka retries a
+    broker that refuses connections every ~50 ms, and logs every attempt): an outage should
+    read as one line, then one every minute that says it goes on. Records are alike when
+    ``key(message)`` is equal (default: the message). Keeps at most :attr:`MAX_KEYS` keys.
+    """
+
+    MAX_KEYS = 1_000
+
+    def __init__(
+        self,
+        window_s: float,
+        key: Callable[[str], str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        self._window_s = window_s
+        self._key = key or (lambda message: message)
+        self._clock = clock
+        self._seen: dict[str, tuple[float, int]] = {}  # key -> (when last let through, held since)
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        key = self._key(message)
+        now = self._clock()
+        with self._lock:
+            last = self._seen.get(key)
+            if last is not None and now - last[0] < self._window_s:
+                self._seen[key] = (last[0], last[1] + 1)
+                return False
+            if len(self._seen) >= self.MAX_KEYS:
+                self._seen.clear()
+            self._seen[key] = (now, 0)
+        if last is not None and last[1]:
+            record.msg = f"{message} ({last[1]} more like it in the last {now - last[0]:.0f} s)"
+            record.args = ()
+        return True
 
 
 class StopInterruptFilter(logging.Filter):

@@ -24,7 +24,7 @@ from deltaflow.config.ingest import IngestConfig
 from deltaflow.config.locations import normalize_uri
 from deltaflow.config.sink import SinkOptions, StreamSinkOptions
 from deltaflow.config.transforms import Transform
-from deltaflow.errors import ConfigError
+from deltaflow.errors import ConfigError, DeltaflowError
 from deltaflow.metrics import metrics
 from deltaflow.pipeline.dead_letters import INGEST_META as META
 from deltaflow.pipeline.dead_letters import ingest_letters, log_failed, log_unknown_fields
@@ -246,10 +246,11 @@ def sample_topics(config: IngestConfig, topics: Sequence[str]) -> dict[str, list
     ``topics``, from its earliest offset, read with one consumer."""
     from confluent_kafka import Consumer
 
-    from deltaflow.sources.kafka import kafka_errors
+    from deltaflow.sources.kafka import CLIENT_LOGGER, kafka_errors
 
     conf = {
         "bootstrap.servers": config.brokers,
+        "logger": CLIENT_LOGGER,
         "group.id": "deltaflow-schema-sample",
         **config.kafka_conf,
     }
@@ -456,6 +457,9 @@ def caught_up(config: IngestConfig) -> list[str] | None:
             return None
         latest = watermarks(options, {t: layout[t] for ts in by_table.values() for t in ts}, "latest")
         tables = side_by_side(lambda uri: load(uri, storage), list(by_table), name="caught-up")
+    except DeltaflowError as exc:  # a broker or store that does not answer: said once here
+        logger.info("could not tell whether the job has anything to read (%s): starting it", exc)
+        return None
     except Exception:
         logger.debug("could not tell whether the job has anything to read", exc_info=True)
         return None

@@ -23,7 +23,8 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from deltaflow.errors import BatchInterruptedError
@@ -32,7 +33,15 @@ from deltaflow.io import logs
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["INTERRUPTED", "quiet_stop_logs", "restore_stop_logs", "stoppable", "stopping"]
+__all__ = [
+    "INTERRUPTED",
+    "QUERY_FAILURE_LOGGERS",
+    "query_failures_unlogged",
+    "quiet_stop_logs",
+    "restore_stop_logs",
+    "stoppable",
+    "stopping",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +74,41 @@ STOP_LOG_LEVELS = {
 #: arrives after the scheduler's threads were shut down).
 TASKS_END_S = 10.0
 _TASKS_POLL_S = 0.05
+
+
+#: Spark's JVM loggers of a query's failure: "Query ... terminated with error" at ERROR, with
+#: the Java trace and the Python worker's traceback, for every failure. The daemon reports each
+#: failure itself: one line when it restarts the query, the whole text when it stops for good
+#: with a failure deltaflow does not know (``deltaflow.service.daemon``).
+QUERY_FAILURE_LOGGERS = (
+    "org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",
+    "org.apache.spark.sql.execution.streaming.runtime.AsyncProgressTrackingMicroBatchExecution",
+)
+
+
+@contextmanager
+def query_failures_unlogged() -> Iterator[None]:
+    """While the daemon watches its queries: :data:`QUERY_FAILURE_LOGGERS` off in this
+    process's JVM (none over Spark Connect, whose server logs on its own), then as they were."""
+    from pyspark import SparkContext
+
+    jvm = SparkContext._jvm
+    if jvm is None:
+        yield
+        return
+    log4j = jvm.org.apache.logging.log4j
+    before = {name: log4j.LogManager.getLogger(name).getLevel() for name in QUERY_FAILURE_LOGGERS}
+    for name in QUERY_FAILURE_LOGGERS:
+        log4j.core.config.Configurator.setLevel(name, log4j.Level.OFF)
+    try:
+        yield
+    finally:
+        if SparkContext._jvm is not None:
+            try:
+                for name, level in before.items():
+                    log4j.core.config.Configurator.setLevel(name, level)
+            except Exception:  # the JVM may be gone with the process's end
+                logger.debug("Spark's query failure logs not restored", exc_info=True)
 
 
 #: The levels :func:`quiet_stop_logs` replaced, for :func:`restore_stop_logs` (logger -> level).

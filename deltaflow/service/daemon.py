@@ -55,7 +55,12 @@ from deltaflow.errors import (
 )
 from deltaflow.io import logs
 from deltaflow.metrics import metrics, progress_messages, progress_rates, progress_report, source_lags
-from deltaflow.pipeline.interrupts import quiet_stop_logs, restore_stop_logs, stopping
+from deltaflow.pipeline.interrupts import (
+    query_failures_unlogged,
+    quiet_stop_logs,
+    restore_stop_logs,
+    stopping,
+)
 from deltaflow.service.status import board
 
 if TYPE_CHECKING:
@@ -232,7 +237,11 @@ def run_until_stopped(
         )
     tally = _Tally(name, on_progress, units or KAFKA_UNITS)
     try:
-        with _stop_signals(stop_timeout_s) as received, logs.context(pipeline=name):
+        with (
+            _stop_signals(stop_timeout_s) as received,
+            logs.context(pipeline=name),
+            query_failures_unlogged(),
+        ):
             return _loop(start_query, received, tally, name, poll_s, max_backoff_s, give_up_after_s)
     except Exception as exc:
         board.set_state(name, "failed", error=f"{type(exc).__name__}: {exc}")
@@ -277,7 +286,7 @@ def run_all(
     results: dict[str, RunSummary] = {}
     errors: dict[str, BaseException] = {}
     try:
-        with _stop_signals(stop_timeout_s) as received:
+        with _stop_signals(stop_timeout_s) as received, query_failures_unlogged():
 
             def watch(name: str, start: Callable[[], StreamingQuery]) -> None:
                 try:
@@ -428,9 +437,13 @@ def _watch(
 
 def _transient_or_raise(error: BaseException, name: str) -> TransientError:
     failure = classify_failure(error)
+    # (Spark's own record of the failure is off while the daemon watches: query_failures_unlogged.)
     if isinstance(failure, TransientError):
+        logger.debug("query %r failed (transient), as Spark reported it:\n%s", name, _failure_text(error))
         return failure
     logger.error("query %r failed and will not be restarted: %s", name, failure)
+    if isinstance(failure, QueryFailedError):  # a failure deltaflow does not know: all it says
+        logger.error("query %r failed, as Spark reported it:\n%s", name, _failure_text(error))
     board.set_state(name, "failed", error=f"{type(failure).__name__}: {failure}")
     raise failure from error
 

@@ -10,6 +10,7 @@ the options of :class:`KafkaSourceOptions`.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import logging
@@ -60,6 +61,22 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+#: librdkafka's own records (a broker refusing connections, TLS or SASL failures), passed to
+#: every client this module makes; confluent-kafka forwards them when a client is polled.
+#: librdkafka logs each reconnect attempt (~20 a second for a broker that refuses them): the
+#: same failure reads as one record a minute, which counts the ones held back.
+CLIENT_LOGGER = logging.getLogger(f"{__name__}.librdkafka")
+#: Seconds between two records of the same librdkafka failure.
+CLIENT_LOG_REPEAT_S = 60.0
+
+
+def _client_log_key(message: str) -> str:
+    # "FAIL [rdkafka#consumer-3] [thrd:b:9092/bootstrap]: ... refused (after 0ms in state CONNECT)":
+    # the same failure of every client of the process, whatever the attempt's timing.
+    return re.sub(r"rdkafka#\w+-\d+|after \d+ms", "", message)
+
+
+CLIENT_LOGGER.addFilter(logs.RepeatFilter(CLIENT_LOG_REPEAT_S, key=_client_log_key))
 
 #: ``spark.readStream.format(...)`` name (Spark reserves ``kafka`` for its own connector).
 FORMAT_NAME = "deltaflow-kafka"
@@ -239,7 +256,7 @@ class KafkaSourceOptions(BaseModel):
 
     def client_config(self) -> dict[str, Any]:
         """librdkafka configuration with the secrets revealed (never log this)."""
-        conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers}
+        conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers, "logger": CLIENT_LOGGER}
         conf.update({k: v.get_secret_value() for k, v in self.kafka_settings.items()})
         if self.sasl_password is not None:
             conf["sasl.password"] = self.sasl_password.get_secret_value()
@@ -764,9 +781,10 @@ def watermarks(
     with kafka_errors(f"reading the {which} offsets from {options.bootstrap_servers}"):
         if client is None:
             client = AdminClient(options.client_config())
-        futures = client.list_offsets(request, request_timeout=METADATA_TIMEOUT_S)
-        for tp, future in futures.items():
-            out[tp.topic][str(tp.partition)] = int(future.result().offset)
+        with _logs_served(client):
+            futures = client.list_offsets(request, request_timeout=METADATA_TIMEOUT_S)
+            for tp, future in futures.items():
+                out[tp.topic][str(tp.partition)] = int(future.result().offset)
     return out
 
 
@@ -786,7 +804,7 @@ def topic_partitions(
 
         with kafka_errors(f"connecting to Kafka at {options.bootstrap_servers}"):
             client = AdminClient(options.client_config())
-    with kafka_errors(f"reading the topics of {options.bootstrap_servers}"):
+    with kafka_errors(f"reading the topics of {options.bootstrap_servers}"), _logs_served(client):
         meta = client.list_topics(timeout=METADATA_TIMEOUT_S)
     if options.topic_pattern:
         pattern = re.compile(options.topic_pattern)
@@ -858,7 +876,7 @@ def commit_to_group(config: Mapping[str, Any], end: Offsets) -> None:
     offsets = [TopicPartition(t, int(p), o) for t, parts in end.items() for p, o in parts.items() if o > 0]
     if not offsets:
         return
-    consumer = Consumer({**config, "enable.auto.commit": False})
+    consumer = Consumer({"logger": CLIENT_LOGGER, **config, "enable.auto.commit": False})
     try:
         consumer.commit(offsets=offsets, asynchronous=False)
     except KafkaException as exc:  # monitoring only: never fail the pipeline for it
@@ -909,6 +927,17 @@ def kafka_failure(exc: BaseException, doing: str, **context: Any) -> DeltaflowEr
 
 
 @contextmanager
+def _logs_served(client: Any) -> Iterator[None]:
+    """Hand the records librdkafka made meanwhile to :data:`CLIENT_LOGGER`: confluent-kafka
+    forwards an admin client's records only when it is polled (a consumer's, as it consumes)."""
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            client.poll(0)
+
+
+@contextmanager
 def kafka_errors(doing: str, **context: Any) -> Iterator[None]:
     """Turn confluent-kafka's exceptions raised inside the block into deltaflow errors (see
     :func:`kafka_failure`), so that what happens next is decided by their type."""
@@ -937,7 +966,7 @@ def read_ranges(tasks: Sequence[KafkaPartitionRange]) -> Iterator[tuple[int, pa.
         return
     # A range below the broker's log start (retention ran between planning and reading) is an
     # error, never librdkafka's default reset to the latest offset, which skips the range whole.
-    conf = {**_FAST_CONSUMER, **tasks[0].config, "auto.offset.reset": "error"}
+    conf = {"logger": CLIENT_LOGGER, **_FAST_CONSUMER, **tasks[0].config, "auto.offset.reset": "error"}
     conf.setdefault("group.id", "deltaflow-reader")
     with kafka_errors(f"connecting to Kafka to read {tasks[0].topic}[{tasks[0].partition}]"):
         consumer = Consumer(conf)

@@ -69,6 +69,29 @@ def test_a_stop_interrupting_a_batch_function_is_not_logged_as_an_error():
     assert stop.filter(record(None))
 
 
+def test_records_alike_pass_once_a_window_and_the_next_counts_the_ones_held_back():
+    now = [100.0]
+    repeats = logs.RepeatFilter(60.0, key=lambda m: m.split(" #")[0], clock=lambda: now[0])
+
+    def passes(msg: str, *args: object) -> str | None:
+        record = logging.LogRecord("x", logging.ERROR, __file__, 1, msg, args, None)
+        return record.getMessage() if repeats.filter(record) else None
+
+    assert passes("refused %s #%d", "b:1", 1) == "refused b:1 #1"
+    for i in range(2, 42):  # the same failure, again and again, within the window
+        now[0] += 1.0
+        assert passes("refused %s #%d", "b:1", i) is None
+    assert passes("refused %s #%d", "b:2", 0) == "refused b:2 #0"  # another failure: its own
+    now[0] = 160.0  # the window of the first has passed
+    assert passes("refused %s #%d", "b:1", 99) == "refused b:1 #99 (40 more like it in the last 60 s)"
+    now[0] += 1.0
+    assert passes("refused %s #%d", "b:1", 100) is None
+    now[0] += 60.0
+    assert passes("refused %s #%d", "b:1", 101) == "refused b:1 #101 (1 more like it in the last 61 s)"
+    now[0] += 60.0
+    assert passes("refused %s #%d", "b:1", 102) == "refused b:1 #102"  # none held back
+
+
 def _record(msg="committed %s", args=("x",), level=logging.INFO, exc_info=None, **extra):
     record = logging.LogRecord("deltaflow.sinks.datasource", level, __file__, 1, msg, args, exc_info)
     record.__dict__.update(extra)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -532,3 +533,27 @@ def test_a_stop_cut_short_is_an_error_record_with_json_logs():
     last = json.loads(errors.splitlines()[-1])
     assert (last["level"], last["logger"]) == ("ERROR", "deltaflow.service.daemon"), last
     assert last["msg"].startswith("stopping at once (the stop still running after 1 s)"), last
+
+
+def test_spark_s_own_record_of_a_failure_is_off_while_watched_and_an_unknown_failure_is_logged_whole(
+    spark, tmp_path, caplog
+):
+    from deltaflow.pipeline.interrupts import QUERY_FAILURE_LOGGERS
+
+    log4j = spark.sparkContext._jvm.org.apache.logging.log4j
+
+    def level() -> str:
+        return str(log4j.LogManager.getLogger(QUERY_FAILURE_LOGGERS[0]).getLevel().toString())
+
+    before, seen = level(), []
+
+    def on_batch(df, batch_id):
+        seen.append(level())
+        raise ValueError("not a number")
+
+    with caplog.at_level(logging.DEBUG, logger="deltaflow.service.daemon"), pytest.raises(QueryFailedError):
+        run_until_stopped(_file_stream(spark, tmp_path, 3, on_batch), name="unknown")
+    assert seen == ["OFF"] and level() == before != "OFF"  # as it was once the daemon is done
+    whole = [r for r in caplog.records if "as Spark reported it" in r.getMessage()]
+    assert len(whole) == 1 and whole[0].levelno == logging.ERROR
+    assert "ValueError: not a number" in whole[0].getMessage() and "on_batch" in whole[0].getMessage()

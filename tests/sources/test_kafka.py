@@ -11,6 +11,7 @@ from deltalake import DeltaTable
 
 import deltaflow
 from deltaflow.errors import ConfigError, UnknownOptionError
+from deltaflow.io import logs
 from deltaflow.sources.kafka import IDLE_POLL_S, KafkaSourceOptions, KafkaStreamReader, _admit
 
 
@@ -458,3 +459,20 @@ def test_a_topic_the_query_read_that_is_gone_is_transient_and_a_wrong_name_is_no
         fresh.initialOffset()
     kafka.create_topic(2, topic)
     assert reader.latestOffset(start, ReadAllAvailable())  # back: planned again
+
+
+def test_librdkafka_records_of_one_failure_are_alike_whatever_the_client_and_the_attempt():
+    from deltaflow.sources.kafka import CLIENT_LOGGER, _client_log_key
+
+    def failure(client: str, ms: int, broker: str = "b:9092") -> str:
+        return (
+            f"FAIL [rdkafka#{client}] [thrd:{broker}/bootstrap]: {broker}/bootstrap: Connect to "
+            f"ipv4#10.0.0.1:9092 failed: Connection refused (after {ms}ms in state CONNECT)"
+        )
+
+    assert _client_log_key(failure("consumer-1", 0)) == _client_log_key(failure("producer-12", 3))
+    assert _client_log_key(failure("consumer-1", 0)) != _client_log_key(failure("consumer-1", 0, "c:9092"))
+    assert any(isinstance(f, logs.RepeatFilter) for f in CLIENT_LOGGER.filters)
+    # Every client this module makes passes its records there (confluent-kafka's "logger").
+    conf = KafkaSourceOptions.from_spark_options({"bootstrap_servers": "b:1", "topic": "t"}).client_config()
+    assert conf["logger"] is CLIENT_LOGGER
