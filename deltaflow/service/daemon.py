@@ -442,8 +442,9 @@ def _transient_or_raise(error: BaseException, name: str) -> TransientError:
         logger.debug("query %r failed (transient), as Spark reported it:\n%s", name, _failure_text(error))
         return failure
     logger.error("query %r failed and will not be restarted: %s", name, failure)
-    if isinstance(failure, QueryFailedError):  # a failure deltaflow does not know: all it says
-        logger.error("query %r failed, as Spark reported it:\n%s", name, _failure_text(error))
+    # A failure deltaflow does not know: all it says; a known one's message says what to do.
+    level = logging.ERROR if isinstance(failure, QueryFailedError) else logging.DEBUG
+    logger.log(level, "query %r failed, as Spark reported it:\n%s", name, _failure_text(error))
     board.set_state(name, "failed", error=f"{type(failure).__name__}: {failure}")
     raise failure from error
 

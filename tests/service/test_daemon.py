@@ -329,13 +329,17 @@ def test_a_long_first_batch_that_fails_once_is_restarted_not_given_up(spark, tmp
         pytest.param(ValueError("not a number"), QueryFailedError, "ValueError: not a number", id="unknown"),
     ],
 )
-def test_terminal_failures_are_raised(spark, tmp_path, raised, expected, message):
+def test_terminal_failures_are_raised(spark, tmp_path, caplog, raised, expected, message):
     def on_batch(df, batch_id):
         raise raised
 
-    with pytest.raises(expected) as info:
+    with caplog.at_level(logging.DEBUG, logger="deltaflow.service.daemon"), pytest.raises(expected) as info:
         run_until_stopped(_file_stream(spark, tmp_path, 3, on_batch), name="bad")
     assert message in str(info.value)
+    # The whole text once: at ERROR for a failure deltaflow does not know, else at DEBUG (-v).
+    (whole,) = [r for r in caplog.records if "as Spark reported it" in r.getMessage()]
+    assert whole.levelno == (logging.ERROR if expected is QueryFailedError else logging.DEBUG)
+    assert "Traceback" in whole.getMessage() and "on_batch" in whole.getMessage()
 
 
 def test_sigterm_stops_the_query(spark, tmp_path):
