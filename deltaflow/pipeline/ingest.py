@@ -246,17 +246,16 @@ def sample_topics(config: IngestConfig, topics: Sequence[str]) -> dict[str, list
     ``topics``, from its earliest offset, read with one consumer."""
     from confluent_kafka import Consumer
 
-    from deltaflow.sources.kafka import CLIENT_LOGGER, kafka_errors
+    from deltaflow.sources.kafka import kafka_errors, with_client_logger
 
     conf = {
         "bootstrap.servers": config.brokers,
-        "logger": CLIENT_LOGGER,
         "group.id": "deltaflow-schema-sample",
         **config.kafka_conf,
     }
     doing = f"sampling {topics[0]!r} for its schema" if len(topics) == 1 else f"sampling {len(topics)} topics"
     with kafka_errors(doing, topic=topics[0] if topics else None):
-        return _sample(config, Consumer({**conf, "enable.auto.commit": False}), topics)
+        return _sample(config, Consumer(with_client_logger({**conf, "enable.auto.commit": False})), topics)
 
 
 def _watermarks(

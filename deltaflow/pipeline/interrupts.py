@@ -86,10 +86,18 @@ QUERY_FAILURE_LOGGERS = (
 )
 
 
+#: How many callers are inside :func:`query_failures_unlogged` (threads of one process), and the
+#: levels the first one replaced (``None``: the logger had no configuration of its own).
+_unlogged: dict[str, Any] = {"depth": 0, "before": {}}
+_unlogged_lock = threading.Lock()
+
+
 @contextmanager
 def query_failures_unlogged() -> Iterator[None]:
     """While the daemon watches its queries: :data:`QUERY_FAILURE_LOGGERS` off in this
-    process's JVM (none over Spark Connect, whose server logs on its own), then as they were."""
+    process's JVM (none over Spark Connect, whose server logs on its own), then as they were
+    once the last caller is done: a level of their own restored, or none (they follow their
+    parents again, and ``setLogLevel`` reaches them)."""
     from pyspark import SparkContext
 
     jvm = SparkContext._jvm
@@ -97,18 +105,36 @@ def query_failures_unlogged() -> Iterator[None]:
         yield
         return
     log4j = jvm.org.apache.logging.log4j
-    before = {name: log4j.LogManager.getLogger(name).getLevel() for name in QUERY_FAILURE_LOGGERS}
-    for name in QUERY_FAILURE_LOGGERS:
-        log4j.core.config.Configurator.setLevel(name, log4j.Level.OFF)
+    with _unlogged_lock:
+        if _unlogged["depth"] == 0:
+            own = log4j.core.LoggerContext.getContext(False).getConfiguration().getLoggers()
+            _unlogged["before"] = {
+                name: own.get(name).getLevel() if own.containsKey(name) else None
+                for name in QUERY_FAILURE_LOGGERS
+            }
+            for name in QUERY_FAILURE_LOGGERS:
+                log4j.core.config.Configurator.setLevel(name, log4j.Level.OFF)
+        _unlogged["depth"] += 1
     try:
         yield
     finally:
-        if SparkContext._jvm is not None:
-            try:
-                for name, level in before.items():
-                    log4j.core.config.Configurator.setLevel(name, level)
-            except Exception:  # the JVM may be gone with the process's end
-                logger.debug("Spark's query failure logs not restored", exc_info=True)
+        with _unlogged_lock:
+            _unlogged["depth"] -= 1
+            if _unlogged["depth"] == 0 and SparkContext._jvm is not None:
+                try:
+                    _restore_levels(log4j, _unlogged["before"])
+                except Exception:  # the JVM may be gone with the process's end
+                    logger.debug("Spark's query failure logs not restored", exc_info=True)
+
+
+def _restore_levels(log4j: Any, before: dict[str, Any]) -> None:
+    context = log4j.core.LoggerContext.getContext(False)
+    for name, level in before.items():
+        if level is not None:
+            log4j.core.config.Configurator.setLevel(name, level)
+        else:
+            context.getConfiguration().removeLogger(name)
+    context.updateLoggers()
 
 
 #: The levels :func:`quiet_stop_logs` replaced, for :func:`restore_stop_logs` (logger -> level).

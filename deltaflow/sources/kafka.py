@@ -72,11 +72,20 @@ CLIENT_LOG_REPEAT_S = 60.0
 
 def _client_log_key(message: str) -> str:
     # "FAIL [rdkafka#consumer-3] [thrd:b:9092/bootstrap]: ... refused (after 0ms in state CONNECT)":
-    # the same failure of every client of the process, whatever the attempt's timing.
-    return re.sub(r"rdkafka#\w+-\d+|after \d+ms", "", message)
+    # the same failure of every client of the process (named "<client.id>#<kind>-<n>"),
+    # whatever the attempt's timing and librdkafka's own count of repeats.
+    return re.sub(r"\[[^\]#]*#\w+-\d+\]|after \d+ms|, \d+ identical error\(s\) suppressed", "", message)
 
 
 CLIENT_LOGGER.addFilter(logs.RepeatFilter(CLIENT_LOG_REPEAT_S, key=_client_log_key))
+
+
+def with_client_logger(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """``conf`` with :data:`CLIENT_LOGGER` as confluent-kafka's ``logger``, unless it sets
+    librdkafka's ``debug`` contexts: those are asked for whole, as librdkafka prints them (to
+    standard error, each with the time it happened)."""
+    return dict(conf) if "debug" in conf else {"logger": CLIENT_LOGGER, **conf}
+
 
 #: ``spark.readStream.format(...)`` name (Spark reserves ``kafka`` for its own connector).
 FORMAT_NAME = "deltaflow-kafka"
@@ -256,11 +265,11 @@ class KafkaSourceOptions(BaseModel):
 
     def client_config(self) -> dict[str, Any]:
         """librdkafka configuration with the secrets revealed (never log this)."""
-        conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers, "logger": CLIENT_LOGGER}
+        conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers}
         conf.update({k: v.get_secret_value() for k, v in self.kafka_settings.items()})
         if self.sasl_password is not None:
             conf["sasl.password"] = self.sasl_password.get_secret_value()
-        return conf
+        return with_client_logger(conf)
 
     def describe(self) -> dict[str, Any]:
         """The options for logs and config dumps, secrets masked."""
@@ -876,7 +885,7 @@ def commit_to_group(config: Mapping[str, Any], end: Offsets) -> None:
     offsets = [TopicPartition(t, int(p), o) for t, parts in end.items() for p, o in parts.items() if o > 0]
     if not offsets:
         return
-    consumer = Consumer({"logger": CLIENT_LOGGER, **config, "enable.auto.commit": False})
+    consumer = Consumer(with_client_logger({**config, "enable.auto.commit": False}))
     try:
         consumer.commit(offsets=offsets, asynchronous=False)
     except KafkaException as exc:  # monitoring only: never fail the pipeline for it
@@ -966,7 +975,7 @@ def read_ranges(tasks: Sequence[KafkaPartitionRange]) -> Iterator[tuple[int, pa.
         return
     # A range below the broker's log start (retention ran between planning and reading) is an
     # error, never librdkafka's default reset to the latest offset, which skips the range whole.
-    conf = {"logger": CLIENT_LOGGER, **_FAST_CONSUMER, **tasks[0].config, "auto.offset.reset": "error"}
+    conf = with_client_logger({**_FAST_CONSUMER, **tasks[0].config, "auto.offset.reset": "error"})
     conf.setdefault("group.id", "deltaflow-reader")
     with kafka_errors(f"connecting to Kafka to read {tasks[0].topic}[{tasks[0].partition}]"):
         consumer = Consumer(conf)

@@ -558,6 +558,13 @@ def test_spark_s_own_record_of_a_failure_is_off_while_watched_and_an_unknown_fai
     with caplog.at_level(logging.DEBUG, logger="deltaflow.service.daemon"), pytest.raises(QueryFailedError):
         run_until_stopped(_file_stream(spark, tmp_path, 3, on_batch), name="unknown")
     assert seen == ["OFF"] and level() == before != "OFF"  # as it was once the daemon is done
+    spark.sparkContext.setLogLevel("ERROR")  # and no level of its own left behind
+    try:
+        assert level() == "ERROR"
+    finally:
+        spark.sparkContext.setLogLevel("WARN")
+    for name in QUERY_FAILURE_LOGGERS:  # Spark's classes of that name (renamed in Spark 4)
+        spark.sparkContext._jvm.java.lang.Class.forName(name)
     whole = [r for r in caplog.records if "as Spark reported it" in r.getMessage()]
     assert len(whole) == 1 and whole[0].levelno == logging.ERROR
     assert "ValueError: not a number" in whole[0].getMessage() and "on_batch" in whole[0].getMessage()

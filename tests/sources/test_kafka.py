@@ -466,13 +466,18 @@ def test_librdkafka_records_of_one_failure_are_alike_whatever_the_client_and_the
 
     def failure(client: str, ms: int, broker: str = "b:9092") -> str:
         return (
-            f"FAIL [rdkafka#{client}] [thrd:{broker}/bootstrap]: {broker}/bootstrap: Connect to "
+            f"FAIL [{client}] [thrd:{broker}/bootstrap]: {broker}/bootstrap: Connect to "
             f"ipv4#10.0.0.1:9092 failed: Connection refused (after {ms}ms in state CONNECT)"
         )
 
-    assert _client_log_key(failure("consumer-1", 0)) == _client_log_key(failure("producer-12", 3))
-    assert _client_log_key(failure("consumer-1", 0)) != _client_log_key(failure("consumer-1", 0, "c:9092"))
+    first = _client_log_key(failure("rdkafka#consumer-1", 0))
+    assert first == _client_log_key(failure("rdkafka#producer-12", 3))
+    assert first == _client_log_key(failure("orders-ingest#consumer-7", 0))  # client.id set
+    assert first != _client_log_key(failure("rdkafka#consumer-1", 0, "c:9092"))  # another broker
     assert any(isinstance(f, logs.RepeatFilter) for f in CLIENT_LOGGER.filters)
     # Every client this module makes passes its records there (confluent-kafka's "logger").
     conf = KafkaSourceOptions.from_spark_options({"bootstrap_servers": "b:1", "topic": "t"}).client_config()
     assert conf["logger"] is CLIENT_LOGGER
+    # Asked-for debug contexts are librdkafka's own lines, whole and timed (no logger).
+    options = {"bootstrap_servers": "b:1", "topic": "t", "kafka.debug": "broker"}
+    assert "logger" not in KafkaSourceOptions.from_spark_options(options).client_config()
