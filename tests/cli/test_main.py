@@ -161,7 +161,11 @@ def test_json_logs_of_a_failed_batch_carry_the_exceptions(kafka, tmp_path):
     # Spark's records of the failed tasks carry the Java exception as JSON.
     assert any(isinstance(r.get("exception"), dict) for r in _jvm(records)), done.stderr
     failed = [r for r in records if r["logger"] == "deltaflow.service.daemon" and r["level"] == "ERROR"]
-    assert [r["pipeline"] for r in failed] == ["jx"]
+    # The daemon's line, then (a failure deltaflow does not know) its whole text, once.
+    assert [r["pipeline"] for r in failed] == ["jx", "jx"]
+    assert str(failed[0]["msg"]).startswith("query 'jx' failed and will not be restarted: ")
+    assert str(failed[1]["msg"]).startswith("query 'jx' failed, as Spark reported it:\n")
+    assert "assert_true" in str(failed[1]["msg"])
     # The CLI's last word (Spark's JVM may still log beside it while it stops).
     [last] = [r for r in records if r["logger"] == "deltaflow.cli.main"]
     assert last["level"] == "ERROR"
