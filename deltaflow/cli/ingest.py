@@ -664,7 +664,7 @@ def ingest(
     arrow = choose_engine(config) == "arrow"
     # A job (--ends-at-latest-offsets) also takes the serial collector: less CPU at start.
     job = ends_at_latest_offsets
-    from deltaflow.pipeline.session import JvmProfile
+    from deltaflow.pipeline.session import JvmProfile, stop_session
 
     profile: JvmProfile = ("lean" if job else "quick") if arrow else "full"
     spark = deltaflow.spark_session(spark_master, jvm=profile, job=f"ingest:{config.pipeline_id}")
@@ -686,7 +686,7 @@ def ingest(
             if bar:
                 bar.close()
     finally:
-        spark.stop()
+        stop_session(spark)
     if summary.signal is not None:
         note(f"stopped by {signal.Signals(summary.signal).name}")
     if summary.restarts:

@@ -194,7 +194,7 @@ def _run_file(
         note(f"not started, nothing to read: {', '.join(idle)}")
     serve(metrics_port, status_port, stall_triggers, stall_timeout_s)
     import deltaflow
-    from deltaflow.pipeline.session import JvmProfile
+    from deltaflow.pipeline.session import JvmProfile, stop_session
 
     # When every pipeline runs on the Arrow engine (its rows never enter the JVM), the JVM only
     # plans and schedules: its quick compiler is enough, and a job takes the serial collector
@@ -212,7 +212,7 @@ def _run_file(
             stop_timeout_s=stop_timeout_s,
         )
     finally:
-        spark.stop()
+        stop_session(spark)
     for pipeline, summary in summaries.items():
         click.echo(run_summary(pipeline, summary))
     stopped = {s.signal for s in summaries.values() if s.signal}

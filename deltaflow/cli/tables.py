@@ -447,6 +447,7 @@ def _watch(
 
     import deltaflow
     from deltaflow.config.pipeline import PipelineSpec
+    from deltaflow.pipeline.session import stop_session
     from deltaflow.service.daemon import run_pipelines
 
     source: dict[str, object] = {"type": "parquet-files", "path": path, "copy": copy}
@@ -469,7 +470,7 @@ def _watch(
     try:
         summaries = run_pipelines(spark, [spec], available_now=available_now)
     finally:
-        spark.stop()
+        stop_session(spark)
     summary = summaries[spec.pipeline_id]
     click.echo(run_summary(spec.pipeline_id, summary))
 

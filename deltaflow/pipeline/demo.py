@@ -119,6 +119,7 @@ def run_demo(
 
     import deltaflow
     from deltaflow.delta import log as delta_log
+    from deltaflow.pipeline.session import stop_session
 
     landing, table_uri = workdir / "landing", workdir / "tables" / "events"
     for path in (landing, workdir / "tables"):
@@ -171,7 +172,7 @@ def run_demo(
     _print_content(data, result.files, result.distinct_ids, 5, echo)
     ok = result.rows == events == result.distinct_ids
     echo(f"\nexactly once: {'OK' if ok else 'MISMATCH'} ({events:,} events generated)")
-    spark.stop()
+    stop_session(spark)
     return result
 
 
@@ -216,6 +217,7 @@ def run_kafka_demo(
     from deltaflow.metrics import progress_messages
     from deltaflow.pipeline.arrow_ingest import choose_engine
     from deltaflow.pipeline.ingest import ingest
+    from deltaflow.pipeline.session import stop_session
     from deltaflow.testing import start_broker
 
     tables = workdir / "tables"
@@ -259,7 +261,7 @@ def run_kafka_demo(
         query.awaitTermination()
         seconds = time.monotonic() - started
         batches = len([p for p in query.recentProgress if progress_messages(p)])
-        spark.stop()
+        stop_session(spark)
     finally:
         broker.stop()
 

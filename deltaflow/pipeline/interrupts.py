@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from deltaflow.errors import BatchInterruptedError
 from deltaflow.io import logs
+from deltaflow.pipeline import jvm_logs
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -59,8 +60,10 @@ stopping = threading.Event()
 #: abandoned uncommitted, as any interrupted batch), the task's write callback (Spark's
 #: ``Utils``) log "Aborting task" with the same trace, and the scheduler log each task the stop
 #: killed at WARN. A stop that interrupts the driver while it stores a broadcast (a batch's plan)
-#: makes ``TorrentBroadcast`` log "Store broadcast ... fail" at ERROR. Their real failures reach
-#: deltaflow as the batch's error anyway.
+#: makes ``TorrentBroadcast`` log "Store broadcast ... fail" at ERROR. A local executor whose
+#: heartbeat the driver leaves unanswered while it stops (a loaded machine; seen once in CI)
+#: logs a WARN with the RPC timeout's Java trace. Their real failures reach deltaflow as the
+#: batch's error anyway.
 STOP_LOG_LEVELS = {
     "org.apache.spark.sql.execution.datasources.FileFormatWriter": "OFF",
     "org.apache.spark.util.Utils": "OFF",
@@ -68,6 +71,7 @@ STOP_LOG_LEVELS = {
     "org.apache.spark.scheduler.DAGScheduler": "ERROR",
     "org.apache.spark.storage.BlockManager": "ERROR",
     "org.apache.spark.broadcast.TorrentBroadcast": "OFF",
+    "org.apache.spark.executor.Executor": "ERROR",
 }
 #: How long :func:`restore_stop_logs` waits for the tasks the stop killed to end: a Spark stopped
 #: while one still runs logs ``ERROR TaskSchedulerImpl: Exception in statusUpdate`` (its result
@@ -86,9 +90,9 @@ QUERY_FAILURE_LOGGERS = (
 )
 
 
-#: How many callers are inside :func:`query_failures_unlogged` (threads of one process), and the
-#: levels the first one replaced (``None``: the logger had no configuration of its own).
-_unlogged: dict[str, Any] = {"depth": 0, "before": {}}
+#: How many callers are inside :func:`query_failures_unlogged` (threads of one process), and
+#: what the first one replaced.
+_unlogged: dict[str, Any] = {"depth": 0, "replaced": None}
 _unlogged_lock = threading.Lock()
 
 
@@ -96,79 +100,41 @@ _unlogged_lock = threading.Lock()
 def query_failures_unlogged() -> Iterator[None]:
     """While the daemon watches its queries: :data:`QUERY_FAILURE_LOGGERS` off in this
     process's JVM (none over Spark Connect, whose server logs on its own), then as they were
-    once the last caller is done: a level of their own restored, or none (they follow their
-    parents again, and ``setLogLevel`` reaches them)."""
-    from pyspark import SparkContext
-
-    jvm = SparkContext._jvm
-    if jvm is None:
-        yield
-        return
-    log4j = jvm.org.apache.logging.log4j
+    once the last caller is done (:mod:`deltaflow.pipeline.jvm_logs`)."""
     with _unlogged_lock:
         if _unlogged["depth"] == 0:
-            own = log4j.core.LoggerContext.getContext(False).getConfiguration().getLoggers()
-            _unlogged["before"] = {
-                name: own.get(name).getLevel() if own.containsKey(name) else None
-                for name in QUERY_FAILURE_LOGGERS
-            }
-            for name in QUERY_FAILURE_LOGGERS:
-                log4j.core.config.Configurator.setLevel(name, log4j.Level.OFF)
+            _unlogged["replaced"] = jvm_logs.set_levels(dict.fromkeys(QUERY_FAILURE_LOGGERS, "OFF"))
         _unlogged["depth"] += 1
     try:
         yield
     finally:
         with _unlogged_lock:
             _unlogged["depth"] -= 1
-            if _unlogged["depth"] == 0 and SparkContext._jvm is not None:
-                try:
-                    _restore_levels(log4j, _unlogged["before"])
-                except Exception:  # the JVM may be gone with the process's end
-                    logger.debug("Spark's query failure logs not restored", exc_info=True)
+            if _unlogged["depth"] == 0:
+                jvm_logs.put_back(_unlogged["replaced"])
+                _unlogged["replaced"] = None
 
 
-def _restore_levels(log4j: Any, before: dict[str, Any]) -> None:
-    context = log4j.core.LoggerContext.getContext(False)
-    for name, level in before.items():
-        if level is not None:
-            log4j.core.config.Configurator.setLevel(name, level)
-        else:
-            context.getConfiguration().removeLogger(name)
-    context.updateLoggers()
-
-
-#: The levels :func:`quiet_stop_logs` replaced, for :func:`restore_stop_logs` (logger -> level).
-_replaced: dict[str, object] = {}
+#: What :func:`quiet_stop_logs` replaced, for :func:`restore_stop_logs`.
+_stop_quieted: dict[str, jvm_logs.Levels | None] = {}
 
 
 def quiet_stop_logs() -> None:
     """Before the daemon stops its queries: :data:`STOP_LOG_LEVELS` in this process's JVM (none
     over Spark Connect, whose server logs on its own), until :func:`restore_stop_logs`."""
-    from pyspark import SparkContext
-
-    jvm = SparkContext._jvm
-    if jvm is None:
-        return
-    log4j = jvm.org.apache.logging.log4j
-    for name, level in STOP_LOG_LEVELS.items():
-        if name not in _replaced:
-            _replaced[name] = log4j.LogManager.getLogger(name).getLevel()
-        log4j.core.config.Configurator.setLevel(name, getattr(log4j.Level, level))
+    if "replaced" not in _stop_quieted:  # the first of the stop's queries: what was before
+        _stop_quieted["replaced"] = jvm_logs.set_levels(STOP_LOG_LEVELS)
 
 
 def restore_stop_logs() -> None:
-    """Once the daemon's queries have stopped: the levels :func:`quiet_stop_logs` replaced (a
-    process that runs on, a test or an embedding program, logs a later failure again)."""
-    from pyspark import SparkContext
-
-    jvm = SparkContext._jvm
-    if jvm is None or not _replaced:
+    """Once the daemon's queries have stopped, and the tasks the stop killed have ended: the
+    loggers :func:`quiet_stop_logs` set, as they were (a process that runs on, a test or an
+    embedding program, logs a later failure again)."""
+    if _stop_quieted.get("replaced") is None:
+        _stop_quieted.clear()
         return
     _wait_for_tasks_to_end()
-    configurator = jvm.org.apache.logging.log4j.core.config.Configurator
-    for name, level in list(_replaced.items()):
-        configurator.setLevel(name, level)
-        del _replaced[name]
+    jvm_logs.put_back(_stop_quieted.pop("replaced"))
 
 
 def _wait_for_tasks_to_end() -> None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from deltaflow.errors import ConfigError, EngineUnavailableError
 from deltaflow.io import logs
+from deltaflow.pipeline import jvm_logs
 from deltaflow.pipeline.class_cache import JAVA_OPTION_VARIABLES, class_cache
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ __all__ = [
     "spark_defaults",
     "spark_session",
     "start_query",
+    "stop_session",
     "worker_python",
 ]
 
@@ -211,6 +213,20 @@ def spark_session(
     register(spark)
     logger.info("Spark %s session on %s", spark.version, spark.sparkContext.master)
     return spark
+
+
+#: Spark's JVM loggers while a session of this process stops. A local session stops its
+#: executor without waiting for it, then the driver's heartbeat receiver, which drops a heartbeat
+#: it has not answered yet: the executor's stop then waits the heartbeat's timeout out (10 s)
+#: and logs a WARN with the timeout's Java trace (seen in CI, under a stop signal).
+SESSION_STOP_LOG_LEVELS = {"org.apache.spark.executor.Executor": "ERROR"}
+
+
+def stop_session(spark: SparkSession) -> None:
+    """``spark.stop()``, with :data:`SESSION_STOP_LOG_LEVELS` for its while (nothing to set
+    over Spark Connect: the server's executors are its own)."""
+    with jvm_logs.levels_for_a_while(SESSION_STOP_LOG_LEVELS):
+        spark.stop()
 
 
 #: At exit with JSON logs, the longest the interpreter waits for its JVM to end once its input is

@@ -439,12 +439,14 @@ def _transient_or_raise(error: BaseException, name: str) -> TransientError:
     failure = classify_failure(error)
     # (Spark's own record of the failure is off while the daemon watches: query_failures_unlogged.)
     if isinstance(failure, TransientError):
-        logger.debug("query %r failed (transient), as Spark reported it:\n%s", name, _failure_text(error))
+        if logger.isEnabledFor(logging.DEBUG):  # the whole text takes calls into the JVM
+            logger.debug("query %r failed (transient), as Spark reported it:\n%s", name, _failure_text(error))
         return failure
     logger.error("query %r failed and will not be restarted: %s", name, failure)
     # A failure deltaflow does not know: all it says; a known one's message says what to do.
     level = logging.ERROR if isinstance(failure, QueryFailedError) else logging.DEBUG
-    logger.log(level, "query %r failed, as Spark reported it:\n%s", name, _failure_text(error))
+    if logger.isEnabledFor(level):
+        logger.log(level, "query %r failed, as Spark reported it:\n%s", name, _failure_text(error))
     board.set_state(name, "failed", error=f"{type(failure).__name__}: {failure}")
     raise failure from error
 

@@ -80,13 +80,22 @@ def test_the_records_of_a_batch_function_carry_its_pipeline_and_batch():
 def test_the_log_levels_a_stop_quiets_are_restored_after_it(spark):
     from deltaflow.pipeline.interrupts import STOP_LOG_LEVELS, quiet_stop_logs, restore_stop_logs
 
-    manager = spark.sparkContext._jvm.org.apache.logging.log4j.LogManager
+    log4j = spark.sparkContext._jvm.org.apache.logging.log4j
+    manager = log4j.LogManager
+
+    def own() -> set[str]:
+        loggers = log4j.core.LoggerContext.getContext(False).getConfiguration().getLoggers()
+        return {name for name in STOP_LOG_LEVELS if loggers.containsKey(name)}
+
     levels = {name: str(manager.getLogger(name).getLevel()) for name in STOP_LOG_LEVELS}
+    configured = own()
     quiet_stop_logs()
     quiet_stop_logs()  # a second query's stop keeps the levels from before the first
     assert {name: str(manager.getLogger(name).getLevel()) for name in STOP_LOG_LEVELS} == STOP_LOG_LEVELS
     restore_stop_logs()
     assert {name: str(manager.getLogger(name).getLevel()) for name in STOP_LOG_LEVELS} == levels
+    # Those without a level of their own before have none after: setLogLevel reaches them.
+    assert own() == configured
 
 
 def test_the_levels_come_back_only_once_the_running_tasks_ended(spark):
