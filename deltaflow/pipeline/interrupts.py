@@ -102,7 +102,7 @@ def query_failures_unlogged() -> Iterator[None]:
     process's JVM (none over Spark Connect, whose server logs on its own), then as they were
     once the last caller is done (:mod:`deltaflow.pipeline.jvm_logs`)."""
     with _unlogged_lock:
-        if _unlogged["depth"] == 0:
+        if _unlogged["replaced"] is None:  # the first caller, or the first with a JVM
             _unlogged["replaced"] = jvm_logs.set_levels(dict.fromkeys(QUERY_FAILURE_LOGGERS, "OFF"))
         _unlogged["depth"] += 1
     try:
@@ -115,26 +115,30 @@ def query_failures_unlogged() -> Iterator[None]:
                 _unlogged["replaced"] = None
 
 
-#: What :func:`quiet_stop_logs` replaced, for :func:`restore_stop_logs`.
+#: What :func:`quiet_stop_logs` replaced, for :func:`restore_stop_logs`; the lock makes the
+#: first of the stop's watcher threads (one per query) the one that records the levels before.
 _stop_quieted: dict[str, jvm_logs.Levels | None] = {}
+_stop_lock = threading.Lock()
 
 
 def quiet_stop_logs() -> None:
     """Before the daemon stops its queries: :data:`STOP_LOG_LEVELS` in this process's JVM (none
     over Spark Connect, whose server logs on its own), until :func:`restore_stop_logs`."""
-    if "replaced" not in _stop_quieted:  # the first of the stop's queries: what was before
-        _stop_quieted["replaced"] = jvm_logs.set_levels(STOP_LOG_LEVELS)
+    with _stop_lock:
+        if "replaced" not in _stop_quieted:  # the first of the stop's queries: what was before
+            _stop_quieted["replaced"] = jvm_logs.set_levels(STOP_LOG_LEVELS)
 
 
 def restore_stop_logs() -> None:
     """Once the daemon's queries have stopped, and the tasks the stop killed have ended: the
     loggers :func:`quiet_stop_logs` set, as they were (a process that runs on, a test or an
     embedding program, logs a later failure again)."""
-    if _stop_quieted.get("replaced") is None:
-        _stop_quieted.clear()
-        return
-    _wait_for_tasks_to_end()
-    jvm_logs.put_back(_stop_quieted.pop("replaced"))
+    with _stop_lock:
+        replaced = _stop_quieted.pop("replaced", None)
+        if replaced is None:
+            return
+        _wait_for_tasks_to_end()
+        jvm_logs.put_back(replaced)
 
 
 def _wait_for_tasks_to_end() -> None:

@@ -35,17 +35,23 @@ class Levels:
 
 def set_levels(levels: Mapping[str, str]) -> Levels | None:
     """Set each logger of ``levels`` (name -> log4j level name: ``OFF``, ``ERROR``...) in this
-    process's JVM; what to :func:`put_back` (``None``: no JVM here, nothing set)."""
+    process's JVM; what to :func:`put_back` (``None``: no JVM here, nothing set). Best effort, as
+    a log level is: a JVM that fails the calls (gone with the process's end) is passed over, and
+    what was set before the failure is in the result, so the stop or failure around it goes on."""
     from pyspark import SparkContext
 
     jvm = SparkContext._jvm
     if jvm is None or not levels:
         return None
     log4j = jvm.org.apache.logging.log4j
-    own = log4j.core.LoggerContext.getContext(False).getConfiguration().getLoggers()
-    before = {name: own.get(name).getLevel() if own.containsKey(name) else None for name in levels}
-    for name, level in levels.items():
-        log4j.core.config.Configurator.setLevel(name, getattr(log4j.Level, level))
+    before: dict[str, Any] = {}
+    try:
+        own = log4j.core.LoggerContext.getContext(False).getConfiguration().getLoggers()
+        for name, level in levels.items():
+            before[name] = own.get(name).getLevel() if own.containsKey(name) else None
+            log4j.core.config.Configurator.setLevel(name, getattr(log4j.Level, level))
+    except Exception:  # Py4J's errors, or the gateway closed with the process's end
+        logger.debug("Spark's log levels not set: %s", list(levels), exc_info=True)
     return Levels(log4j, before)
 
 

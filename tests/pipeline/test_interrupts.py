@@ -98,6 +98,61 @@ def test_the_log_levels_a_stop_quiets_are_restored_after_it(spark):
     assert own() == configured
 
 
+def test_every_stop_of_a_process_quiets_and_restores_even_from_several_threads_at_once(spark):
+    """A process runs several daemons (tests, an embedding program), and a daemon of several
+    queries quiets from each query's watcher thread at once: each stop quiets, the first caller
+    records the levels from before, and the restore leaves no level of their own behind."""
+    import threading
+
+    from deltaflow.pipeline.interrupts import STOP_LOG_LEVELS, quiet_stop_logs, restore_stop_logs
+
+    log4j = spark.sparkContext._jvm.org.apache.logging.log4j
+
+    def own() -> set[str]:
+        loggers = log4j.core.LoggerContext.getContext(False).getConfiguration().getLoggers()
+        return {name for name in STOP_LOG_LEVELS if loggers.containsKey(name)}
+
+    def levels() -> dict[str, str]:
+        return {name: str(log4j.LogManager.getLogger(name).getLevel()) for name in STOP_LOG_LEVELS}
+
+    before, configured = levels(), own()
+    for _ in range(2):
+        start = threading.Barrier(4)
+
+        def watcher(start: threading.Barrier) -> None:
+            start.wait()
+            quiet_stop_logs()
+
+        threads = [threading.Thread(target=watcher, args=(start,)) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert levels() == STOP_LOG_LEVELS
+        restore_stop_logs()
+        assert (levels(), own()) == (before, configured)
+
+
+def test_a_session_stops_with_the_executor_logger_quiet_then_put_back(spark):
+    """stop_session: the local executor's logger at ERROR while the session stops (a heartbeat
+    the stop cuts logs a WARN with a Java trace), as before once it has."""
+    from deltaflow.pipeline.session import SESSION_STOP_LOG_LEVELS, stop_session
+
+    manager = spark.sparkContext._jvm.org.apache.logging.log4j.LogManager
+    name = "org.apache.spark.executor.Executor"
+    assert name in SESSION_STOP_LOG_LEVELS
+    before = str(manager.getLogger(name).getLevel())
+    seen = []
+
+    class Session:  # the shared session must live on: its stop, as this process's JVM sees it
+        def stop(self) -> None:
+            seen.append(str(manager.getLogger(name).getLevel()))
+
+    stop_session(Session())
+    assert seen == ["ERROR"]
+    assert str(manager.getLogger(name).getLevel()) == before
+
+
 def test_the_levels_come_back_only_once_the_running_tasks_ended(spark):
     """The restore waits for the tasks a stop left running: restoring under a dying task let its
     failure's Java trace through (seen in CI, a files pipeline stopped mid-write)."""

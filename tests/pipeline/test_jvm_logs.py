@@ -72,7 +72,7 @@ def test_without_a_jvm_in_the_process_nothing_is_set(monkeypatch):
         pass
 
 
-def test_a_jvm_gone_before_the_put_back_is_passed_over(spark, caplog):
+def test_a_jvm_gone_before_the_put_back_is_passed_over(caplog):
     """At the process's end the gateway may be closed: the put back says so at DEBUG, no more."""
     from py4j.protocol import Py4JNetworkError
 
@@ -83,3 +83,35 @@ def test_a_jvm_gone_before_the_put_back_is_passed_over(spark, caplog):
     with caplog.at_level(logging.DEBUG, logger="deltaflow.pipeline.jvm_logs"):
         jvm_logs.put_back(jvm_logs.Levels(_Gone(), {"org.deltaflow.test.jvm_logs.gone": None}))
     assert "not put back" in caplog.text
+
+
+def test_a_jvm_that_fails_part_way_keeps_what_it_set_for_the_put_back(spark, monkeypatch):
+    """Setting a level is best effort: a failure part-way is passed over (the stop around it goes
+    on), and the loggers set before it are still put back."""
+    from types import SimpleNamespace
+
+    from pyspark import SparkContext
+
+    log4j = _log4j(spark)
+    first, second = "org.deltaflow.test.jvm_logs.first", "org.deltaflow.test.jvm_logs.second"
+
+    def set_level(name, level):
+        if name == second:
+            raise RuntimeError("the gateway is closed")
+        log4j.core.config.Configurator.setLevel(name, level)
+
+    # The JVM's log4j, but for a Configurator that fails on the second logger.
+    failing = SimpleNamespace(
+        Level=log4j.Level,
+        core=SimpleNamespace(
+            LoggerContext=log4j.core.LoggerContext,
+            config=SimpleNamespace(Configurator=SimpleNamespace(setLevel=set_level)),
+        ),
+    )
+    jvm = SimpleNamespace(org=SimpleNamespace(apache=SimpleNamespace(logging=SimpleNamespace(log4j=failing))))
+    monkeypatch.setattr(SparkContext, "_jvm", jvm)
+    replaced = jvm_logs.set_levels({first: "OFF", second: "OFF"})
+    assert replaced is not None and first in replaced.before
+    assert _own(spark, first) == "OFF"
+    jvm_logs.put_back(replaced)
+    assert _own(spark, first) is None
