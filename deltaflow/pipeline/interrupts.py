@@ -61,9 +61,10 @@ stopping = threading.Event()
 #: ``Utils``) log "Aborting task" with the same trace, and the scheduler log each task the stop
 #: killed at WARN. A stop that interrupts the driver while it stores a broadcast (a batch's plan)
 #: makes ``TorrentBroadcast`` log "Store broadcast ... fail" at ERROR. A local executor whose
-#: heartbeat the driver leaves unanswered while it stops (a loaded machine; seen once in CI)
-#: logs a WARN with the RPC timeout's Java trace. Their real failures reach deltaflow as the
-#: batch's error anyway.
+#: heartbeat the driver leaves unanswered for its timeout (10 s) logs a WARN with the RPC
+#: timeout's Java trace: seen once in CI, 10 s into a stop, while the daemon stopped or in the
+#: session's stop after it (``pipeline.session.stop_session``). Their real failures reach
+#: deltaflow as the batch's error anyway.
 STOP_LOG_LEVELS = {
     "org.apache.spark.sql.execution.datasources.FileFormatWriter": "OFF",
     "org.apache.spark.util.Utils": "OFF",

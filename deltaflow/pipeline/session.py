@@ -200,10 +200,8 @@ def spark_session(
     if shielded:
         # A query's stop interrupts its thread, also inside the chmod Hadoop runs for each
         # checkpoint file it writes: Hadoop then logs a WARN with a Java trace for a clean stop.
-        gateway = spark.sparkContext._jvm
-        assert gateway is not None
-        log4j = gateway.org.apache.logging.log4j
-        log4j.core.config.Configurator.setLevel("org.apache.hadoop.util.Shell", log4j.Level.ERROR)
+        # For the session's life: nothing to put back.
+        jvm_logs.set_levels({"org.apache.hadoop.util.Shell": "ERROR"})
     if started_here:
         # This interpreter, or the wrapper of it (also when a parent process chose it).
         wrapper = _wrapper_or_none(sys.executable)

@@ -308,3 +308,10 @@ def test_a_wait_without_end_is_refused_not_looped_on(value):
     except subprocess.TimeoutExpired:
         pytest.fail(f"DELTAFLOW_ENGINE_WAIT_S={value}: engine_retries did not return in 20 s")
     assert done.returncode == 0 and done.stdout.startswith(("refused", "bounded")), done.stderr[-2000:]
+
+
+def test_a_local_session_keeps_hadoop_s_chmod_warning_of_a_stop_out(spark):
+    """A stop interrupts the chmod Hadoop runs for each checkpoint file: its WARN with a Java
+    trace stays out for the session's life."""
+    manager = spark.sparkContext._jvm.org.apache.logging.log4j.LogManager
+    assert str(manager.getLogger("org.apache.hadoop.util.Shell").getLevel()) == "ERROR"
