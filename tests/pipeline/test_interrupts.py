@@ -10,7 +10,7 @@ import pytest
 
 from deltaflow.errors import BatchInterruptedError
 from deltaflow.io.logs import JsonFormatter
-from deltaflow.pipeline.interrupts import stoppable, stopping
+from deltaflow.pipeline.interrupts import STOP_LOG_LEVELS, stoppable, stopping
 
 #: Spark's own test of an interrupted Python batch function (StreamExecution.PROXY_ERROR).
 SPARK_PATTERN = re.compile(
@@ -77,25 +77,30 @@ def test_the_records_of_a_batch_function_carry_its_pipeline_and_batch():
     assert (seen[0]["pipeline"], seen[0]["batch"]) == ("p", 4)
 
 
+def _stop_levels(spark) -> dict[str, str]:
+    """The effective level of each logger a stop quiets."""
+    manager = spark.sparkContext._jvm.org.apache.logging.log4j.LogManager
+    return {name: str(manager.getLogger(name).getLevel()) for name in STOP_LOG_LEVELS}
+
+
+def _configured(spark) -> set[str]:
+    """The loggers a stop quiets that have a level of their own (a configuration)."""
+    context = spark.sparkContext._jvm.org.apache.logging.log4j.core.LoggerContext.getContext(False)
+    loggers = context.getConfiguration().getLoggers()
+    return {name for name in STOP_LOG_LEVELS if loggers.containsKey(name)}
+
+
 def test_the_log_levels_a_stop_quiets_are_restored_after_it(spark):
-    from deltaflow.pipeline.interrupts import STOP_LOG_LEVELS, quiet_stop_logs, restore_stop_logs
+    from deltaflow.pipeline.interrupts import quiet_stop_logs, restore_stop_logs
 
-    log4j = spark.sparkContext._jvm.org.apache.logging.log4j
-    manager = log4j.LogManager
-
-    def own() -> set[str]:
-        loggers = log4j.core.LoggerContext.getContext(False).getConfiguration().getLoggers()
-        return {name for name in STOP_LOG_LEVELS if loggers.containsKey(name)}
-
-    levels = {name: str(manager.getLogger(name).getLevel()) for name in STOP_LOG_LEVELS}
-    configured = own()
+    levels, configured = _stop_levels(spark), _configured(spark)
     quiet_stop_logs()
     quiet_stop_logs()  # a second query's stop keeps the levels from before the first
-    assert {name: str(manager.getLogger(name).getLevel()) for name in STOP_LOG_LEVELS} == STOP_LOG_LEVELS
+    assert _stop_levels(spark) == STOP_LOG_LEVELS
     restore_stop_logs()
-    assert {name: str(manager.getLogger(name).getLevel()) for name in STOP_LOG_LEVELS} == levels
+    assert _stop_levels(spark) == levels
     # Those without a level of their own before have none after: setLogLevel reaches them.
-    assert own() == configured
+    assert _configured(spark) == configured
 
 
 def test_every_stop_of_a_process_quiets_and_restores_even_from_several_threads_at_once(spark):
@@ -104,18 +109,9 @@ def test_every_stop_of_a_process_quiets_and_restores_even_from_several_threads_a
     records the levels from before, and the restore leaves no level of their own behind."""
     import threading
 
-    from deltaflow.pipeline.interrupts import STOP_LOG_LEVELS, quiet_stop_logs, restore_stop_logs
+    from deltaflow.pipeline.interrupts import quiet_stop_logs, restore_stop_logs
 
-    log4j = spark.sparkContext._jvm.org.apache.logging.log4j
-
-    def own() -> set[str]:
-        loggers = log4j.core.LoggerContext.getContext(False).getConfiguration().getLoggers()
-        return {name for name in STOP_LOG_LEVELS if loggers.containsKey(name)}
-
-    def levels() -> dict[str, str]:
-        return {name: str(log4j.LogManager.getLogger(name).getLevel()) for name in STOP_LOG_LEVELS}
-
-    before, configured = levels(), own()
+    before, configured = _stop_levels(spark), _configured(spark)
     for _ in range(2):
         start = threading.Barrier(4)
 
@@ -128,9 +124,9 @@ def test_every_stop_of_a_process_quiets_and_restores_even_from_several_threads_a
             thread.start()
         for thread in threads:
             thread.join()
-        assert levels() == STOP_LOG_LEVELS
+        assert _stop_levels(spark) == STOP_LOG_LEVELS
         restore_stop_logs()
-        assert (levels(), own()) == (before, configured)
+        assert (_stop_levels(spark), _configured(spark)) == (before, configured)
 
 
 def test_a_session_stops_with_the_executor_logger_quiet_then_put_back(spark):
